@@ -1,0 +1,222 @@
+"""The records we emit: OpenEnv's ``TraceEntry`` shape, and the metadata RFC 006 adds to it.
+
+Why this module exists on its own: every other part of the package (recorder, assembler, trainer
+adapters, viewer) agrees on one record, and that record is OpenEnv's, not ours. The recorder emits
+plain dicts with exactly OpenEnv's ``TraceEntry`` keys. Everything RFC 006 adds -- the call kind,
+provenance, budgets, policy versions, session id, server sequence number, ``node_id`` -- lives under
+``metadata``, because ``TrainingTrace.from_entries`` silently drops any other top-level key.
+
+The pydantic models below describe the record for humans and tools (the committed JSON Schema is
+generated from them). They are *not* run in the recorder's hot path: the recorder builds dicts and
+checks token arrays with C-level operations (see ``recorder/validate.py``).
+
+This module must stay importable without OpenEnv (whose import costs seconds): helpers that need
+OpenEnv's own classes import them lazily.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+#: The top-level keys of OpenEnv's ``openenv.core.harness.TraceEntry`` (rollout.py). Nothing else
+#: may appear at the top level of a record we emit.
+TRACE_ENTRY_KEYS: tuple[str, ...] = (
+    "request",
+    "response",
+    "prompt_token_ids",
+    "completion_token_ids",
+    "completion_tokens",
+    "per_token_logps",
+    "loss_mask",
+    "reward",
+    "metadata",
+)
+
+CallKind = Literal["agent", "aux"]
+#: ok: tokens and logprobs passed validation. invalid: the engine answered but its evidence failed
+#: validation (kept, never trainable). failed: the engine call failed; no tokens exist.
+RecordStatus = Literal["ok", "invalid", "failed"]
+
+SCHEMA_VERSION = 1
+
+
+class CallError(BaseModel):
+    """Why a call produced no trainable tokens, kept verbatim for the rollout report."""
+
+    model_config = ConfigDict(extra="allow")
+
+    kind: str = Field(description="upstream_status | connect | timeout | invalid_reply | budget | fence")
+    status: int | None = Field(None, description="HTTP status the agent received")
+    upstream_status: int | None = Field(None, description="HTTP status the engine returned, if any")
+    message: str = ""
+    upstream_body: Any = Field(None, description="The engine's original error body, unmodified")
+
+
+class Limits(BaseModel):
+    """Budget state of the session *after* this call (D13)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    agent_calls: int = 0
+    calls: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    elapsed_s: float = 0.0
+    max_agent_calls: int | None = None
+    max_prompt_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    max_total_tokens: int | None = None
+    max_wall_clock_s: float | None = None
+    stop: str | None = Field(None, description="The cap that stopped the session, once one was hit")
+
+
+class Provenance(BaseModel):
+    """Where a call's tokens came from (D11)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str | None = None
+    sampling: dict[str, Any] = Field(default_factory=dict, description="Sampling fields actually sent upstream")
+    engine: str | None = Field(None, description="Upstream kind and URL/name")
+    engine_version: str | None = None
+    harness: str | None = None
+    harness_version: str | None = None
+    config_hashes: dict[str, str] = Field(default_factory=dict, description="sha256 of the agent's config files")
+    template_fingerprint: str | None = None
+    template_status: str | None = Field(None, description="verified | mismatch | unverified")
+    recorder_version: str | None = None
+
+
+class RecordMetadata(BaseModel):
+    """Everything RFC 006 adds to a ``TraceEntry``; always under ``metadata``."""
+
+    model_config = ConfigDict(extra="allow")
+
+    schema_version: int = SCHEMA_VERSION
+    node_id: str = Field(min_length=1, description="Unique per record: '<session_id>/<call_index>'")
+    session_id: str
+    seq: int = Field(description="Server-wide monotonically increasing sequence number")
+    call_index: int = Field(description="0-based index of the call within its session")
+    call_kind: CallKind = "agent"
+    status: RecordStatus = "ok"
+    trainable: bool = True
+    invalid_reasons: list[str] = Field(default_factory=list)
+    error: CallError | None = None
+    finish_reason: str | None = None
+    usage: dict[str, Any] | None = None
+    stream: bool = False
+    policy_version_start: int = 0
+    policy_version_end: int = 0
+    straddled_sync: bool = False
+    request_digest: str = Field("", description="sha256 of the agent's request body")
+    harness_session_id: str | None = Field(None, description="The agent's own session header (x-session-id)")
+    received_at: float = 0.0
+    upstream_ms: float | None = None
+    provenance: Provenance = Field(default_factory=Provenance)
+    limits: Limits = Field(default_factory=Limits)
+
+
+class TraceRecord(BaseModel):
+    """One recorded call, exactly OpenEnv's ``TraceEntry`` keys (``reward`` is never set by us)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    request: dict[str, Any] = Field(description="The agent's chat body as received (messages, tools, sampling)")
+    response: dict[str, Any] = Field(description="The engine's reply in OpenAI chat.completion shape")
+    prompt_token_ids: list[int] = Field(description="Engine-canonical prompt ids (after its chat template)")
+    completion_token_ids: list[int] = Field(description="Sampled ids, verbatim")
+    completion_tokens: list[str] | None = Field(
+        None, description="'token_id:N' strings, only when the engine returned no ids"
+    )
+    per_token_logps: list[float] = Field(description="Rollout logprobs aligned with completion_token_ids")
+    loss_mask: list[int] = Field(description="Over prompt+completion: 0 on the prompt, 1 on trainable sampled ids")
+    metadata: RecordMetadata
+
+
+def record_json_schema() -> dict[str, Any]:
+    """The JSON Schema of one record, generated from the models above."""
+    schema = TraceRecord.model_json_schema()
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["$id"] = "https://openenv-harness/schema/trace_record.schema.json"
+    schema["title"] = "openenv-harness TraceRecord (OpenEnv TraceEntry + RFC 006 metadata)"
+    return schema
+
+
+SCHEMA_PATH = Path(__file__).parent / "schema" / "trace_record.schema.json"
+
+
+def render_json_schema() -> str:
+    return json.dumps(record_json_schema(), indent=2, sort_keys=True) + "\n"
+
+
+def loss_mask_for(prompt_len: int, completion_len: int, trainable: bool) -> list[int]:
+    """OpenEnv's mask convention: zeros over the prompt, then 1 per sampled id when trainable."""
+    return [0] * prompt_len + [1 if trainable else 0] * completion_len
+
+
+def is_training_entry(entry: dict[str, Any]) -> bool:
+    """Whether a record belongs in a training trace: an agent call whose evidence is usable.
+
+    Aux calls are excluded entirely (a masked aux call in the middle still splits TRL's chain), and
+    so are failed calls (no tokens) and invalid ones (evidence that failed validation: kept in the
+    records with a zero mask, never handed to a trainer).
+    """
+    md = entry.get("metadata", {})
+    if md.get("call_kind", "agent") != "agent":
+        return False
+    if md.get("status", "ok") != "ok":
+        return False
+    prompt = entry.get("prompt_token_ids") or []
+    completion = entry.get("completion_token_ids")
+    logps = entry.get("per_token_logps")
+    if not prompt or completion is None or logps is None:
+        return False
+    return len(completion) == len(logps)
+
+
+def training_trace_dict(entries: list[dict[str, Any]]) -> dict[str, Any]:
+    """The JSON form of OpenEnv's ``TrainingTrace`` for the selected entries, without importing OpenEnv.
+
+    Served by the recorder (which must not pay OpenEnv's import); consumers validate it with
+    OpenEnv's own ``TrainingTrace.model_validate`` (``to_training_trace`` below does).
+    """
+    turns = []
+    for e in entries:
+        if not is_training_entry(e):
+            continue
+        md = e.get("metadata", {})
+        turns.append(
+            {
+                "node_id": md["node_id"],
+                "prompt_token_ids": e["prompt_token_ids"],
+                "completion_token_ids": e["completion_token_ids"],
+                "per_token_logps": e["per_token_logps"],
+                "loss_mask": e["loss_mask"],
+                "request": e.get("request", {}),
+                "response": e.get("response", {}),
+                "metadata": md,
+            }
+        )
+    return {"schema_version": 1, "turns": turns}
+
+
+def to_training_trace(entries: list[dict[str, Any]]) -> Any:
+    """Build OpenEnv's own ``TrainingTrace`` from recorded entries (agent calls only, in order).
+
+    Raises ``ValueError`` (from OpenEnv's validators) if a selected entry is malformed: a trainer
+    must never receive a capture that would stop it.
+    """
+    from openenv.core.harness import TrainingTrace  # lazy: importing OpenEnv costs seconds
+
+    selected = [e for e in entries if is_training_entry(e)]
+    return TrainingTrace.from_entries(selected)
+
+
+if __name__ == "__main__":  # python -m openenv_harness.contract  → regenerate the committed schema
+    SCHEMA_PATH.parent.mkdir(parents=True, exist_ok=True)
+    SCHEMA_PATH.write_text(render_json_schema())
+    print(f"wrote {SCHEMA_PATH}")

@@ -1,0 +1,275 @@
+"""The control plane: sessions, records, the weight-sync fence, metrics. Admin token required.
+
+Trainers (and our rollout sessions) create a session per rollout, hand its secret and base URL to
+the agent, wait for it, and read its records back -- as OpenEnv ``TraceEntry`` dicts or as OpenEnv's
+own validated ``TrainingTrace``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import orjson
+from fastapi import APIRouter, Depends, HTTPException, Query, Request
+from pydantic import BaseModel, Field
+from starlette.responses import Response
+
+from openenv_harness.contract import is_training_entry, training_trace_dict
+from openenv_harness.recorder.context import RecorderContext
+from openenv_harness.recorder.sessions import LiveSession, SessionError, SessionSpec
+from openenv_harness.recorder.upstream.base import UpstreamFailure
+
+
+def _ctx(request: Request) -> RecorderContext:
+    return request.app.state.ctx
+
+
+def require_admin(request: Request) -> RecorderContext:
+    ctx = _ctx(request)
+    if not ctx.admin_auth.check(request.headers):
+        raise HTTPException(status_code=401, detail="admin token required (Authorization: Bearer <admin token>)")
+    return ctx
+
+
+def _json(data: Any, status: int = 200) -> Response:
+    return Response(orjson.dumps(data), status_code=status, media_type="application/json")
+
+
+def _session_or_404(ctx: RecorderContext, session_id: str) -> LiveSession:
+    session = ctx.sessions.get(session_id)
+    if session is None:
+        raise HTTPException(status_code=404, detail=f"no session {session_id!r}")
+    return session
+
+
+def base_url_for(ctx: RecorderContext, request: Request, session_id: str) -> str:
+    root = ctx.config.public_base_url or str(request.base_url).rstrip("/")
+    return f"{root.rstrip('/')}/rollout/{session_id}/v1"
+
+
+class VersionBody(BaseModel):
+    version: int = Field(ge=0)
+
+
+router = APIRouter(prefix="/admin", dependencies=[Depends(require_admin)])
+
+
+@router.get("/health")
+async def health(request: Request) -> Response:
+    ctx = _ctx(request)
+    by_status: dict[str, int] = {}
+    for s in ctx.sessions.all():
+        by_status[s.status] = by_status.get(s.status, 0) + 1
+    return _json({"status": "ok", "sessions": by_status, "fence": ctx.fence.state(),
+                  "engine": ctx.engine_info, "store": ctx.store.stats()})
+
+
+@router.post("/sessions", status_code=201)
+async def create_session(spec: SessionSpec, request: Request) -> Response:
+    ctx = _ctx(request)
+    try:
+        session, secret = ctx.sessions.new(spec)
+    except SessionError as exc:
+        raise HTTPException(status_code=exc.status, detail=exc.message) from None
+    upstream = ctx.upstream_for(spec.upstream)
+    if upstream is None:
+        raise HTTPException(status_code=422, detail=f"unknown upstream {spec.upstream!r}")
+    info = ctx.engine_info if spec.upstream in (None, "default") else {}
+    session.engine_version = info.get("version")
+    session.template_fingerprint = info.get("template_fingerprint")
+    session.template_status = info.get("template_status") or "unverified"
+    warnings: list[str] = []
+    if spec.trainer_template_fingerprint is not None:
+        if session.template_fingerprint is None:
+            session.template_status = "unverified"
+            warnings.append("engine template could not be probed; trainer fingerprint is UNVERIFIED")
+        elif session.template_fingerprint != spec.trainer_template_fingerprint:
+            raise HTTPException(
+                status_code=409,
+                detail=(
+                    "served chat template differs from the trainer's: engine fingerprint "
+                    f"{session.template_fingerprint} != trainer {spec.trainer_template_fingerprint}. "
+                    "Serve the template you train with (vLLM --chat-template) or train with the served one."
+                ),
+            )
+        else:
+            session.template_status = "verified"
+    await ctx.sessions.add(session)
+    ctx.metrics.sessions.labels("open").inc()
+    return _json(
+        {
+            "session_id": session.id,
+            "secret": secret,
+            "base_url": base_url_for(ctx, request, session.id),
+            "template_status": session.template_status,
+            "template_fingerprint": session.template_fingerprint,
+            "warnings": warnings,
+        },
+        status=201,
+    )
+
+
+@router.get("/sessions")
+async def list_sessions(request: Request) -> Response:
+    return _json([s.summary() for s in _ctx(request).sessions.all()])
+
+
+@router.get("/sessions/{session_id}")
+async def get_session(session_id: str, request: Request) -> Response:
+    return _json(_session_or_404(_ctx(request), session_id).summary())
+
+
+@router.post("/sessions/{session_id}/close")
+async def close_session(session_id: str, request: Request) -> Response:
+    ctx = _ctx(request)
+    session = _session_or_404(ctx, session_id)
+    await ctx.sessions.close(session, reason="closed")
+    return _json(session.summary())
+
+
+@router.get("/sessions/{session_id}/records")
+async def session_records(
+    session_id: str,
+    request: Request,
+    after_seq: int = Query(0, ge=0),
+    format: str = Query("json", pattern="^(json|jsonl)$"),
+    include: str = Query("all", pattern="^(all|tokens|training)$"),
+) -> Response:
+    ctx = _ctx(request)
+    _session_or_404(ctx, session_id)
+    entries = await ctx.store.read_records(session_id, after_seq=after_seq)
+    if include == "tokens":
+        entries = [e for e in entries if e["metadata"].get("status") != "failed"]
+    elif include == "training":
+        entries = [e for e in entries if is_training_entry(e)]
+    if format == "jsonl":
+        return Response(b"".join(orjson.dumps(e) + b"\n" for e in entries), media_type="application/x-ndjson")
+    return _json(entries)
+
+
+@router.get("/sessions/{session_id}/training_trace")
+async def training_trace(session_id: str, request: Request) -> Response:
+    ctx = _ctx(request)
+    _session_or_404(ctx, session_id)
+    entries = await ctx.store.read_records(session_id)
+    return _json(training_trace_dict(entries))
+
+
+@router.get("/sessions/{session_id}/wait")
+async def wait_session(
+    session_id: str,
+    request: Request,
+    timeout_s: float = Query(30.0, ge=0, le=3600),
+    until: str = Query("closed", pattern="^(closed|stopped)$"),
+    min_calls: int | None = Query(None, ge=0),
+) -> Response:
+    """Long-poll until the session is closed (or stopped, or has at least ``min_calls`` calls)."""
+    ctx = _ctx(request)
+    session = _session_or_404(ctx, session_id)
+    deadline = time.monotonic() + timeout_s
+
+    def done() -> bool:
+        if min_calls is not None:
+            return session.counters.calls >= min_calls
+        if until == "stopped":
+            return session.status in ("stopped", "closed")
+        return session.status == "closed"
+
+    while not done():
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return _json({**session.summary(), "timed_out": True})
+        try:
+            await asyncio.wait_for(session.changed.wait(), timeout=remaining)
+        except asyncio.TimeoutError:
+            pass
+    return _json({**session.summary(), "timed_out": False})
+
+
+# -- the weight-sync fence (D12) ---------------------------------------------------------------
+
+
+async def _engine_call(ctx: RecorderContext, path: str, params: dict[str, str] | None = None) -> dict[str, Any]:
+    upstream = ctx.upstream_for(None)
+    if upstream is None:
+        raise HTTPException(status_code=503, detail="no engine configured")
+    try:
+        reply = await upstream.request("POST", path, params=params)
+    except UpstreamFailure as exc:
+        raise HTTPException(status_code=502, detail=f"engine {path} failed: {exc.message}") from None
+    if reply.status != 200:
+        raise HTTPException(status_code=502, detail=f"engine {path} answered HTTP {reply.status}: {reply.body[:300]!r}")
+    return reply.json or {}
+
+
+@router.post("/engine/pause")
+async def engine_pause(request: Request, mode: str = Query("keep", pattern="^(keep|wait|abort)$")) -> Response:
+    """Close the fence, then pause the engine (vLLM dev mode ``POST /pause?mode=``)."""
+    ctx = _ctx(request)
+    ctx.fence.pause(mode)
+    ctx.metrics.paused.set(1)
+    try:
+        engine = await _engine_call(ctx, "/pause", {"mode": mode})
+    except HTTPException:
+        ctx.fence.resume(bump=False)
+        ctx.metrics.paused.set(0)
+        raise
+    return _json({**ctx.fence.state(), "engine": engine})
+
+
+@router.post("/engine/resume")
+async def engine_resume(request: Request) -> Response:
+    """Resume the engine, bump the policy version, open the fence."""
+    ctx = _ctx(request)
+    engine = await _engine_call(ctx, "/resume")
+    ctx.fence.resume(bump=True)
+    ctx.metrics.paused.set(0)
+    ctx.metrics.policy_version.set(ctx.fence.version)
+    return _json({**ctx.fence.state(), "engine": engine})
+
+
+@router.post("/fence/pause")
+async def fence_pause(request: Request) -> Response:
+    """For trainers that pause the engine themselves: hold new calls at the recorder."""
+    ctx = _ctx(request)
+    ctx.fence.pause("external")
+    ctx.metrics.paused.set(1)
+    return _json(ctx.fence.state())
+
+
+@router.post("/fence/resume")
+async def fence_resume(request: Request, bump: bool = Query(True)) -> Response:
+    ctx = _ctx(request)
+    ctx.fence.resume(bump=bump)
+    ctx.metrics.paused.set(0)
+    ctx.metrics.policy_version.set(ctx.fence.version)
+    return _json(ctx.fence.state())
+
+
+@router.get("/fence")
+async def fence_state(request: Request) -> Response:
+    return _json(_ctx(request).fence.state())
+
+
+@router.post("/policy_version")
+async def set_policy_version(body: VersionBody, request: Request) -> Response:
+    ctx = _ctx(request)
+    ctx.fence.set_version(body.version)
+    ctx.metrics.policy_version.set(body.version)
+    return _json(ctx.fence.state())
+
+
+metrics_router = APIRouter(dependencies=[Depends(require_admin)])
+
+
+@metrics_router.get("/metrics")
+async def metrics(request: Request) -> Response:
+    ctx = _ctx(request)
+    counts: dict[str, int] = {}
+    for s in ctx.sessions.all():
+        counts[s.status] = counts.get(s.status, 0) + 1
+    for status in ("open", "stopped", "closed"):
+        ctx.metrics.sessions.labels(status).set(counts.get(status, 0))
+    return Response(ctx.metrics.exposition(), media_type="text/plain; version=0.0.4; charset=utf-8")

@@ -1,0 +1,154 @@
+"""The recorder's ASGI app: agent routes, admin routes, liveness.
+
+Agent routes are plain Starlette routes (no FastAPI body parsing or validation in the hot path:
+the flow reads raw bytes with orjson); the control plane uses FastAPI for typed bodies.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import AsyncIterator
+
+from fastapi import FastAPI, HTTPException, Request
+from starlette.responses import Response
+
+from openenv_harness.recorder import admin
+from openenv_harness.recorder.auth import AdminAuth, new_admin_token
+from openenv_harness.recorder.context import RecorderConfig, RecorderContext
+from openenv_harness.recorder.errors import AgentError, error_response
+from openenv_harness.recorder.fence import Fence
+from openenv_harness.recorder.flow import authenticate, handle_chat
+from openenv_harness.recorder.metrics import RecorderMetrics
+from openenv_harness.recorder.provenance import engine_version, probe_template
+from openenv_harness.recorder.sessions import SessionRegistry
+from openenv_harness.recorder.store.base import RecordStore
+from openenv_harness.recorder.store.sqlite import SQLiteStore
+from openenv_harness.recorder.upstream.base import Upstream, UpstreamFailure
+from openenv_harness.recorder.upstream.http import HTTPEngine
+
+log = logging.getLogger(__name__)
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise AgentError(413, f"request body exceeds {limit} bytes", code="body_too_large")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise AgentError(413, f"request body exceeds {limit} bytes", code="body_too_large")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _agent_headers(request: Request) -> dict[str, str]:
+    return {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in request.scope["headers"]}
+
+
+async def chat_route(request: Request) -> Response:
+    ctx: RecorderContext = request.app.state.ctx
+    try:
+        raw = await _read_body(request, ctx.config.max_body_bytes)
+    except AgentError as exc:
+        return exc.to_response()
+    return await handle_chat(ctx, request.path_params.get("session_id"), _agent_headers(request), raw)
+
+
+async def models_route(request: Request) -> Response:
+    """``GET /v1/models`` for agents that list models: authenticated, answered from the engine."""
+    ctx: RecorderContext = request.app.state.ctx
+    try:
+        session = authenticate(ctx, request.path_params.get("session_id"), _agent_headers(request))
+    except AgentError as exc:
+        return exc.to_response()
+    upstream = ctx.upstream_for(session.spec.upstream)
+    if upstream is None:
+        return error_response(503, "no engine configured", type="server_error")
+    try:
+        reply = await upstream.request("GET", "/v1/models")
+    except UpstreamFailure as exc:
+        return error_response(502, exc.message, type="server_error")
+    return Response(reply.body, status_code=reply.status, media_type="application/json")
+
+
+async def healthz(request: Request) -> Response:
+    """Bare liveness: says nothing about sessions, engines or configuration."""
+    return Response(b'{"status":"ok"}', media_type="application/json")
+
+
+def create_recorder_app(
+    config: RecorderConfig,
+    *,
+    upstreams: dict[str, Upstream] | None = None,
+    store: RecordStore | None = None,
+) -> FastAPI:
+    """Build a recorder. ``upstreams["default"]`` defaults to ``HTTPEngine(config.engine_url)``."""
+    ups: dict[str, Upstream] = dict(upstreams or {})
+    if "default" not in ups and config.engine_url:
+        ups["default"] = HTTPEngine(
+            config.engine_url, timeout_s=config.upstream_timeout_s, api_key=config.engine_api_key
+        )
+    admin_token = config.admin_token or new_admin_token()
+    the_store = store or SQLiteStore(config.store_path, synchronous=config.sqlite_synchronous)
+    ctx = RecorderContext(
+        config=config,
+        store=the_store,
+        sessions=SessionRegistry(the_store),
+        fence=Fence(wait_s=config.pause_wait_s),
+        upstreams=ups,
+        metrics=RecorderMetrics(),
+        admin_token=admin_token,
+        admin_auth=AdminAuth(admin_token),
+    )
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        ctx.store.open()
+        loaded = ctx.sessions.load()
+        if loaded:
+            log.info("recorder: resumed %d session(s) from %s", loaded, config.store_path)
+        for upstream in ctx.upstreams.values():
+            await upstream.start()
+        default = ctx.upstream_for(None)
+        if default is not None:
+            ctx.engine_info["name"] = default.name
+            ctx.engine_info["version"] = await engine_version(default)
+            if config.probe_template:
+                fp, status = await probe_template(default)
+                ctx.engine_info["template_fingerprint"] = fp
+                ctx.engine_info["template_status"] = status
+        try:
+            yield
+        finally:
+            for upstream in ctx.upstreams.values():
+                await upstream.aclose()
+            ctx.store.close()
+
+    app = FastAPI(title="openenv-harness recorder", lifespan=lifespan, docs_url=None, redoc_url=None,
+                  openapi_url=None)
+    app.state.ctx = ctx
+    app.add_route("/healthz", healthz, methods=["GET"])
+    app.add_route("/rollout/{session_id}/v1/chat/completions", chat_route, methods=["POST"])
+    app.add_route("/v1/chat/completions", chat_route, methods=["POST"])
+    app.add_route("/rollout/{session_id}/v1/models", models_route, methods=["GET"])
+    app.add_route("/v1/models", models_route, methods=["GET"])
+    app.include_router(admin.router)
+    app.include_router(admin.metrics_router)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException) -> Response:
+        kind = "authentication_error" if exc.status_code == 401 else "invalid_request_error"
+        return error_response(exc.status_code, str(exc.detail), type=kind)
+
+    @app.exception_handler(404)
+    async def not_found(request: Request, exc: Exception) -> Response:
+        return error_response(404, f"no route {request.method} {request.url.path}", code="not_found")
+
+    @app.exception_handler(405)
+    async def not_allowed(request: Request, exc: Exception) -> Response:
+        return error_response(405, f"method {request.method} not allowed on {request.url.path}", code="method_not_allowed")
+
+    return app

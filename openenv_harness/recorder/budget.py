@@ -1,0 +1,80 @@
+"""Budgets enforced by the recorder before serving each call (D13).
+
+A black-box agent never stops on its own, so the recorder does: max agent calls, max calls, max
+tokens (prompt and completion counted separately, plus a total), max wall-clock. The cap that
+stopped a session becomes its stop condition (on the session and in every later record's
+``limits``). The agent is answered with a 400 -- both supported CLIs end promptly on a 400, with
+no retry storm (harnesses.md §5) -- and nothing synthetic is ever recorded as a policy sample.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from openenv_harness.recorder.errors import AgentError
+from openenv_harness.recorder.sessions import LiveSession
+
+if TYPE_CHECKING:
+    from openenv_harness.recorder.flow import Flow
+    from openenv_harness.recorder.validate import Evidence
+
+
+def exceeded(session: LiveSession, call_kind: str, now: float | None = None) -> str | None:
+    """The name of the first cap this call would exceed, or None."""
+    b = session.spec.budgets
+    c = session.counters
+    now = time.time() if now is None else now
+    if b.max_wall_clock_s is not None and now - session.created_at >= b.max_wall_clock_s:
+        return "max_wall_clock_s"
+    if b.max_calls is not None and c.calls >= b.max_calls:
+        return "max_calls"
+    if call_kind == "agent" and b.max_agent_calls is not None and c.agent_calls >= b.max_agent_calls:
+        return "max_agent_calls"
+    if b.max_prompt_tokens is not None and c.prompt_tokens >= b.max_prompt_tokens:
+        return "max_prompt_tokens"
+    if b.max_completion_tokens is not None and c.completion_tokens >= b.max_completion_tokens:
+        return "max_completion_tokens"
+    if b.max_total_tokens is not None and c.prompt_tokens + c.completion_tokens >= b.max_total_tokens:
+        return "max_total_tokens"
+    return None
+
+
+async def enforce(flow: "Flow") -> None:
+    session = flow.session
+    if session.status == "stopped":
+        flow.ctx.metrics.rejected.labels("stopped").inc()
+        raise AgentError(400, f"rollout budget exhausted ({session.stop_reason}); stop now", code="budget_exhausted")
+    cap = exceeded(session, flow.call_kind)
+    if cap is not None:
+        await flow.ctx.sessions.stop(session, cap)
+        flow.ctx.metrics.budget_stops.labels(cap).inc()
+        flow.ctx.metrics.rejected.labels("budget").inc()
+        raise AgentError(400, f"rollout budget exhausted ({cap}); stop now", code="budget_exhausted")
+
+
+def account(session: LiveSession, call_kind: str, evidence: "Evidence | None", *, served: bool) -> None:
+    c = session.counters
+    c.calls += 1
+    if not served or evidence is None:
+        return
+    if call_kind == "agent":
+        c.agent_calls += 1
+    if evidence.prompt_ids is not None:
+        c.prompt_tokens += len(evidence.prompt_ids)
+    if evidence.completion_ids is not None:
+        c.completion_tokens += len(evidence.completion_ids)
+
+
+def limits_state(session: LiveSession) -> dict[str, Any]:
+    c = session.counters
+    b = session.spec.budgets
+    return {
+        "agent_calls": c.agent_calls,
+        "calls": c.calls,
+        "prompt_tokens": c.prompt_tokens,
+        "completion_tokens": c.completion_tokens,
+        "elapsed_s": round(time.time() - session.created_at, 3),
+        **b.model_dump(exclude_none=True),
+        "stop": session.stop_reason,
+    }

@@ -1,0 +1,57 @@
+"""Everything one recorder instance owns, in one explicit object (no module-level globals).
+
+The ASGI app, the admin routes and every flow receive this context; tests build one per app.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from openenv_harness.recorder.auth import AdminAuth
+from openenv_harness.recorder.fence import Fence
+from openenv_harness.recorder.metrics import RecorderMetrics
+from openenv_harness.recorder.sessions import SessionRegistry
+from openenv_harness.recorder.store.base import RecordStore
+from openenv_harness.recorder.upstream.base import Upstream
+
+
+class RecorderConfig(BaseModel):
+    """How a recorder runs. Every field has a safe default except where the store lives."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    store_path: str = Field(description="SQLite file for sessions and records")
+    engine_url: str | None = Field(None, description="The trainer's engine (vLLM) root URL")
+    engine_api_key: str | None = None
+    admin_token: str | None = Field(None, description="Control-plane token; generated when absent")
+    public_base_url: str | None = Field(
+        None, description="How agents reach this recorder (used in the base_url handed out per session)"
+    )
+    max_body_bytes: int = Field(32 * 1024 * 1024, gt=0, description="Larger request bodies get 413")
+    upstream_timeout_s: float = Field(600.0, gt=0)
+    sqlite_synchronous: str = Field("NORMAL", description="NORMAL survives process kill; FULL survives power loss")
+    pause_wait_s: float = Field(30.0, ge=0, description="How long a call waits for a paused engine before 503")
+    retry_after_s: int = Field(2, ge=1, description="Retry-After sent with recorder-made 503s")
+    dedupe_window: int = Field(64, ge=0, description="Recent request digests per session kept for retry replay")
+    probe_template: bool = Field(True, description="Probe the engine's served template via /tokenize")
+
+
+@dataclass
+class RecorderContext:
+    """The live parts of one recorder."""
+
+    config: RecorderConfig
+    store: RecordStore
+    sessions: SessionRegistry
+    fence: Fence
+    upstreams: dict[str, Upstream]
+    metrics: RecorderMetrics
+    admin_token: str
+    admin_auth: AdminAuth
+    engine_info: dict[str, Any] = field(default_factory=dict)
+
+    def upstream_for(self, name: str | None) -> Upstream | None:
+        return self.upstreams.get(name or "default")

@@ -1,0 +1,54 @@
+"""Errors the agent receives, in the OpenAI error shape its SDK understands.
+
+Why the care: agent SDKs decide whether to retry from the status alone (429/5xx retry, other 4xx
+fail fast -- harnesses.md §5), so the status is policy, and the message is what a person reads in
+the agent's stderr when a rollout fails.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from starlette.responses import Response
+
+
+class AgentError(Exception):
+    """Raised anywhere in a flow to answer the agent with an error instead of a completion."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = "invalid_request_error",
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+        upstream_body: Any = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.code = code
+        self.headers = headers or {}
+        self.upstream_body = upstream_body
+
+    def to_response(self) -> Response:
+        return error_response(self.status, self.message, type=self.type, code=self.code, headers=self.headers)
+
+
+def error_body(message: str, *, type: str, code: str | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": type, "param": None, "code": code}}
+
+
+def error_response(
+    status: int, message: str, *, type: str = "invalid_request_error", code: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> Response:
+    return Response(
+        orjson.dumps(error_body(message, type=type, code=code)),
+        status_code=status,
+        media_type="application/json",
+        headers=headers,
+    )

@@ -1,0 +1,70 @@
+"""The weight-sync fence and the policy version (D12).
+
+The trainer pauses the engine, swaps weights, resumes. The recorder must know which policy served
+each call: it counts versions itself (bumped on every resume that goes through it, or set
+explicitly by a trainer that fences the engine on its own) and stamps every record with the
+version at the start and at the end of its call, so a call that straddled a sync is visible.
+Calls that arrive while paused wait (bounded) instead of reaching a half-updated engine; past the
+bound they get a retryable 503 -- never a torn generation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+
+class Fence:
+    """Pause state, policy version and in-flight accounting."""
+
+    def __init__(self, *, wait_s: float = 30.0, initial_version: int = 0) -> None:
+        self.version = initial_version
+        self.wait_s = wait_s
+        self.paused = False
+        self.paused_at: float | None = None
+        self.pause_mode: str | None = None
+        self.inflight = 0
+        self._resumed = asyncio.Event()
+        self._resumed.set()
+        self.pauses = 0
+
+    def pause(self, mode: str | None = None) -> None:
+        if not self.paused:
+            self.paused = True
+            self.paused_at = time.time()
+            self.pause_mode = mode
+            self.pauses += 1
+            self._resumed.clear()
+
+    def resume(self, *, bump: bool = True) -> int:
+        if bump:
+            self.version += 1
+        self.paused = False
+        self.paused_at = None
+        self.pause_mode = None
+        self._resumed.set()
+        return self.version
+
+    def set_version(self, version: int) -> None:
+        self.version = version
+
+    async def admit(self) -> bool:
+        """Wait for the fence to open; False if it stayed closed for ``wait_s``."""
+        if not self.paused:
+            return True
+        try:
+            await asyncio.wait_for(self._resumed.wait(), timeout=self.wait_s)
+        except asyncio.TimeoutError:
+            return False
+        return True
+
+    def state(self) -> dict[str, object]:
+        return {
+            "policy_version": self.version,
+            "paused": self.paused,
+            "paused_at": self.paused_at,
+            "pause_mode": self.pause_mode,
+            "inflight": self.inflight,
+            "pauses": self.pauses,
+            "wait_s": self.wait_s,
+        }

@@ -1,0 +1,364 @@
+"""One intercepted chat call, as an object passing through small named steps.
+
+    authenticate → parse → classify → budget → dedupe → forward → validate → record → reply
+
+Each step is a function of the ``Flow``; reading them top to bottom follows one call from the
+agent's request to the stored record and the bytes sent back. Errors are ``AgentError`` raised by
+a step; once the engine has been called, even a failure is recorded before the agent hears of it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import orjson
+from starlette.responses import Response
+
+from openenv_harness.contract import SCHEMA_VERSION
+from openenv_harness.recorder import budget
+from openenv_harness.recorder.auth import bearer_token, digests_match, secret_digest
+from openenv_harness.recorder.classify import classify_call
+from openenv_harness.recorder.context import RecorderContext
+from openenv_harness.recorder.errors import AgentError
+from openenv_harness.recorder.fidelity import FidelityTracker
+from openenv_harness.recorder.provenance import call_provenance
+from openenv_harness.recorder.relay_errors import relay_upstream_error, relay_upstream_failure
+from openenv_harness.recorder.sessions import LiveSession
+from openenv_harness.recorder.sse import synthesize_sse
+from openenv_harness.recorder.store.base import PendingRecord
+from openenv_harness.recorder.upstream.base import UpstreamFailure, UpstreamReply
+from openenv_harness.recorder.validate import Evidence, agent_view, extract_evidence
+
+#: What the recorder adds to every upstream body -- and nothing else (D3).
+_CAPTURE_FIELDS = {"return_token_ids": True, "logprobs": True, "stream": False}
+
+
+@dataclass
+class Flow:
+    ctx: RecorderContext
+    session: LiveSession
+    headers: Mapping[str, str]
+    raw: bytes
+    received_at: float = field(default_factory=time.time)
+    started: float = field(default_factory=time.perf_counter)
+    body: dict[str, Any] = field(default_factory=dict)
+    wants_stream: bool = False
+    include_usage: bool = False
+    keep_logprobs: bool = False
+    call_kind: str = "agent"
+    aux_rule: str | None = None
+    digest: str = ""
+    call_index: int = -1
+    version_start: int = 0
+    version_end: int = 0
+    upstream_body: dict[str, Any] = field(default_factory=dict)
+    reply: UpstreamReply | None = None
+    evidence: Evidence | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+    agent_reply: dict[str, Any] | None = None
+    replayed: bool = False
+
+
+# -- authenticate ------------------------------------------------------------------------------
+
+
+def authenticate(ctx: RecorderContext, path_session: str | None, headers: Mapping[str, str]) -> LiveSession:
+    """The bearer key is the session secret (D5). Unknown/missing/other session's key → 401."""
+    key = bearer_token(headers)
+    if not key:
+        raise AgentError(401, "missing API key: send the session secret as a Bearer token", type="authentication_error")
+    if path_session is not None:
+        session = ctx.sessions.get(path_session)
+        if session is None or not digests_match(session.secret_digest, key):
+            raise AgentError(401, "invalid API key for this session", type="authentication_error")
+    else:
+        session = ctx.sessions.by_digest(secret_digest(key))
+        if session is None:
+            raise AgentError(401, "invalid API key", type="authentication_error")
+    if session.status == "closed":
+        raise AgentError(409, f"session {session.id} is closed", type="invalid_request_error", code="session_closed")
+    return session
+
+
+# -- parse / classify --------------------------------------------------------------------------
+
+
+def parse(flow: Flow) -> None:
+    if len(flow.raw) > flow.ctx.config.max_body_bytes:
+        raise AgentError(413, f"request body exceeds {flow.ctx.config.max_body_bytes} bytes", code="body_too_large")
+    try:
+        body = orjson.loads(flow.raw)
+    except orjson.JSONDecodeError as exc:
+        raise AgentError(400, f"request body is not valid JSON: {exc}", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise AgentError(400, "request body must be a JSON object", code="invalid_body")
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise AgentError(400, "'messages' must be a non-empty array", code="invalid_messages")
+    if not all(isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages):
+        raise AgentError(400, "every message must be an object with a string 'role'", code="invalid_messages")
+    if body.get("n", 1) != 1:
+        raise AgentError(400, "only n=1 is supported (one sample per call)", code="invalid_n")
+    tools = body.get("tools")
+    if tools is not None and not isinstance(tools, list):
+        raise AgentError(400, "'tools' must be an array", code="invalid_tools")
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise AgentError(400, "'stream' must be a boolean", code="invalid_stream")
+    flow.body = body
+    flow.wants_stream = stream
+    options = body.get("stream_options")
+    flow.include_usage = bool(isinstance(options, dict) and options.get("include_usage"))
+    flow.keep_logprobs = body.get("logprobs") is True
+    flow.digest = hashlib.sha256(flow.raw).hexdigest()
+
+
+def classify(flow: Flow) -> None:
+    rules = flow.session.spec.aux_rules
+    flow.call_kind, flow.aux_rule = classify_call(flow.body, rules)
+
+
+# -- dedupe ------------------------------------------------------------------------------------
+
+
+def _recent_digests(session: LiveSession) -> OrderedDict[str, int]:
+    recent = getattr(session, "_recent_digests", None)
+    if recent is None:
+        recent = OrderedDict()
+        setattr(session, "_recent_digests", recent)
+    return recent
+
+
+async def dedupe(flow: Flow) -> bool:
+    """A retried call (identical body in the same session) is answered from the record.
+
+    Both CLIs resend byte-identical bodies on retry; sampling again would put a second, different
+    answer in the trace for one agent turn. Returns True when the reply was replayed.
+    """
+    session = flow.session
+    twin = session.inflight.get(flow.digest)
+    if twin is not None:
+        try:
+            flow.agent_reply = await asyncio.shield(twin)
+        except Exception:
+            return False  # the twin failed: this retry gets a fresh attempt
+        flow.replayed = flow.agent_reply is not None
+        return flow.replayed
+    if flow.ctx.config.dedupe_window and flow.digest in _recent_digests(session):
+        entry = await flow.ctx.store.find_by_digest(session.id, flow.digest)
+        if entry is not None:
+            flow.agent_reply = entry["response"]
+            flow.replayed = True
+            return True
+    return False
+
+
+# -- forward -----------------------------------------------------------------------------------
+
+
+def upstream_body(body: dict[str, Any]) -> dict[str, Any]:
+    """The agent's body verbatim plus the capture fields (``top_logprobs`` only if absent)."""
+    out = {k: v for k, v in body.items() if k != "stream_options"}
+    out.update(_CAPTURE_FIELDS)
+    out.setdefault("top_logprobs", 0)
+    if out.get("top_logprobs") is None:
+        out["top_logprobs"] = 0
+    return out
+
+
+async def forward(flow: Flow) -> None:
+    ctx = flow.ctx
+    upstream = ctx.upstream_for(flow.session.spec.upstream)
+    if upstream is None:
+        raise AgentError(503, "no engine is configured for this session", type="server_error", code="no_engine",
+                         headers={"retry-after": str(ctx.config.retry_after_s)})
+    if not await ctx.fence.admit():
+        ctx.metrics.rejected.labels("paused").inc()
+        raise AgentError(503, "engine is paused for a weight update; retry shortly", type="server_error",
+                         code="engine_paused", headers={"retry-after": str(ctx.config.retry_after_s)})
+    flow.upstream_body = upstream_body(flow.body)
+    flow.call_index = flow.session.take_call_index()
+    flow.version_start = ctx.fence.version
+    ctx.fence.inflight += 1
+    try:
+        flow.reply = await upstream.chat(flow.upstream_body, session_id=flow.session.id)
+    except UpstreamFailure as exc:
+        flow.version_end = ctx.fence.version
+        error = relay_upstream_failure(exc, ctx.config.retry_after_s)
+        await record_failure(flow, error)
+        raise error from None
+    finally:
+        ctx.fence.inflight -= 1
+    flow.version_end = ctx.fence.version
+    ctx.metrics.upstream_latency.observe(flow.reply.elapsed_ms / 1000.0)
+    if flow.reply.status != 200 or flow.reply.json is None:
+        error = relay_upstream_error(flow.reply)
+        await record_failure(flow, error)
+        raise error
+
+
+# -- validate / record -------------------------------------------------------------------------
+
+
+def validate(flow: Flow) -> None:
+    assert flow.reply is not None and flow.reply.json is not None
+    flow.evidence = extract_evidence(flow.reply.json)
+
+
+def _base_metadata(flow: Flow, status: str, trainable: bool) -> dict[str, Any]:
+    session = flow.session
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "node_id": f"{session.id}/{flow.call_index}",
+        "session_id": session.id,
+        "call_index": flow.call_index,
+        "call_kind": flow.call_kind,
+        "aux_rule": flow.aux_rule,
+        "status": status,
+        "trainable": trainable,
+        "stream": flow.wants_stream,
+        "policy_version_start": flow.version_start,
+        "policy_version_end": flow.version_end,
+        "straddled_sync": flow.version_start != flow.version_end,
+        "request_digest": flow.digest,
+        "harness_session_id": flow.headers.get("x-session-id"),
+        "received_at": flow.received_at,
+        "upstream_ms": flow.reply.elapsed_ms if flow.reply is not None else None,
+        "provenance": call_provenance(flow.ctx, session, flow.upstream_body or flow.body),
+    }
+
+
+async def record(flow: Flow) -> None:
+    ev = flow.evidence
+    assert ev is not None and flow.reply is not None and flow.reply.json is not None
+    session = flow.session
+    trainable = ev.valid and flow.call_kind == "agent"
+    status = "ok" if ev.valid else "invalid"
+    md = _base_metadata(flow, status, trainable)
+    md["invalid_reasons"] = list(ev.reasons)
+    md["finish_reason"] = ev.finish_reason
+    md["usage"] = ev.usage
+    if md["straddled_sync"]:
+        flow.ctx.metrics.straddled.inc()
+    if flow.call_kind == "agent" and ev.prompt_ids is not None and ev.completion_ids is not None:
+        if session.fidelity is None:
+            session.fidelity = FidelityTracker()
+        transition = session.fidelity.observe(md["node_id"], ev.prompt_ids, ev.completion_ids)
+        md["fidelity"] = transition.as_dict()
+        if transition.fidelity != "root":
+            flow.ctx.metrics.transitions.labels(transition.fidelity).inc()
+    budget.account(session, flow.call_kind, ev, served=True)
+    md["limits"] = budget.limits_state(session)
+    flow.metadata = md
+    response = agent_view(flow.reply.json, keep_logprobs=False)
+    pending = PendingRecord(
+        session_id=session.id,
+        call_index=flow.call_index,
+        call_kind=flow.call_kind,
+        status=status,
+        request=flow.body,
+        response=response,
+        prompt_ids=ev.prompt_ids,
+        completion_ids=ev.completion_ids,
+        logprobs=ev.logprobs,
+        completion_tokens=ev.completion_tokens,
+        trainable=trainable,
+        metadata=md,
+        created_at=time.time(),
+    )
+    await flow.ctx.store.append(pending)
+    flow.ctx.metrics.records.inc()
+    flow.ctx.metrics.calls.labels(flow.call_kind, status).inc()
+    if not ev.valid:
+        session.counters.invalid_calls += 1
+    recent = _recent_digests(session)
+    recent[flow.digest] = flow.call_index
+    while len(recent) > flow.ctx.config.dedupe_window:
+        recent.popitem(last=False)
+    flow.agent_reply = agent_view(flow.reply.json, keep_logprobs=flow.keep_logprobs)
+
+
+async def record_failure(flow: Flow, error: AgentError) -> None:
+    """A call that reached the engine but got no usable answer: kept with the original error."""
+    session = flow.session
+    md = _base_metadata(flow, "failed", False)
+    md["error"] = {
+        "kind": error.code or "upstream",
+        "status": error.status,
+        "upstream_status": flow.reply.status if flow.reply is not None else None,
+        "message": error.message,
+        "upstream_body": error.upstream_body,
+    }
+    budget.account(session, flow.call_kind, None, served=False)
+    md["limits"] = budget.limits_state(session)
+    pending = PendingRecord(
+        session_id=session.id, call_index=flow.call_index, call_kind=flow.call_kind, status="failed",
+        request=flow.body, response={}, prompt_ids=None, completion_ids=None, logprobs=None,
+        completion_tokens=None, trainable=False, metadata=md, created_at=time.time(),
+    )
+    await flow.ctx.store.append(pending)
+    session.counters.failed_calls += 1
+    session.note_error({**md["error"], "call_index": flow.call_index, "at": time.time()})
+    flow.ctx.metrics.records.inc()
+    flow.ctx.metrics.calls.labels(flow.call_kind, "failed").inc()
+    flow.ctx.metrics.errors.labels(md["error"]["kind"]).inc()
+
+
+# -- reply -------------------------------------------------------------------------------------
+
+
+def reply(flow: Flow) -> Response:
+    assert flow.agent_reply is not None
+    if flow.wants_stream:
+        return Response(
+            synthesize_sse(flow.agent_reply, include_usage=flow.include_usage),
+            media_type="text/event-stream",
+            headers={"cache-control": "no-cache"},
+        )
+    return Response(orjson.dumps(flow.agent_reply), media_type="application/json")
+
+
+# -- the whole call ------------------------------------------------------------------------------
+
+
+async def handle_chat(ctx: RecorderContext, path_session: str | None, headers: Mapping[str, str], raw: bytes) -> Response:
+    started = time.perf_counter()
+    try:
+        session = authenticate(ctx, path_session, headers)
+        flow = Flow(ctx=ctx, session=session, headers=headers, raw=raw)
+        parse(flow)
+        classify(flow)
+        await budget.enforce(flow)
+        if await dedupe(flow):
+            ctx.metrics.replays.inc()
+            session.counters.replayed_calls += 1
+            return reply(flow)
+        twin: asyncio.Future = asyncio.get_running_loop().create_future()
+        session.inflight[flow.digest] = twin
+        try:
+            await forward(flow)
+            validate(flow)
+            await record(flow)
+            twin.set_result(flow.agent_reply)
+        except BaseException as exc:
+            if not twin.done():
+                twin.set_exception(exc if isinstance(exc, Exception) else RuntimeError("cancelled"))
+                twin.exception()  # mark retrieved: nobody may be waiting on it
+            raise
+        finally:
+            if session.inflight.get(flow.digest) is twin:
+                del session.inflight[flow.digest]
+        session.notify()
+        response = reply(flow)
+        elapsed = time.perf_counter() - started
+        ctx.metrics.latency.observe(elapsed)
+        if flow.reply is not None:
+            ctx.metrics.overhead.observe(max(0.0, elapsed - flow.reply.elapsed_ms / 1000.0))
+        return response
+    except AgentError as exc:
+        return exc.to_response()

@@ -1,0 +1,140 @@
+"""Provenance on every call (D11) and the served-template fingerprint (D3's residual duty).
+
+The recorder cannot read the engine's chat template -- it has no tokenizer and renders nothing --
+but it can *probe* it: fixed probe conversations sent through the engine's ``/tokenize`` come back
+as ids, and the hash of those ids fingerprints the template actually served (text, kwargs and
+tokenizer together). A trainer declares the fingerprint it trains with (computed by
+``openenv_harness.trainer.template`` from its own tokenizer); a mismatch fails session creation.
+Engines without ``/tokenize`` get ``template_status: "unverified"`` -- never a silent pass.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import TYPE_CHECKING, Any
+
+from openenv_harness.version import __version__
+
+if TYPE_CHECKING:
+    from openenv_harness.recorder.context import RecorderContext
+    from openenv_harness.recorder.sessions import LiveSession
+    from openenv_harness.recorder.upstream.base import Upstream
+
+SAMPLING_FIELDS = (
+    "model", "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
+    "repetition_penalty", "max_tokens", "max_completion_tokens", "seed", "stop", "stop_token_ids",
+    "logprobs", "top_logprobs", "return_token_ids", "chat_template_kwargs", "reasoning_effort",
+    "tool_choice", "parallel_tool_calls", "n", "ignore_eos", "skip_special_tokens",
+)
+
+#: The probe conversations. Changing them changes every fingerprint: they are versioned.
+PROBE_VERSION = 1
+_PROBE_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "bash",
+            "description": "Run a shell command.",
+            "parameters": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]},
+        },
+    }
+]
+PROBES: list[dict[str, Any]] = [
+    {
+        "messages": [
+            {"role": "system", "content": "You are a coding agent."},
+            {"role": "user", "content": "List the files."},
+        ],
+        "tools": _PROBE_TOOLS,
+        "add_generation_prompt": True,
+    },
+    {
+        "messages": [
+            {"role": "system", "content": "You are a coding agent."},
+            {"role": "user", "content": "List the files."},
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [
+                    {"id": "call_probe_1", "type": "function",
+                     "function": {"name": "bash", "arguments": "{\"command\":\"ls\"}"}}
+                ],
+            },
+            {"role": "tool", "tool_call_id": "call_probe_1", "content": "a.py\nb.py\n"},
+        ],
+        "tools": _PROBE_TOOLS,
+        "add_generation_prompt": True,
+    },
+    {
+        "messages": [
+            {"role": "user", "content": "Say hi."},
+            {"role": "assistant", "content": "Hi."},
+            {"role": "user", "content": "Again."},
+        ],
+        "add_generation_prompt": True,
+    },
+]
+
+
+def fingerprint_ids(id_lists: list[list[int]]) -> str:
+    """The fingerprint of a template: sha256 over the probe ids (and the probe version)."""
+    payload = json.dumps({"probe_version": PROBE_VERSION, "ids": id_lists}, separators=(",", ":"))
+    return "tpl1-" + hashlib.sha256(payload.encode()).hexdigest()
+
+
+async def probe_template(upstream: "Upstream", model: str | None = None) -> tuple[str | None, str]:
+    """``(fingerprint, "probed")`` from the engine's ``/tokenize``, or ``(None, reason)``."""
+    from openenv_harness.recorder.upstream.base import UpstreamFailure
+
+    id_lists: list[list[int]] = []
+    for probe in PROBES:
+        body: dict[str, Any] = {"messages": probe["messages"], "add_generation_prompt": probe["add_generation_prompt"]}
+        if probe.get("tools"):
+            body["tools"] = probe["tools"]
+        if model:
+            body["model"] = model
+        try:
+            reply = await upstream.request("POST", "/tokenize", json=body)
+        except UpstreamFailure as exc:
+            return None, f"unverified: /tokenize unreachable ({exc.kind})"
+        tokens = (reply.json or {}).get("tokens")
+        if reply.status != 200 or not isinstance(tokens, list):
+            return None, f"unverified: engine has no usable /tokenize (HTTP {reply.status})"
+        id_lists.append([int(t) for t in tokens])
+    return fingerprint_ids(id_lists), "probed"
+
+
+async def engine_version(upstream: "Upstream") -> str | None:
+    from openenv_harness.recorder.upstream.base import UpstreamFailure
+
+    try:
+        reply = await upstream.request("GET", "/version")
+    except UpstreamFailure:
+        return None
+    if reply.status == 200 and reply.json and isinstance(reply.json.get("version"), str):
+        return reply.json["version"]
+    return None
+
+
+def _session_part(ctx: "RecorderContext", session: "LiveSession") -> dict[str, Any]:
+    cached = getattr(session, "_provenance", None)
+    if cached is None:
+        upstream = ctx.upstream_for(session.spec.upstream)
+        cached = {
+            "engine": upstream.name if upstream is not None else None,
+            "engine_version": session.engine_version or ctx.engine_info.get("version"),
+            "harness": session.spec.harness,
+            "harness_version": session.spec.harness_version,
+            "config_hashes": dict(session.spec.config_hashes),
+            "template_fingerprint": session.template_fingerprint,
+            "template_status": session.template_status,
+            "recorder_version": __version__,
+        }
+        setattr(session, "_provenance", cached)
+    return cached
+
+
+def call_provenance(ctx: "RecorderContext", session: "LiveSession", sent_body: dict[str, Any]) -> dict[str, Any]:
+    sampling = {k: sent_body[k] for k in SAMPLING_FIELDS if k in sent_body}
+    return {**_session_part(ctx, session), "model": sent_body.get("model"), "sampling": sampling}

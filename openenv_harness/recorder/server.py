@@ -1,0 +1,107 @@
+"""Run a recorder: in a background thread (trainers, tests, white-box runs) or as a process.
+
+uvicorn with uvloop and httptools when available (they are part of ``uvicorn[standard]``): the
+pure-Python HTTP stack is where a proxy's per-call time goes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+from typing import Any
+
+import uvicorn
+
+from openenv_harness.recorder.app import create_recorder_app
+from openenv_harness.recorder.context import RecorderConfig, RecorderContext
+from openenv_harness.recorder.upstream.base import Upstream
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+class ThreadedServer:
+    """A uvicorn server for any ASGI app on a daemon thread, bound to an ephemeral port."""
+
+    def __init__(self, app: Any, *, host: str = "127.0.0.1", port: int | None = None, log_level: str = "warning") -> None:
+        self.app = app
+        self.host = host
+        self.port = port or free_port(host)
+        self._config = uvicorn.Config(
+            app, host=host, port=self.port, log_level=log_level, access_log=False, lifespan="on",
+            timeout_keep_alive=75, loop="asyncio",
+        )
+        self._server = uvicorn.Server(self._config)
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop | None:
+        return getattr(self, "_loop", None)
+
+    def _run(self) -> None:
+        self._loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(self._loop)
+        self._loop.run_until_complete(self._server.serve())
+
+    def start(self, timeout_s: float = 30.0) -> "ThreadedServer":
+        self._thread = threading.Thread(target=self._run, name=f"uvicorn:{self.port}", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not self._server.started:
+            if not self._thread.is_alive():
+                raise RuntimeError(f"server on port {self.port} failed to start")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"server on port {self.port} did not start in {timeout_s}s")
+            time.sleep(0.01)
+        return self
+
+    def stop(self) -> None:
+        if self._thread is not None:
+            self._server.should_exit = True
+            self._thread.join(timeout=15)
+            self._thread = None
+
+    def __enter__(self) -> "ThreadedServer":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class RecorderServer(ThreadedServer):
+    """A recorder on a background thread. ``.ctx`` is its live context (sessions, fence, store)."""
+
+    def __init__(
+        self,
+        config: RecorderConfig,
+        *,
+        upstreams: dict[str, Upstream] | None = None,
+        host: str = "127.0.0.1",
+        port: int | None = None,
+    ) -> None:
+        app = create_recorder_app(config, upstreams=upstreams)
+        super().__init__(app, host=host, port=port)
+        self.config = config
+
+    @property
+    def ctx(self) -> RecorderContext:
+        return self.app.state.ctx
+
+    @property
+    def admin_token(self) -> str:
+        return self.ctx.admin_token
+
+
+def serve(config: RecorderConfig, *, host: str = "127.0.0.1", port: int = 8765, log_level: str = "info") -> None:
+    """Run a recorder in the foreground (the ``openenv-harness serve`` command)."""
+    app = create_recorder_app(config)
+    uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False)

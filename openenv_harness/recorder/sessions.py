@@ -1,0 +1,256 @@
+"""Live session state: identity, budgets, counters and stop conditions (D5, D13).
+
+A session is one rollout: one agent, one secret, one stream of records. The registry keeps what
+the hot path needs in memory -- counters, never history -- and persists identity and outcome so a
+restarted recorder keeps serving the same sessions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import secrets
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from openenv_harness.recorder.auth import new_secret, secret_digest
+from openenv_harness.recorder.store.base import RecordStore, SessionRow
+
+_SESSION_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,95}$")
+
+
+class Budgets(BaseModel):
+    """Caps enforced before each call is served (D13). ``None`` means no cap."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_agent_calls: int | None = Field(None, ge=0)
+    max_calls: int | None = Field(None, ge=0, description="All calls, aux included")
+    max_prompt_tokens: int | None = Field(None, ge=0, description="Cumulative prompt tokens")
+    max_completion_tokens: int | None = Field(None, ge=0, description="Cumulative completion tokens")
+    max_total_tokens: int | None = Field(None, ge=0)
+    max_wall_clock_s: float | None = Field(None, gt=0)
+
+
+class AuxRule(BaseModel):
+    """Marks a call as ``aux`` when every given condition holds (harnesses.md §6.3)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    no_tools: bool | None = None
+    system_prompt_startswith: str | None = None
+    system_prompt_contains: str | None = None
+    model: str | None = None
+
+
+class SessionSpec(BaseModel):
+    """What a trainer gives when creating a session."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    session_id: str | None = Field(None, description="Requested id; must be unused")
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    budgets: Budgets = Field(default_factory=Budgets)
+    harness: str | None = None
+    harness_version: str | None = None
+    config_hashes: dict[str, str] = Field(default_factory=dict)
+    aux_rules: list[AuxRule] | None = Field(None, description="Override the harness's classification rules")
+    trainer_template_fingerprint: str | None = Field(
+        None, description="Fingerprint of the chat template the trainer trains with; a mismatch fails creation"
+    )
+    upstream: str | None = Field(None, description="Named upstream registered with the recorder (white-box)")
+
+
+@dataclass
+class Counters:
+    calls: int = 0
+    agent_calls: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    failed_calls: int = 0
+    invalid_calls: int = 0
+    replayed_calls: int = 0
+
+
+@dataclass
+class LiveSession:
+    """In-memory state of one session. Bounded: counters and small maps, never history."""
+
+    id: str
+    secret_digest: str
+    spec: SessionSpec
+    created_at: float
+    status: str = "open"  # open | stopped | closed
+    closed_at: float | None = None
+    stop_reason: str | None = None
+    next_call_index: int = 0
+    counters: Counters = field(default_factory=Counters)
+    last_error: dict[str, Any] | None = None
+    errors: list[dict[str, Any]] = field(default_factory=list)
+    template_status: str | None = None
+    template_fingerprint: str | None = None
+    engine_version: str | None = None
+    #: request digest -> future of the in-flight twin (retry de-duplication)
+    inflight: dict[str, asyncio.Future] = field(default_factory=dict)
+    #: shared per-session state of the fidelity classifier (last prompt of each chain tip, bounded)
+    fidelity: Any = None
+    _changed: asyncio.Event | None = None
+
+    def take_call_index(self) -> int:
+        index = self.next_call_index
+        self.next_call_index += 1
+        return index
+
+    @property
+    def changed(self) -> asyncio.Event:
+        if self._changed is None:
+            self._changed = asyncio.Event()
+        return self._changed
+
+    def notify(self) -> None:
+        """Wake waiters (status changed or a call finished)."""
+        if self._changed is not None:
+            self._changed.set()
+            self._changed = asyncio.Event()
+
+    def note_error(self, error: dict[str, Any]) -> None:
+        self.last_error = error
+        self.errors.append(error)
+        del self.errors[:-20]  # keep the latest few; every one is also in a failed-call record
+
+    def summary(self) -> dict[str, Any]:
+        c = self.counters
+        return {
+            "session_id": self.id,
+            "status": self.status,
+            "created_at": self.created_at,
+            "closed_at": self.closed_at,
+            "stop_reason": self.stop_reason,
+            "calls": c.calls,
+            "agent_calls": c.agent_calls,
+            "prompt_tokens": c.prompt_tokens,
+            "completion_tokens": c.completion_tokens,
+            "failed_calls": c.failed_calls,
+            "invalid_calls": c.invalid_calls,
+            "replayed_calls": c.replayed_calls,
+            "last_error": self.last_error,
+            "budgets": self.spec.budgets.model_dump(exclude_none=True),
+            "metadata": self.spec.metadata,
+            "harness": self.spec.harness,
+            "template_status": self.template_status,
+            "engine_version": self.engine_version,
+        }
+
+    def to_row(self) -> SessionRow:
+        return SessionRow(
+            session_id=self.id,
+            secret_digest=self.secret_digest,
+            status=self.status,
+            created_at=self.created_at,
+            spec=self.spec.model_dump(mode="json"),
+            closed_at=self.closed_at,
+            stop_reason=self.stop_reason,
+            state={
+                "last_error": self.last_error,
+                "template_status": self.template_status,
+                "template_fingerprint": self.template_fingerprint,
+                "engine_version": self.engine_version,
+            },
+        )
+
+
+class SessionError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+class SessionRegistry:
+    """All sessions of this recorder, by id and by secret digest."""
+
+    def __init__(self, store: RecordStore) -> None:
+        self._store = store
+        self._by_id: dict[str, LiveSession] = {}
+        self._by_digest: dict[str, LiveSession] = {}
+
+    def load(self) -> int:
+        """Re-create live sessions from the store (after a restart). Returns how many."""
+        for row in self._store.load_sessions():
+            spec = SessionSpec.model_validate(row.spec)
+            session = LiveSession(
+                id=row.session_id,
+                secret_digest=row.secret_digest,
+                spec=spec,
+                created_at=row.created_at,
+                status=row.status,
+                closed_at=row.closed_at,
+                stop_reason=row.stop_reason,
+                next_call_index=row.next_call_index,
+            )
+            state = row.state or {}
+            session.last_error = state.get("last_error")
+            session.template_status = state.get("template_status")
+            session.template_fingerprint = state.get("template_fingerprint")
+            session.engine_version = state.get("engine_version")
+            totals = state.get("totals") or {}
+            for key, value in totals.items():
+                if hasattr(session.counters, key):
+                    setattr(session.counters, key, int(value))
+            self._index(session)
+        return len(self._by_id)
+
+    def _index(self, session: LiveSession) -> None:
+        self._by_id[session.id] = session
+        self._by_digest[session.secret_digest] = session
+
+    def new(self, spec: SessionSpec) -> tuple[LiveSession, str]:
+        """Create (not yet persisted) a session and its secret."""
+        if spec.session_id is not None:
+            if not _SESSION_ID.match(spec.session_id):
+                raise SessionError(422, "session_id must be 1-96 characters of [A-Za-z0-9_.-]")
+            if spec.session_id in self._by_id:
+                raise SessionError(409, f"session {spec.session_id!r} already exists")
+            session_id = spec.session_id
+        else:
+            session_id = "s-" + secrets.token_hex(8)
+        secret = new_secret()
+        session = LiveSession(id=session_id, secret_digest=secret_digest(secret), spec=spec, created_at=time.time())
+        return session, secret
+
+    async def add(self, session: LiveSession) -> None:
+        await self._store.put_session(session.to_row())
+        self._index(session)
+
+    async def persist(self, session: LiveSession) -> None:
+        await self._store.put_session(session.to_row())
+
+    def get(self, session_id: str) -> LiveSession | None:
+        return self._by_id.get(session_id)
+
+    def by_digest(self, digest: str) -> LiveSession | None:
+        return self._by_digest.get(digest)
+
+    def all(self) -> list[LiveSession]:
+        return list(self._by_id.values())
+
+    async def stop(self, session: LiveSession, reason: str) -> None:
+        """A budget was hit: further calls are refused, the session stays readable."""
+        if session.status == "open":
+            session.status = "stopped"
+            session.stop_reason = reason
+            await self.persist(session)
+            session.notify()
+
+    async def close(self, session: LiveSession, reason: str | None = None) -> None:
+        if session.status != "closed":
+            session.status = "closed"
+            session.closed_at = time.time()
+            if session.stop_reason is None and reason:
+                session.stop_reason = reason
+            await self.persist(session)
+            session.notify()

@@ -1,0 +1,438 @@
+"""The default store: one SQLite file in WAL mode, written by a single group-committing thread.
+
+Why this shape:
+- *Durable before reply* (D14): ``append`` resolves only after the transaction holding the record
+  has committed. In WAL mode with ``synchronous=NORMAL`` a committed transaction survives the
+  process being killed (SIGKILL); ``synchronous=FULL`` also survives power loss, at a cost.
+- *Off the event loop*: hashing blocks, compressing and SQLite I/O run on the writer thread, so
+  64 concurrent sessions never stall on one another's writes.
+- *Group commit*: everything queued while a commit was running goes into the next transaction,
+  so throughput rises with concurrency instead of paying one commit per call.
+- *Linear growth*: prompts and messages are stored as content-addressed blocks (``blocks.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import sqlite3
+import threading
+from array import array
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any, Callable
+
+import orjson
+
+from openenv_harness.recorder.store import blocks
+from openenv_harness.recorder.store.base import PendingRecord, RecordStore, SessionRow
+
+log = logging.getLogger(__name__)
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS sessions (
+    id TEXT PRIMARY KEY,
+    secret_digest TEXT NOT NULL UNIQUE,
+    status TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    closed_at REAL,
+    stop_reason TEXT,
+    spec BLOB NOT NULL,
+    state BLOB NOT NULL
+);
+CREATE TABLE IF NOT EXISTS blobs (
+    hash BLOB PRIMARY KEY,
+    data BLOB NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS records (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    session_id TEXT NOT NULL,
+    call_index INTEGER NOT NULL,
+    call_kind TEXT NOT NULL,
+    status TEXT NOT NULL,
+    trainable INTEGER NOT NULL,
+    request_digest TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    prompt_len INTEGER NOT NULL,
+    prompt_blocks BLOB,
+    completion_ids BLOB,
+    logprobs BLOB,
+    completion_tokens BLOB,
+    request BLOB NOT NULL,
+    response BLOB NOT NULL,
+    metadata BLOB NOT NULL
+);
+CREATE INDEX IF NOT EXISTS records_by_session ON records(session_id, seq);
+CREATE INDEX IF NOT EXISTS records_by_digest ON records(session_id, request_digest);
+"""
+
+_REF_MESSAGES = "$oeh_messages"
+_REF_TOOLS = "$oeh_tools"
+#: How many sessions' "recently stored hashes" the writer remembers (a cache, not state).
+_HASH_CACHE_SESSIONS = 4096
+
+
+class SQLiteStore(RecordStore):
+    """SQLite-backed ``RecordStore``. ``path`` may be ``":memory:"``-like only via a temp file."""
+
+    def __init__(self, path: str | Path, *, synchronous: str = "NORMAL") -> None:
+        if synchronous.upper() not in {"NORMAL", "FULL", "EXTRA"}:
+            raise ValueError("synchronous must be NORMAL, FULL or EXTRA")
+        self.path = str(path)
+        self.synchronous = synchronous.upper()
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._wconn: sqlite3.Connection | None = None
+        self._local = threading.local()
+        # session id -> hashes written for its latest record (skips re-inserting shared blocks)
+        self._recent: OrderedDict[str, set[bytes]] = OrderedDict()
+        self._records_written = 0
+        self._closed = False
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    def open(self) -> None:
+        if self.path not in {":memory:", ""}:
+            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        conn = self._connect()
+        conn.executescript(_SCHEMA)
+        self._wconn = conn
+        self._thread = threading.Thread(target=self._writer_loop, name="oeh-store-writer", daemon=True)
+        self._thread.start()
+
+    def _connect(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=30)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute(f"PRAGMA synchronous={self.synchronous}")
+        conn.execute("PRAGMA busy_timeout=30000")
+        return conn
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join(timeout=30)
+        if self._wconn is not None:
+            self._wconn.close()
+
+    # -- writes (event loop side) ----------------------------------------------------------------
+
+    async def _submit(self, op: Callable[[sqlite3.Connection, Any], Any], arg: Any) -> Any:
+        if self._closed or self._thread is None:
+            raise RuntimeError("store is closed")
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        self._queue.put((op, arg, fut, loop))
+        # shield: a cancelled caller (agent hung up) must not un-write a record
+        return await asyncio.shield(fut)
+
+    async def append(self, record: PendingRecord) -> int:
+        return await self._submit(self._op_append, record)
+
+    async def put_session(self, row: SessionRow) -> None:
+        await self._submit(self._op_put_session, row)
+
+    # -- writer thread ---------------------------------------------------------------------------
+
+    def _writer_loop(self) -> None:
+        conn = self._wconn
+        assert conn is not None
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            batch = [item]
+            stop = False
+            while len(batch) < 512:
+                try:
+                    nxt = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if nxt is None:
+                    stop = True
+                    break
+                batch.append(nxt)
+            results = self._run_batch(conn, batch)
+            for (_, _, fut, loop), (value, error) in zip(batch, results):
+                loop.call_soon_threadsafe(_resolve, fut, value, error)
+            if stop:
+                return
+
+    def _run_batch(self, conn: sqlite3.Connection, batch: list) -> list[tuple[Any, BaseException | None]]:
+        results: list[tuple[Any, BaseException | None]] = []
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            for op, arg, _, _ in batch:
+                conn.execute("SAVEPOINT op")
+                try:
+                    results.append((op(conn, arg), None))
+                    conn.execute("RELEASE op")
+                except Exception as exc:  # one bad op must not lose the others
+                    conn.execute("ROLLBACK TO op")
+                    conn.execute("RELEASE op")
+                    log.exception("store operation failed")
+                    results.append((None, exc))
+            conn.execute("COMMIT")
+        except Exception as exc:
+            log.exception("store commit failed")
+            try:
+                conn.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass
+            return [(None, exc) for _ in batch]
+        self._records_written += sum(1 for op, *_ in batch if op == self._op_append)
+        return results
+
+    def _recent_for(self, session_id: str) -> set[bytes]:
+        recent = self._recent.get(session_id)
+        if recent is None:
+            recent = set()
+            self._recent[session_id] = recent
+            if len(self._recent) > _HASH_CACHE_SESSIONS:
+                self._recent.popitem(last=False)
+        else:
+            self._recent.move_to_end(session_id)
+        return recent
+
+    def _put_blobs(self, conn: sqlite3.Connection, pairs: list[tuple[bytes, bytes]], recent: set[bytes]) -> None:
+        fresh = [(h, blocks.pack_blob(data)) for h, data in pairs if h not in recent]
+        if fresh:
+            conn.executemany("INSERT OR IGNORE INTO blobs(hash, data) VALUES (?, ?)", fresh)
+
+    def _op_append(self, conn: sqlite3.Connection, rec: PendingRecord) -> int:
+        recent = self._recent_for(rec.session_id)
+        written: set[bytes] = set()
+
+        prompt_blocks = None
+        prompt_len = 0
+        if rec.prompt_ids is not None:
+            prompt_len = len(rec.prompt_ids)
+            pairs = blocks.split_blocks(blocks.ids_to_bytes(rec.prompt_ids))
+            self._put_blobs(conn, pairs, recent)
+            written.update(h for h, _ in pairs)
+            prompt_blocks = blocks.join_hashes(h for h, _ in pairs)
+
+        request = dict(rec.request)
+        messages = request.get("messages")
+        if isinstance(messages, list):
+            pairs = blocks.message_blobs(messages)
+            self._put_blobs(conn, pairs, recent)
+            written.update(h for h, _ in pairs)
+            request["messages"] = {_REF_MESSAGES: [h.hex() for h, _ in pairs]}
+        tools = request.get("tools")
+        if isinstance(tools, list) and tools:
+            data = orjson.dumps(tools)
+            h = blocks.digest(data)
+            self._put_blobs(conn, [(h, data)], recent)
+            written.add(h)
+            request["tools"] = {_REF_TOOLS: h.hex()}
+
+        recent.clear()
+        recent.update(written)
+
+        md = rec.metadata
+        cur = conn.execute(
+            "INSERT INTO records(session_id, call_index, call_kind, status, trainable, request_digest,"
+            " created_at, prompt_len, prompt_blocks, completion_ids, logprobs, completion_tokens,"
+            " request, response, metadata) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            (
+                rec.session_id,
+                rec.call_index,
+                rec.call_kind,
+                rec.status,
+                1 if rec.trainable else 0,
+                md.get("request_digest", ""),
+                rec.created_at,
+                prompt_len,
+                prompt_blocks,
+                blocks.ids_to_bytes(rec.completion_ids) if rec.completion_ids is not None else None,
+                _floats_to_bytes(rec.logprobs) if rec.logprobs is not None else None,
+                orjson.dumps(rec.completion_tokens) if rec.completion_tokens is not None else None,
+                blocks.pack_blob(orjson.dumps(request)),
+                blocks.pack_blob(orjson.dumps(rec.response)),
+                blocks.pack_blob(orjson.dumps(md)),
+            ),
+        )
+        return int(cur.lastrowid)
+
+    def _op_put_session(self, conn: sqlite3.Connection, row: SessionRow) -> None:
+        conn.execute(
+            "INSERT INTO sessions(id, secret_digest, status, created_at, closed_at, stop_reason, spec, state)"
+            " VALUES (?,?,?,?,?,?,?,?) ON CONFLICT(id) DO UPDATE SET status=excluded.status,"
+            " closed_at=excluded.closed_at, stop_reason=excluded.stop_reason, state=excluded.state",
+            (
+                row.session_id,
+                row.secret_digest,
+                row.status,
+                row.created_at,
+                row.closed_at,
+                row.stop_reason,
+                orjson.dumps(row.spec),
+                orjson.dumps(row.state),
+            ),
+        )
+
+    # -- reads -----------------------------------------------------------------------------------
+
+    def _reader(self) -> sqlite3.Connection:
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = self._connect()
+            self._local.conn = conn
+        return conn
+
+    def load_sessions(self) -> list[SessionRow]:
+        conn = self._reader()
+        next_index = dict(
+            conn.execute("SELECT session_id, MAX(call_index) + 1 FROM records GROUP BY session_id").fetchall()
+        )
+        rows = conn.execute(
+            "SELECT id, secret_digest, status, created_at, closed_at, stop_reason, spec, state FROM sessions"
+        ).fetchall()
+        return [
+            SessionRow(
+                session_id=r[0],
+                secret_digest=r[1],
+                status=r[2],
+                created_at=r[3],
+                closed_at=r[4],
+                stop_reason=r[5],
+                spec=orjson.loads(r[6]),
+                state=orjson.loads(r[7]),
+                next_call_index=int(next_index.get(r[0], 0) or 0),
+            )
+            for r in rows
+        ]
+
+    async def read_records(self, session_id: str, *, after_seq: int = 0) -> list[dict[str, Any]]:
+        return await asyncio.to_thread(self._read_records, session_id, after_seq)
+
+    def _read_records(self, session_id: str, after_seq: int, digest: str | None = None) -> list[dict[str, Any]]:
+        conn = self._reader()
+        sql = (
+            "SELECT seq, prompt_blocks, completion_ids, logprobs, completion_tokens, request, response,"
+            " metadata, trainable, prompt_len FROM records WHERE session_id = ? AND seq > ?"
+        )
+        params: list[Any] = [session_id, after_seq]
+        if digest is not None:
+            sql += " AND request_digest = ? AND status = 'ok'"
+            params.append(digest)
+        rows = conn.execute(sql + " ORDER BY seq", params).fetchall()
+        blob_cache: dict[bytes, bytes] = {}
+        return [self._decode_row(conn, row, blob_cache) for row in rows]
+
+    def _blobs(self, conn: sqlite3.Connection, hashes: list[bytes], cache: dict[bytes, bytes]) -> None:
+        missing = list({h for h in hashes if h not in cache})
+        for i in range(0, len(missing), 500):
+            chunk = missing[i : i + 500]
+            marks = ",".join("?" * len(chunk))
+            for h, data in conn.execute(f"SELECT hash, data FROM blobs WHERE hash IN ({marks})", chunk):
+                cache[bytes(h)] = blocks.unpack_blob(data)
+        lost = [h.hex() for h in hashes if h not in cache]
+        if lost:
+            raise RuntimeError(f"store is missing {len(lost)} blob(s), e.g. {lost[0]}")
+
+    def _decode_row(self, conn: sqlite3.Connection, row: tuple, cache: dict[bytes, bytes]) -> dict[str, Any]:
+        seq, pblocks, cids, lps, ctoks, req, resp, md, trainable, prompt_len = row
+        metadata = orjson.loads(blocks.unpack_blob(md))
+        metadata["seq"] = seq
+        prompt: list[int] = []
+        if pblocks is not None:
+            hashes = blocks.split_hashes(pblocks)
+            self._blobs(conn, hashes, cache)
+            prompt = blocks.bytes_to_ids(b"".join(cache[h] for h in hashes)).tolist()
+            if len(prompt) != prompt_len:
+                raise RuntimeError(f"record {seq}: prompt length {len(prompt)} != stored {prompt_len}")
+        request = orjson.loads(blocks.unpack_blob(req))
+        ref = request.get("messages")
+        if isinstance(ref, dict) and _REF_MESSAGES in ref:
+            hashes = [bytes.fromhex(h) for h in ref[_REF_MESSAGES]]
+            self._blobs(conn, hashes, cache)
+            request["messages"] = [orjson.loads(cache[h]) for h in hashes]
+        ref = request.get("tools")
+        if isinstance(ref, dict) and _REF_TOOLS in ref:
+            h = bytes.fromhex(ref[_REF_TOOLS])
+            self._blobs(conn, [h], cache)
+            request["tools"] = orjson.loads(cache[h])
+        completion = blocks.bytes_to_ids(cids).tolist() if cids is not None else []
+        logps = _bytes_to_floats(lps) if lps is not None else []
+        entry: dict[str, Any] = {
+            "request": request,
+            "response": orjson.loads(blocks.unpack_blob(resp)),
+            "prompt_token_ids": prompt,
+            "completion_token_ids": completion,
+            "per_token_logps": logps,
+            "loss_mask": [0] * len(prompt) + [1 if trainable else 0] * len(completion),
+            "metadata": metadata,
+        }
+        if ctoks is not None:
+            entry["completion_tokens"] = orjson.loads(ctoks)
+        return entry
+
+    async def find_by_digest(self, session_id: str, request_digest: str) -> dict[str, Any] | None:
+        rows = await asyncio.to_thread(self._read_records, session_id, 0, request_digest)
+        return rows[-1] if rows else None
+
+    def stats(self) -> dict[str, Any]:
+        conn = self._reader()
+        page_count = conn.execute("PRAGMA page_count").fetchone()[0]
+        page_size = conn.execute("PRAGMA page_size").fetchone()[0]
+        wal = Path(self.path + "-wal")
+        return {
+            "records_written": self._records_written,
+            "db_bytes": page_count * page_size,
+            "wal_bytes": wal.stat().st_size if wal.exists() else 0,
+            "queue_depth": self._queue.qsize(),
+        }
+
+    def session_bytes(self, session_id: str) -> dict[str, int]:
+        """Bytes a session occupies (its rows plus the blobs only it references), for benchmarks."""
+        conn = self._reader()
+        row_bytes = conn.execute(
+            "SELECT COALESCE(SUM(LENGTH(prompt_blocks)) + SUM(LENGTH(COALESCE(completion_ids, x'')))"
+            " + SUM(LENGTH(COALESCE(logprobs, x''))) + SUM(LENGTH(request)) + SUM(LENGTH(response))"
+            " + SUM(LENGTH(metadata)), 0) FROM records WHERE session_id = ?",
+            (session_id,),
+        ).fetchone()[0]
+        hashes: set[bytes] = set()
+        for pblocks, req in conn.execute(
+            "SELECT prompt_blocks, request FROM records WHERE session_id = ?", (session_id,)
+        ):
+            if pblocks:
+                hashes.update(blocks.split_hashes(pblocks))
+            request = orjson.loads(blocks.unpack_blob(req))
+            ref = request.get("messages")
+            if isinstance(ref, dict):
+                hashes.update(bytes.fromhex(h) for h in ref.get(_REF_MESSAGES, []))
+            ref = request.get("tools")
+            if isinstance(ref, dict):
+                hashes.add(bytes.fromhex(ref[_REF_TOOLS]))
+        blob_bytes = 0
+        hl = list(hashes)
+        for i in range(0, len(hl), 500):
+            chunk = hl[i : i + 500]
+            marks = ",".join("?" * len(chunk))
+            blob_bytes += conn.execute(
+                f"SELECT COALESCE(SUM(LENGTH(data) + LENGTH(hash)), 0) FROM blobs WHERE hash IN ({marks})", chunk
+            ).fetchone()[0]
+        return {"row_bytes": int(row_bytes), "blob_bytes": int(blob_bytes), "total": int(row_bytes + blob_bytes)}
+
+
+def _resolve(fut: asyncio.Future, value: Any, error: BaseException | None) -> None:
+    if fut.done():
+        return
+    if error is not None:
+        fut.set_exception(error)
+    else:
+        fut.set_result(value)
+
+
+def _floats_to_bytes(values: array) -> bytes:
+    return blocks.ids_to_bytes(values)  # same little-endian rule, typecode 'd'
+
+
+def _bytes_to_floats(data: bytes) -> list[float]:
+    return blocks.bytes_to_ids(data, "d").tolist()

@@ -1,0 +1,57 @@
+"""Engines as transports: what the recorder needs from whatever produces tokens.
+
+Why an abstraction: the recorder's flow is the same whether tokens come from a vLLM server over
+HTTP (loop-owning training, D2) or from the trainer's own ``ModelStep`` in-process (RFC 005
+white-box mode, D8). Each upstream takes the chat body the recorder decided to send and returns a
+reply in vLLM's OpenAI shape (top-level ``prompt_token_ids``, ``choices[i].token_ids``,
+``choices[i].logprobs.content``), or raises ``UpstreamFailure`` when no reply came at all.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class UpstreamFailure(Exception):
+    """No HTTP answer from the engine: ``kind`` is ``connect``, ``timeout`` or ``protocol``."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+
+
+@dataclass
+class UpstreamReply:
+    """What the engine answered. ``json`` is the parsed body when it was a JSON object."""
+
+    status: int
+    json: dict[str, Any] | None
+    body: bytes = b""
+    headers: dict[str, str] = field(default_factory=dict)
+    elapsed_ms: float = 0.0
+
+
+class Upstream(abc.ABC):
+    """An engine the recorder forwards chat calls to."""
+
+    #: Short description for provenance, e.g. ``vllm-http:http://127.0.0.1:8000``.
+    name: str = "upstream"
+
+    async def start(self) -> None:
+        """Acquire resources bound to the running event loop."""
+
+    async def aclose(self) -> None:
+        """Release them."""
+
+    @abc.abstractmethod
+    async def chat(self, body: dict[str, Any], *, session_id: str) -> UpstreamReply:
+        """Send one chat completion (never streamed) and return the engine's answer."""
+
+    async def request(
+        self, method: str, path: str, *, json: Any = None, params: dict[str, str] | None = None
+    ) -> UpstreamReply:
+        """Engine control and introspection (``/version``, ``/tokenize``, ``/pause`` ...)."""
+        raise UpstreamFailure("protocol", f"{self.name} does not support {method} {path}")

@@ -1,0 +1,144 @@
+"""Read the token evidence out of an engine reply, and check it, without a per-token Python loop.
+
+Why it is written this way: prompts are thousands of ids long and arrive on every call. Converting
+them to ``array('I')`` is a single C-level pass that also rejects floats, strings, negatives and
+values beyond uint32 -- exactly the checks "ids are non-negative ints" needs. Logprobs go to
+``array('d')``; finiteness is checked on their sum and the upper bound on their max.
+
+A reply whose evidence fails is still recorded (as untrainable, with the reasons): nothing is
+silently dropped and nothing doubtful reaches a trainer as trainable (D15).
+"""
+
+from __future__ import annotations
+
+import math
+from array import array
+from dataclasses import dataclass, field
+from typing import Any
+
+TOKEN_ID_PREFIX = "token_id:"
+
+
+@dataclass
+class Evidence:
+    """The tokens of one reply and whether they can be trained on."""
+
+    prompt_ids: array | None = None
+    completion_ids: array | None = None
+    logprobs: array | None = None
+    completion_tokens: list[str] | None = None
+    finish_reason: str | None = None
+    usage: dict[str, Any] | None = None
+    reasons: list[str] = field(default_factory=list)
+
+    @property
+    def valid(self) -> bool:
+        return not self.reasons
+
+
+def _ids(values: Any, what: str, reasons: list[str]) -> array | None:
+    if values is None:
+        return None
+    if not isinstance(values, list):
+        reasons.append(f"{what} is not a list")
+        return None
+    try:
+        return array("I", values)
+    except (TypeError, OverflowError):
+        reasons.append(f"{what} contains a value that is not a non-negative integer id")
+        return None
+
+
+def _ids_from_tokens(tokens: list[str]) -> array | None:
+    """Recover ids from vLLM's ``--return-tokens-as-token-ids`` strings; None if any is not one."""
+    out = array("I")
+    plen = len(TOKEN_ID_PREFIX)
+    for tok in tokens:
+        if not tok.startswith(TOKEN_ID_PREFIX):
+            return None
+        try:
+            out.append(int(tok[plen:]))
+        except (ValueError, OverflowError):
+            return None
+    return out
+
+
+def extract_evidence(reply: dict[str, Any]) -> Evidence:
+    """Pull prompt ids, sampled ids and logprobs from a vLLM-shaped chat reply and check them."""
+    ev = Evidence()
+    reasons = ev.reasons
+    choices = reply.get("choices")
+    if not isinstance(choices, list) or len(choices) != 1 or not isinstance(choices[0], dict):
+        reasons.append("reply must have exactly one choice")
+        return ev
+    choice = choices[0]
+    ev.finish_reason = choice.get("finish_reason")
+    usage = reply.get("usage")
+    ev.usage = usage if isinstance(usage, dict) else None
+
+    ev.prompt_ids = _ids(reply.get("prompt_token_ids"), "prompt_token_ids", reasons)
+    if ev.prompt_ids is None and "prompt_token_ids" not in reply:
+        reasons.append("engine returned no prompt_token_ids")
+    elif ev.prompt_ids is not None and len(ev.prompt_ids) == 0:
+        reasons.append("prompt_token_ids is empty")
+
+    content = None
+    lp = choice.get("logprobs")
+    if isinstance(lp, dict):
+        content = lp.get("content")
+    if isinstance(content, list):
+        try:
+            ev.logprobs = array("d", [entry["logprob"] for entry in content])
+        except (TypeError, KeyError):
+            reasons.append("logprobs.content entries lack a numeric logprob")
+        tokens = [entry.get("token") for entry in content if isinstance(entry, dict)]
+        if len(tokens) == len(content) and all(isinstance(t, str) for t in tokens):
+            ev.completion_tokens = tokens  # type: ignore[assignment]
+    else:
+        reasons.append("engine returned no logprobs")
+
+    ev.completion_ids = _ids(choice.get("token_ids"), "choices[0].token_ids", reasons)
+    if ev.completion_ids is None and "token_ids" not in choice:
+        if ev.completion_tokens is not None:
+            ev.completion_ids = _ids_from_tokens(ev.completion_tokens)
+        if ev.completion_ids is None:
+            reasons.append("engine returned no completion token ids")
+    if ev.completion_ids is not None and "token_ids" in choice:
+        ev.completion_tokens = None  # ids present: the string fallback is not needed
+
+    if ev.logprobs is not None and len(ev.logprobs):
+        total = math.fsum(ev.logprobs)
+        if not math.isfinite(total):
+            reasons.append("a logprob is not finite")
+        elif max(ev.logprobs) > 0.0:
+            reasons.append("a logprob is positive")
+    if ev.completion_ids is not None and ev.logprobs is not None and len(ev.completion_ids) != len(ev.logprobs):
+        reasons.append(f"{len(ev.completion_ids)} sampled ids but {len(ev.logprobs)} logprobs")
+    if ev.usage is not None:
+        pt, ct = ev.usage.get("prompt_tokens"), ev.usage.get("completion_tokens")
+        if ev.prompt_ids is not None and isinstance(pt, int) and pt != len(ev.prompt_ids):
+            reasons.append(f"usage.prompt_tokens={pt} but {len(ev.prompt_ids)} prompt ids")
+        if ev.completion_ids is not None and isinstance(ct, int) and ct != len(ev.completion_ids):
+            reasons.append(f"usage.completion_tokens={ct} but {len(ev.completion_ids)} sampled ids")
+    return ev
+
+
+#: Engine-only fields removed from what the agent sees and from the stored ``response``.
+_ENGINE_ONLY_TOP = ("prompt_token_ids", "prompt_logprobs", "kv_transfer_params")
+_ENGINE_ONLY_CHOICE = ("token_ids",)
+
+
+def agent_view(reply: dict[str, Any], *, keep_logprobs: bool) -> dict[str, Any]:
+    """The engine's reply without engine-only fields (a shallow copy; the input is untouched)."""
+    out = {k: v for k, v in reply.items() if k not in _ENGINE_ONLY_TOP}
+    choices = []
+    for choice in reply.get("choices") or []:
+        if not isinstance(choice, dict):
+            choices.append(choice)
+            continue
+        c = {k: v for k, v in choice.items() if k not in _ENGINE_ONLY_CHOICE}
+        if not keep_logprobs:
+            c.pop("logprobs", None)
+        choices.append(c)
+    out["choices"] = choices
+    return out
