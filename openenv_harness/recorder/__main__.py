@@ -1,0 +1,39 @@
+"""``python -m openenv_harness.recorder``: run a recorder in the foreground (no CLI dependencies)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from openenv_harness.recorder.context import RecorderConfig
+from openenv_harness.recorder.server import serve
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m openenv_harness.recorder")
+    p.add_argument("--engine-url", default=os.environ.get("OEH_ENGINE_URL"))
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8765)
+    p.add_argument("--store", default=os.environ.get("OEH_STORE", "runs/recorder.db"))
+    p.add_argument("--admin-token", default=os.environ.get("OEH_ADMIN_TOKEN"))
+    p.add_argument("--public-base-url", default=None)
+    p.add_argument("--log-level", default="warning")
+    p.add_argument("--no-probe", action="store_true", help="do not probe the engine's template via /tokenize")
+    a = p.parse_args(argv)
+    if a.host not in ("127.0.0.1", "localhost", "::1") and not a.admin_token:
+        sys.exit("refusing to listen on a non-loopback address without --admin-token")
+    config = RecorderConfig(
+        store_path=a.store, engine_url=a.engine_url, admin_token=a.admin_token,
+        public_base_url=a.public_base_url, probe_template=not a.no_probe,
+    )
+    if not a.admin_token:
+        from openenv_harness.recorder.auth import new_admin_token
+
+        config.admin_token = new_admin_token()
+        print(f"admin token: {config.admin_token}", flush=True)
+    serve(config, host=a.host, port=a.port, log_level=a.log_level)
+
+
+if __name__ == "__main__":
+    main()

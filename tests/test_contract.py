@@ -1,0 +1,69 @@
+"""The record contract: OpenEnv's shapes, OpenEnv's own validation, and a committed, current schema."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from openenv_harness import contract
+
+
+def _entry(node: str, prompt: list[int], completion: list[int], logps: list[float], **md) -> dict:
+    return {
+        "request": {"messages": [{"role": "user", "content": "x"}]},
+        "response": {"choices": [{"message": {"role": "assistant", "content": "y"}, "finish_reason": "stop"}]},
+        "prompt_token_ids": prompt,
+        "completion_token_ids": completion,
+        "per_token_logps": logps,
+        "loss_mask": contract.loss_mask_for(len(prompt), len(completion), True),
+        "metadata": {"node_id": node, "session_id": "s", "seq": 1, "call_index": 0, "call_kind": "agent",
+                     "status": "ok", **md},
+    }
+
+
+def test_committed_schema_is_current() -> None:
+    on_disk = contract.SCHEMA_PATH.read_text()
+    assert on_disk == contract.render_json_schema(), "run: python -m openenv_harness.contract"
+    schema = json.loads(on_disk)
+    assert set(schema["properties"]) == set(contract.TRACE_ENTRY_KEYS) - {"reward"}
+
+
+def test_trace_entry_keys_match_openenv() -> None:
+    from openenv.core.harness import TraceEntry
+
+    assert set(TraceEntry.__annotations__) == set(contract.TRACE_ENTRY_KEYS)
+
+
+def test_training_trace_dict_validates_with_openenv_and_selects_agent_ok_calls() -> None:
+    from openenv.core.harness import TrainingTrace
+
+    entries = [
+        _entry("s/0", [1, 2, 3], [4, 5], [-0.1, -0.2]),
+        _entry("s/1", [1, 2], [9], [-0.3], call_kind="aux"),
+        _entry("s/2", [1, 2, 3, 4, 5, 6], [7], [-0.5], status="invalid"),
+        {**_entry("s/3", [], [], []), "metadata": {"node_id": "s/3", "status": "failed", "call_kind": "agent"}},
+        _entry("s/4", [1, 2, 3, 4, 5, 6], [7, 8], [-0.5, -1.0]),
+    ]
+    data = contract.training_trace_dict(entries)
+    trace = TrainingTrace.model_validate(data)
+    assert [t.node_id for t in trace.turns] == ["s/0", "s/4"]
+    assert trace.turns[1].loss_mask == [0] * 6 + [1, 1]
+    assert contract.to_training_trace(entries).model_dump() == trace.model_dump()
+
+
+def test_openenv_rejects_what_we_must_never_emit() -> None:
+    """OpenEnv's validator is the judge: positive logprobs or misaligned arrays are refused."""
+    from openenv.core.harness import TrainingTrace
+
+    bad = _entry("s/0", [1, 2], [3, 4], [-0.1])
+    with pytest.raises(ValueError):
+        TrainingTrace.from_entries([bad])
+    # and our selection never forwards it
+    assert contract.training_trace_dict([bad])["turns"] == []
+
+
+def test_record_model_accepts_a_recorded_entry() -> None:
+    e = _entry("s/0", [1, 2, 3], [4, 5], [-0.1, -0.2], seq=7)
+    rec = contract.TraceRecord.model_validate(e)
+    assert rec.metadata.seq == 7 and rec.metadata.call_kind == "agent"
