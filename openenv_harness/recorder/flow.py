@@ -161,9 +161,14 @@ async def dedupe(flow: Flow) -> bool:
 # -- forward -----------------------------------------------------------------------------------
 
 
-def upstream_body(body: dict[str, Any]) -> dict[str, Any]:
-    """The agent's body verbatim plus the capture fields (``top_logprobs`` only if absent)."""
+def upstream_body(body: dict[str, Any], sampling: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The agent's body verbatim plus the capture fields (``top_logprobs`` only if absent).
+
+    ``sampling`` is what the trainer pinned for the session (applied over the agent's fields).
+    """
     out = {k: v for k, v in body.items() if k != "stream_options"}
+    if sampling:
+        out.update(sampling)
     out.update(_CAPTURE_FIELDS)
     out.setdefault("top_logprobs", 0)
     if out.get("top_logprobs") is None:
@@ -181,7 +186,7 @@ async def forward(flow: Flow) -> None:
         ctx.metrics.rejected.labels("paused").inc()
         raise AgentError(503, "engine is paused for a weight update; retry shortly", type="server_error",
                          code="engine_paused", headers={"retry-after": str(ctx.config.retry_after_s)})
-    flow.upstream_body = upstream_body(flow.body)
+    flow.upstream_body = upstream_body(flow.body, flow.session.spec.sampling)
     flow.call_index = flow.session.take_call_index()
     flow.version_start = ctx.fence.version
     ctx.fence.inflight += 1

@@ -63,6 +63,13 @@ class SessionSpec(BaseModel):
         None, description="Fingerprint of the chat template the trainer trains with; a mismatch fails creation"
     )
     upstream: str | None = Field(None, description="Named upstream registered with the recorder (white-box)")
+    sampling: dict[str, Any] | None = Field(
+        None,
+        description=(
+            "Trainer-pinned sampling fields set on every upstream body (e.g. TRL's training_sampling);"
+            " recorded in each record's provenance.sampling"
+        ),
+    )
 
 
 @dataclass

@@ -1,0 +1,148 @@
+"""Session factories: one call per rollout, shaped the way trainers call them.
+
+``HarnessSessionFactory`` is an OpenEnv ``ResourceSessionFactory``: ``create(task, seed, episode_id)``
+places the task in a fresh sandbox, creates the recorder session (budgets, metadata, config hashes),
+launches the agent and returns a ``HarnessSession``.
+
+``TRLSessionFactory`` is what TRL 1.16's ``HarnessRolloutWorker`` takes as
+``harness_session_factory``: a picklable callable (the worker runs in a child process) that is
+called with ``sampling=`` -- the trainer's training sampling -- and returns the factory. That
+sampling is pinned on every upstream call of the session and recorded in provenance.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from openenv.core.harness import ResourceSessionFactory
+
+from openenv_harness.harnesses.base import HarnessOptions, HarnessPreset
+from openenv_harness.harnesses.registry import get_preset
+from openenv_harness.recorder.client import RecorderClient
+from openenv_harness.rollout.launch import launch_agent
+from openenv_harness.rollout.session import HarnessSession
+from openenv_harness.rollout.tasks import Task, task_from
+from openenv_harness.rollout.taskset import BUILTIN_TASKS
+from openenv_harness.sandbox.base import Sandbox
+
+
+def _local_sandbox() -> Sandbox:
+    from openenv_harness.sandbox.local import LocalSandbox
+
+    return LocalSandbox()
+
+
+def _default_executable(preset: HarnessPreset) -> str:
+    from openenv_harness.harnesses.install import binary_path
+
+    return str(binary_path(preset))
+
+
+class HarnessSessionFactory(ResourceSessionFactory):
+    """Creates one ``HarnessSession`` per rollout."""
+
+    def __init__(
+        self,
+        *,
+        harness: str | HarnessPreset,
+        recorder_url: str,
+        admin_token: str,
+        model: str,
+        tasks: dict[str, Task] | None = None,
+        sandbox_factory: Callable[[], Sandbox] | None = None,
+        executable: str | None = None,
+        options: HarnessOptions | None = None,
+        budgets: dict[str, Any] | None = None,
+        sampling: dict[str, Any] | None = None,
+        metadata: dict[str, Any] | None = None,
+        context_window: int = 32768,
+        max_output_tokens: int = 4096,
+        agent_recorder_url: str | None = None,
+        trainer_template_fingerprint: str | None = None,
+        upstream: str | None = None,
+    ) -> None:
+        self.preset = get_preset(harness) if isinstance(harness, str) else harness
+        self.recorder_url = recorder_url.rstrip("/")
+        #: how the agent reaches the recorder (differs when the recorder is published via a tunnel)
+        self.agent_recorder_url = (agent_recorder_url or recorder_url).rstrip("/")
+        self.admin_token = admin_token
+        self.model = model
+        self.tasks = dict(BUILTIN_TASKS if tasks is None else tasks)
+        self.sandbox_factory = sandbox_factory or _local_sandbox
+        self.executable = executable
+        self.options = options or HarnessOptions()
+        self.budgets = dict(budgets or {})
+        self.sampling = dict(sampling) if sampling else None
+        self.metadata = dict(metadata or {})
+        self.context_window = context_window
+        self.max_output_tokens = max_output_tokens
+        self.trainer_template_fingerprint = trainer_template_fingerprint
+        self.upstream = upstream
+
+    def create(self, task: Any, seed: int | None = None, episode_id: str | None = None) -> HarnessSession:
+        resolved = task_from(task, self.tasks)
+        client = RecorderClient(self.recorder_url, self.admin_token)
+        sandbox = self.sandbox_factory()
+        try:
+            sandbox.start_sandbox()
+            resolved.place(sandbox)
+            agent = launch_agent(
+                preset=self.preset,
+                sandbox=sandbox,
+                client=client,
+                recorder_url=self.agent_recorder_url,
+                instruction=resolved.instruction,
+                model=self.model,
+                executable=self.executable or _default_executable(self.preset),
+                options=self.options,
+                context_window=self.context_window,
+                max_output_tokens=self.max_output_tokens,
+                budgets=self.budgets,
+                metadata={**self.metadata, "task_id": resolved.id, "seed": seed, "episode_id": episode_id},
+                sampling=self.sampling,
+                upstream=self.upstream,
+                trainer_template_fingerprint=self.trainer_template_fingerprint,
+            )
+        except BaseException:
+            sandbox.close()
+            client.close()
+            raise
+        return HarnessSession(task=resolved, agent=agent, client=client, close_client=True)
+
+
+@dataclass
+class TRLSessionFactory:
+    """``harness_session_factory`` for TRL's ``HarnessRolloutWorker`` (loop-owning mode).
+
+    Picklable: only plain data, the factory is built in the worker process on call.
+    """
+
+    harness: str
+    recorder_url: str
+    admin_token: str
+    model: str
+    budgets: dict[str, Any] = field(default_factory=dict)
+    options: dict[str, Any] = field(default_factory=dict)
+    metadata: dict[str, Any] = field(default_factory=dict)
+    tasks: dict[str, dict[str, Any]] | None = None
+    context_window: int = 32768
+    max_output_tokens: int = 4096
+    trainer_template_fingerprint: str | None = None
+
+    def __call__(self, sampling: dict[str, Any] | None = None) -> HarnessSessionFactory:
+        tasks = None if self.tasks is None else {k: Task.model_validate(v) for k, v in self.tasks.items()}
+        return HarnessSessionFactory(
+            harness=self.harness,
+            recorder_url=self.recorder_url,
+            admin_token=self.admin_token,
+            model=self.model,
+            tasks=tasks,
+            options=HarnessOptions(**self.options),
+            budgets=self.budgets,
+            sampling=sampling,
+            metadata=self.metadata,
+            context_window=self.context_window,
+            max_output_tokens=self.max_output_tokens,
+            trainer_template_fingerprint=self.trainer_template_fingerprint,
+        )

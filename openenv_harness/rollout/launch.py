@@ -1,0 +1,117 @@
+"""Start one agent CLI in one sandbox against one recorder session.
+
+The order matters and is the whole reason for this module: the agent's config files name the
+session's base URL, their hashes belong in the session's provenance (D11), and the session's
+secret exists only once the session is created. So: choose the session id, ask the sandbox what
+endpoint the agent will see (a relay URL remotely), render the files, create the session with their
+hashes, then render again with the real key (which travels in the environment, never in a file)
+and start the agent.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from dataclasses import dataclass, replace
+from typing import Any
+
+from openenv_harness.harnesses.base import HarnessOptions, HarnessPreset, HarnessResult, HarnessSetup, LaunchSpec
+from openenv_harness.recorder.client import RecorderClient
+from openenv_harness.sandbox.base import BackgroundProcess, Sandbox
+
+
+@dataclass
+class LaunchedAgent:
+    """A running agent and what it needs to be read back."""
+
+    preset: HarnessPreset
+    sandbox: Sandbox
+    spec: LaunchSpec
+    process: BackgroundProcess
+    session_id: str
+    session_info: dict[str, Any]
+    started_at: float
+
+    def wait(self, timeout_s: float | None = None) -> int | None:
+        return self.process.wait(timeout_s)
+
+    def kill(self) -> None:
+        self.process.kill()
+
+    def output(self) -> tuple[str, str]:
+        def read(path: str) -> str:
+            try:
+                return self.sandbox.read_file(path).decode("utf-8", "replace")
+            except Exception:
+                return ""
+
+        return read(self.process.stdout_path), read(self.process.stderr_path)
+
+    def result(self) -> HarnessResult:
+        stdout, stderr = self.output()
+        return self.preset.parse_output(self.process.poll(), stdout, stderr)
+
+
+def new_session_id() -> str:
+    return "r-" + secrets.token_hex(8)
+
+
+def launch_agent(
+    *,
+    preset: HarnessPreset,
+    sandbox: Sandbox,
+    client: RecorderClient,
+    recorder_url: str,
+    instruction: str,
+    model: str,
+    executable: str | None = None,
+    options: HarnessOptions | None = None,
+    context_window: int = 32768,
+    max_output_tokens: int = 4096,
+    budgets: dict[str, Any] | None = None,
+    metadata: dict[str, Any] | None = None,
+    sampling: dict[str, Any] | None = None,
+    upstream: str | None = None,
+    trainer_template_fingerprint: str | None = None,
+    session_id: str | None = None,
+) -> LaunchedAgent:
+    session_id = session_id or new_session_id()
+    base_url = f"{recorder_url.rstrip('/')}/rollout/{session_id}/v1"
+    endpoint = sandbox.model_endpoint(base_url, "pending")
+
+    def setup_for(ep: Any) -> HarnessSetup:
+        return HarnessSetup(
+            endpoint=ep, model=model, workdir=sandbox.workdir, home=sandbox.home,
+            context_window=context_window, max_output_tokens=max_output_tokens,
+            options=options or HarnessOptions(),
+        )
+
+    draft = preset.prepare(setup_for(endpoint), instruction, executable)
+    spec: dict[str, Any] = {
+        "session_id": session_id,
+        "harness": preset.name,
+        "harness_version": preset.version,
+        "config_hashes": draft.config_hashes(),
+        "aux_rules": [rule.as_flat() for rule in preset.aux_rules] + [
+            {"name": "no-tools", "no_tools": True}
+        ],
+        "budgets": budgets or {},
+        "metadata": metadata or {},
+    }
+    if sampling:
+        spec["sampling"] = sampling
+    if upstream:
+        spec["upstream"] = upstream
+    if trainer_template_fingerprint:
+        spec["trainer_template_fingerprint"] = trainer_template_fingerprint
+    info = client.create_session(**spec)
+    launch = preset.prepare(setup_for(replace(endpoint, api_key=info["secret"])), instruction, executable)
+    if launch.files != draft.files:
+        raise RuntimeError(f"{preset.name}: config files depend on the API key; refusing to leak it into files")
+    for path, content in launch.files.items():
+        sandbox.write_file(path, content)
+    process = sandbox.start(launch.argv, env=launch.env, cwd=launch.cwd, stdin=launch.stdin, name=preset.name)
+    return LaunchedAgent(
+        preset=preset, sandbox=sandbox, spec=launch, process=process, session_id=session_id,
+        session_info={k: v for k, v in info.items() if k != "secret"}, started_at=time.time(),
+    )

@@ -1,0 +1,152 @@
+"""A loop-owning rollout session: OpenEnv's ``ResourceSession`` + ``TrainableSession`` + ``LoopOwningSession``.
+
+TRL 1.16's harness worker creates one of these per rollout, waits for the agent, reads the trace
+and asks for the reward. Three promises matter to a trainer:
+
+- ``fetch_training_trace()`` returns OpenEnv's own ``TrainingTrace``, validated by OpenEnv, holding
+  only agent calls in call order (aux calls are left out: even masked, one in the middle splits
+  TRL's chain).
+- A capture that cannot be made valid fails *this* rollout with ``RolloutCaptureError`` (a
+  ``RuntimeError``), never a ``ValueError``/``KeyError``/``TypeError``: TRL turns those into a
+  contract error that stops the whole training run.
+- ``verify()`` returns the environment's reward (the task's verifier in the sandbox); ``None`` is
+  unscored.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from openenv.core.harness import ResourceSession, ToolResult, TrainingTrace, VerifyResult
+
+from openenv_harness.recorder.client import RecorderAPIError, RecorderClient
+from openenv_harness.rollout.launch import LaunchedAgent
+from openenv_harness.rollout.tasks import Task, VerifyOutcome
+
+
+class RolloutCaptureError(RuntimeError):
+    """This rollout's records cannot form a valid training trace (the rollout is unscorable)."""
+
+
+class HarnessSession(ResourceSession):
+    """One agent run on one task, recorded by the recorder."""
+
+    def __init__(self, *, task: Task, agent: LaunchedAgent, client: RecorderClient, close_client: bool = False) -> None:
+        self.task = task
+        self.agent = agent
+        self.client = client
+        self._close_client = close_client
+        self.exit_code: int | None = None
+        self.timed_out = False
+        self.verify_outcome: VerifyOutcome | None = None
+        self._closed = False
+
+    @property
+    def session_id(self) -> str:
+        return self.agent.session_id
+
+    @property
+    def sandbox(self):  # noqa: ANN201 - the Sandbox the agent runs in
+        return self.agent.sandbox
+
+    # -- ResourceSession ---------------------------------------------------------------------------
+
+    def initial_messages(self) -> list[dict[str, Any]]:
+        return [{"role": "user", "content": self.task.instruction}]
+
+    def list_tools(self) -> list[Any]:
+        return []  # the agent brings its own tools
+
+    def call_tool(self, name: str, arguments: dict[str, Any]) -> ToolResult:
+        return ToolResult(error=f"{self.agent.preset.name} runs its own tools; {name!r} cannot be called from outside")
+
+    def verify(self, transcript: list[dict[str, Any]] | None = None, final_state: Any = None) -> VerifyResult:
+        if self.verify_outcome is None:
+            if self.agent.process.poll() is None:
+                self.agent.kill()  # score the final state, not a moving target
+            self.verify_outcome = self.task.verify(self.agent.sandbox)
+        outcome = self.verify_outcome
+        result = self.agent.result()
+        return VerifyResult(
+            env_reward=outcome.reward,
+            done=True,
+            metrics={
+                **outcome.metrics,
+                "exit_code": self.exit_code,
+                "agent_ok": result.ok,
+                "timed_out": self.timed_out,
+                "verify_exit_code": outcome.exit_code,
+            },
+            artifacts={"verify_output": outcome.detail, "final_answer": result.final_answer, "agent_error": result.error},
+        )
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.agent.kill()
+        finally:
+            try:
+                self.client.close_session(self.session_id)
+            except (RecorderAPIError, OSError):
+                pass
+            finally:
+                self.agent.sandbox.close()
+                if self._close_client:
+                    self.client.close()
+
+    # -- LoopOwningSession / TrainableSession ------------------------------------------------------
+
+    def wait_for_completion(self, timeout_s: float | None = None) -> int:
+        """The agent's exit code. On timeout the agent is killed and ``TimeoutError`` raised
+        (TRL then still trains what was captured and flags the rollout as timed out)."""
+        code = self.agent.wait(timeout_s)
+        if code is None:
+            self.timed_out = True
+            self.agent.kill()
+            self._stop_recording()
+            raise TimeoutError(f"agent {self.agent.preset.name} did not finish within {timeout_s}s")
+        self.exit_code = code
+        self._stop_recording()
+        return code
+
+    def _stop_recording(self) -> None:
+        try:
+            self.client.close_session(self.session_id)
+        except (RecorderAPIError, OSError):
+            pass
+
+    def fetch_proxy_trace(self) -> list[dict[str, Any]]:
+        """Every record that carries tokens (agent and aux), as OpenEnv ``TraceEntry`` dicts."""
+        return self.client.records(self.session_id, include="tokens")
+
+    def fetch_training_trace(self) -> TrainingTrace:
+        try:
+            data = self.client.training_trace_json(self.session_id)
+        except RecorderAPIError as exc:
+            raise RolloutCaptureError(f"recorder could not produce a training trace: {exc}") from None
+        try:
+            return TrainingTrace.model_validate(data)
+        except (ValueError, TypeError, KeyError) as exc:
+            raise RolloutCaptureError(f"recorded calls of session {self.session_id} are not a valid trace: {exc}") from None
+
+    # -- reporting -----------------------------------------------------------------------------------
+
+    def summary(self) -> dict[str, Any]:
+        info = self.client.session(self.session_id)
+        result = self.agent.result()
+        return {
+            "session_id": self.session_id,
+            "task": self.task.id,
+            "harness": self.agent.preset.name,
+            "exit_code": self.exit_code,
+            "agent_ok": result.ok,
+            "final_answer": result.final_answer,
+            "agent_error": result.error,
+            "reward": self.verify_outcome.reward if self.verify_outcome else None,
+            "timed_out": self.timed_out,
+            "wall_s": round(time.time() - self.agent.started_at, 2),
+            "recorder": info,
+        }

@@ -1,0 +1,84 @@
+"""A small built-in task set: tiny repositories with a failing test, each with its own verifier.
+
+Each task also carries a scripted solution for the embedded reference engine, written with the one
+tool every supported agent has (``bash`` with a ``command`` argument), so the demo and the tests
+drive the real agents through real multi-turn tool use. Tool-call arguments are compact JSON, the
+form agents replay, so a canonical-sampling run chains exactly.
+"""
+
+from __future__ import annotations
+
+import json
+
+from openenv_harness.rollout.tasks import Task
+
+_VERIFY = "python3 -m unittest -q 2>&1"
+
+
+def _bash(command: str) -> dict:
+    return {"tool_calls": [{"name": "bash", "arguments": json.dumps({"command": command}, separators=(",", ":"))}]}
+
+
+FIX_ADD = Task(
+    id="fix-add",
+    instruction=(
+        "The tests in test_calc.py fail. Fix the bug in calc.py so that `python3 -m unittest -q` passes. "
+        "Do not change the tests."
+    ),
+    files={
+        "calc.py": 'def add(a, b):\n    """Return the sum of a and b."""\n    return a - b\n',
+        "test_calc.py": (
+            "import unittest\n\nfrom calc import add\n\n\nclass AddTest(unittest.TestCase):\n"
+            "    def test_add(self):\n        self.assertEqual(add(2, 3), 5)\n\n"
+            "    def test_negative(self):\n        self.assertEqual(add(-1, 1), 0)\n"
+        ),
+    },
+    verify_command=_VERIFY,
+    reference_script=[
+        _bash("cat calc.py test_calc.py"),
+        _bash("sed -i 's/return a - b/return a + b/' calc.py"),
+        _bash("python3 -m unittest -q"),
+        {"content": "Fixed add() in calc.py: it subtracted instead of adding. The tests pass now."},
+    ],
+)
+
+FIX_WORDCOUNT = Task(
+    id="fix-wordcount",
+    instruction=(
+        "`python3 -m unittest -q` fails: count_words in words.py miscounts. Fix words.py (not the tests)."
+    ),
+    files={
+        "words.py": 'def count_words(text):\n    """Number of whitespace-separated words."""\n    return len(text.split(" "))\n',
+        "test_words.py": (
+            "import unittest\n\nfrom words import count_words\n\n\nclass WordsTest(unittest.TestCase):\n"
+            "    def test_spaces(self):\n        self.assertEqual(count_words('a  b\\tc\\n'), 3)\n\n"
+            "    def test_empty(self):\n        self.assertEqual(count_words(''), 0)\n"
+        ),
+    },
+    verify_command=_VERIFY,
+    reference_script=[
+        _bash("cat words.py"),
+        _bash("sed -i 's/len(text.split(\" \"))/len(text.split())/' words.py"),
+        _bash("python3 -m unittest -q"),
+        {"content": "count_words now splits on any whitespace; both tests pass."},
+    ],
+)
+
+WRITE_GREETING = Task(
+    id="write-greeting",
+    instruction="Create a file greeting.txt containing exactly the line: hello from the agent",
+    files={
+        "test_greeting.py": (
+            "import unittest\n\n\nclass GreetingTest(unittest.TestCase):\n    def test_file(self):\n"
+            "        with open('greeting.txt') as f:\n"
+            "            self.assertEqual(f.read().strip(), 'hello from the agent')\n"
+        ),
+    },
+    verify_command=_VERIFY,
+    reference_script=[
+        _bash("printf 'hello from the agent\\n' > greeting.txt && cat greeting.txt"),
+        {"content": "Created greeting.txt."},
+    ],
+)
+
+BUILTIN_TASKS: dict[str, Task] = {t.id: t for t in (FIX_ADD, FIX_WORDCOUNT, WRITE_GREETING)}
