@@ -289,6 +289,19 @@ class SQLiteStore(RecordStore):
         next_index = dict(
             conn.execute("SELECT session_id, MAX(call_index) + 1 FROM records GROUP BY session_id").fetchall()
         )
+        # budgets keep counting across a restart: totals are recomputed from the records themselves
+        totals = {
+            row[0]: {"calls": row[1], "agent_calls": row[2], "prompt_tokens": row[3], "completion_tokens": row[4],
+                     "failed_calls": row[5], "invalid_calls": row[6]}
+            for row in conn.execute(
+                "SELECT session_id, COUNT(*),"
+                " SUM(call_kind = 'agent' AND status != 'failed'),"
+                " SUM(CASE WHEN status != 'failed' THEN prompt_len ELSE 0 END),"
+                " SUM(COALESCE(LENGTH(completion_ids), 0) / 4),"
+                " SUM(status = 'failed'), SUM(status = 'invalid')"
+                " FROM records GROUP BY session_id"
+            )
+        }
         rows = conn.execute(
             "SELECT id, secret_digest, status, created_at, closed_at, stop_reason, spec, state FROM sessions"
         ).fetchall()
@@ -301,7 +314,7 @@ class SQLiteStore(RecordStore):
                 closed_at=r[4],
                 stop_reason=r[5],
                 spec=orjson.loads(r[6]),
-                state=orjson.loads(r[7]),
+                state={**orjson.loads(r[7]), "totals": totals.get(r[0], {})},
                 next_call_index=int(next_index.get(r[0], 0) or 0),
             )
             for r in rows

@@ -6,6 +6,7 @@ The transport is injectable, httpx-style: tests and benchmarks can pass ``httpx.
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
@@ -25,6 +26,15 @@ def normalize_engine_url(url: str) -> str:
     if url.endswith("/v1"):
         url = url[: -len("/v1")]
     return url
+
+
+def _lenient_json(raw: bytes) -> object:
+    """Engines built on Python's json may emit ``NaN``/``Infinity``; read them so validation can
+    name the bad logprob instead of the whole reply being lost as unparseable."""
+    try:
+        return json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        return None
 
 
 class HTTPEngine(Upstream):
@@ -105,7 +115,7 @@ class HTTPEngine(Upstream):
             try:
                 value = orjson.loads(raw)
             except orjson.JSONDecodeError:
-                value = None
+                value = _lenient_json(raw)
             if isinstance(value, dict):
                 parsed = value
         return UpstreamReply(

@@ -1,0 +1,72 @@
+"""Bad input gets a clear 4xx, nothing is recorded wrongly, and the server stays up."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from openenv_harness.recorder import RecorderClient, RecorderConfig, RecorderServer
+from openenv_harness.testing.engine import EngineServer
+
+from conftest import ADMIN, tool_script
+
+
+@pytest.fixture
+def small_recorder(tmp_path, engine: EngineServer):
+    config = RecorderConfig(store_path=str(tmp_path / "r.db"), engine_url=engine.url, admin_token=ADMIN,
+                            max_body_bytes=64 * 1024)
+    with RecorderServer(config) as server:
+        yield server
+
+
+def test_malformed_requests(small_recorder: RecorderServer, engine: EngineServer) -> None:
+    with RecorderClient(small_recorder.url, ADMIN) as admin:
+        s = admin.create_session()
+        engine.set_script(s["session_id"], tool_script(0))
+        url = f"{s['base_url']}/chat/completions"
+        auth = {"authorization": f"Bearer {s['secret']}", "content-type": "application/json"}
+        cases = [
+            (b"{not json", 400, "invalid_json"),
+            (b"[1,2,3]", 400, "invalid_body"),
+            (b'{"model":"m"}', 400, "invalid_messages"),
+            (b'{"messages":[]}', 400, "invalid_messages"),
+            (b'{"messages":"hello"}', 400, "invalid_messages"),
+            (b'{"messages":[{"content":"no role"}]}', 400, "invalid_messages"),
+            (b'{"messages":[{"role":"user","content":"x"}],"n":3}', 400, "invalid_n"),
+            (b'{"messages":[{"role":"user","content":"x"}],"tools":{"a":1}}', 400, "invalid_tools"),
+            (b'{"messages":[{"role":"user","content":"x"}],"stream":"yes"}', 400, "invalid_stream"),
+            (b'{"messages":[{"role":"user","content":"' + b"x" * 70_000 + b'"}]}', 413, "body_too_large"),
+        ]
+        for body, status, code in cases:
+            r = httpx.post(url, content=body, headers=auth)
+            assert r.status_code == status, (body[:40], r.text)
+            assert r.json()["error"]["code"] == code
+        # chunked body past the limit (no content-length): still 413
+        r = httpx.post(url, content=iter([b'{"messages":[{"role":"user","content":"', b"y" * 70_000, b'"}]}']), headers=auth)
+        assert r.status_code == 413
+        assert admin.records(s["session_id"]) == []  # nothing reached the engine, nothing recorded
+        # unknown routes and methods: JSON errors
+        assert httpx.get(small_recorder.url + "/nope").status_code == 404
+        assert httpx.get(url, headers=auth).status_code == 405
+        # the engine rejects what it cannot serve (a 400 from the engine); recorded as a failed call
+        r = httpx.post(url, json={"messages": [{"role": "user", "content": "x"}], "max_tokens": -5}, headers=auth)
+        assert r.status_code == 400 and r.json()["error"]["message"].startswith("engine:")
+        # and the server is still fine
+        r = httpx.post(url, json={"model": "reference-model", "messages": [{"role": "user", "content": "x"}]}, headers=auth)
+        assert r.status_code == 200
+        recs = admin.records(s["session_id"])
+        assert [r["metadata"]["status"] for r in recs] == ["failed", "ok"]
+        assert recs[0]["metadata"]["error"]["upstream_status"] == 400
+
+
+def test_bad_admin_input(small_recorder: RecorderServer) -> None:
+    with RecorderClient(small_recorder.url, ADMIN) as admin:
+        h = {"authorization": f"Bearer {ADMIN}"}
+        u = small_recorder.url
+        assert httpx.post(u + "/admin/sessions", json={"budgets": {"max_agent_calls": -1}}, headers=h).status_code == 422
+        assert httpx.post(u + "/admin/sessions", json={"unknown_field": 1}, headers=h).status_code == 422
+        assert httpx.post(u + "/admin/sessions", json={"session_id": "bad id!"}, headers=h).status_code == 422
+        admin.create_session(session_id="fixed-1")
+        assert httpx.post(u + "/admin/sessions", json={"session_id": "fixed-1"}, headers=h).status_code == 409
+        assert httpx.get(u + "/admin/sessions/none/records", headers=h).status_code == 404
+        assert httpx.get(u + "/admin/sessions/fixed-1/records?format=xml", headers=h).status_code == 422

@@ -1,0 +1,96 @@
+"""Records are durable before the reply (D14): SIGKILL the recorder mid-session, restart, lose nothing."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+from openenv_harness.recorder.server import free_port
+from openenv_harness.testing.engine import EngineServer
+
+from conftest import ADMIN, TOOLS, tool_script
+
+
+def start_recorder(store: Path, engine_url: str, port: int) -> subprocess.Popen:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "openenv_harness.recorder", "--engine-url", engine_url, "--port", str(port),
+         "--store", str(store), "--admin-token", ADMIN, "--log-level", "error"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError("recorder did not start: " + proc.stderr.read().decode()[-2000:])
+
+
+def test_sigkill_mid_session_loses_no_acknowledged_call(tmp_path: Path, engine: EngineServer) -> None:
+    store = tmp_path / "records.db"
+    port = free_port()
+    admin = {"authorization": f"Bearer {ADMIN}"}
+    proc = start_recorder(store, engine.url, port)
+    base = f"http://127.0.0.1:{port}"
+    sessions = [httpx.post(base + "/admin/sessions", json={}, headers=admin).json() for _ in range(4)]
+    for s in sessions:
+        engine.set_script(s["session_id"], tool_script(200))
+    acked: dict[str, list[int]] = {s["session_id"]: [] for s in sessions}
+    stop = threading.Event()
+
+    def hammer(s: dict) -> None:
+        messages = [{"role": "user", "content": "go"}]
+        client = httpx.Client(timeout=10)
+        while not stop.is_set():
+            try:
+                r = client.post(f"{s['base_url']}/chat/completions", headers={"authorization": f"Bearer {s['secret']}"},
+                                json={"model": "reference-model", "messages": messages, "tools": TOOLS})
+            except httpx.HTTPError:
+                return  # the recorder died under us: this call was never acknowledged
+            if r.status_code != 200:
+                return
+            acked[s["session_id"]].append(len(messages))
+            msg = r.json()["choices"][0]["message"]
+            messages = messages + [msg, {"role": "tool", "tool_call_id": msg["tool_calls"][0]["id"], "content": "ok"}]
+
+    threads = [threading.Thread(target=hammer, args=(s,)) for s in sessions]
+    for t in threads:
+        t.start()
+    time.sleep(2.5)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    stop.set()
+    for t in threads:
+        t.join()
+    assert sum(len(v) for v in acked.values()) >= 8, acked
+
+    proc = start_recorder(store, engine.url, port)
+    try:
+        for s in sessions:
+            records = httpx.get(f"{base}/admin/sessions/{s['session_id']}/records", headers=admin).json()
+            ok = [r for r in records if r["metadata"]["status"] == "ok"]
+            # every acknowledged call is there, in order (the call in flight at the kill may be too)
+            assert len(ok) >= len(acked[s["session_id"]])
+            assert [len(r["request"]["messages"]) for r in ok][: len(acked[s["session_id"]])] == acked[s["session_id"]]
+            # the session goes on working with the same secret, and numbering continues
+            r = httpx.post(f"{s['base_url']}/chat/completions", headers={"authorization": f"Bearer {s['secret']}"},
+                           json={"model": "reference-model", "messages": [{"role": "user", "content": "again"}],
+                                 "tools": TOOLS})
+            assert r.status_code == 200, r.text
+            after = httpx.get(f"{base}/admin/sessions/{s['session_id']}/records", headers=admin).json()
+            info = httpx.get(f"{base}/admin/sessions/{s['session_id']}", headers=admin).json()
+            assert info["agent_calls"] == len(ok) + 1  # budgets keep counting across the restart
+            indexes = [x["metadata"]["call_index"] for x in after]
+            assert indexes == sorted(set(indexes)) and len(after) == len(records) + 1
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
