@@ -1,0 +1,83 @@
+"""``HarnessTrace``: one training sample built from recorded calls (RFC 006's consumer-side shape).
+
+Why its own model: the recorder never builds samples; trainers do, from records. This is the
+boundary object a trainer adapter consumes, so it is pydantic and strict (no silent coercion of
+``True`` into a mask value or of a string into an id). Cross-field rules (aligned lengths, real
+logprobs under mask 1, token identity with the records) live in ``invariants.py``, where they are
+checked on every trace the assembler emits.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Strategy = Literal["split", "realign", "approximate"]
+#: why a sample ended: its chain ended, or a replay drift closed it (split).
+EndedBy = Literal["chain_end", "replay_drift"]
+
+
+class Segment(BaseModel):
+    """Where one call's sampled ids sit inside ``response_ids``."""
+
+    model_config = ConfigDict(strict=True, frozen=True)
+
+    node_id: str
+    offset: int = Field(ge=0, description="Index of the call's first sampled id in response_ids")
+    length: int = Field(ge=0, description="Number of sampled ids (the whole completion)")
+    trainable_tokens: int = Field(ge=0, description="How many of them carry mask 1")
+
+
+class TraceMetadata(BaseModel):
+    """Provenance and fidelity counts of one sample."""
+
+    model_config = ConfigDict(extra="allow")
+
+    session_id: str | None = None
+    chain_id: int
+    sample_index: int = Field(description="0-based index of this sample within its chain")
+    strategy: Strategy
+    #: every call this sample is built from, in order (realigned calls included).
+    node_ids: list[str]
+    #: the sampled spans present in response_ids, in order.
+    segments: list[Segment]
+    exact: int = Field(0, description="exact transitions inside this sample")
+    realigned_node_ids: list[str] = Field(
+        default_factory=list, description="calls whose reply was replaced by its canonical replay (mask 0)"
+    )
+    spliced_node_ids: list[str] = Field(
+        default_factory=list, description="calls whose drifted reply was spliced anyway (approximate)"
+    )
+    lost_tokens: int = Field(0, description="trainable sampled ids given up to realignment")
+    trainable_tokens: int = 0
+    approximate: bool = Field(False, description="True when a mask-1 token's context differs from what the engine saw")
+    ended_by: EndedBy = "chain_end"
+    eot_id: int | None = None
+
+
+class HarnessTrace(BaseModel):
+    """One sample: ``prompt_ids`` then ``response_ids``, masked and aligned per token.
+
+    ``loss_mask`` is 1 on agent-generated ids, 0 on environment/template output;
+    ``response_logprobs`` holds the rollout logprob under mask 1 and 0.0 elsewhere;
+    ``reward`` is None until the environment scored the rollout (never 0.0 for "unscored").
+    """
+
+    model_config = ConfigDict(strict=True)
+
+    prompt_ids: list[int]
+    response_ids: list[int]
+    loss_mask: list[int]
+    response_logprobs: list[float]
+    reward: float | None = None
+    metadata: TraceMetadata
+
+    @property
+    def input_ids(self) -> list[int]:
+        """The whole token sequence the trainer scores."""
+        return self.prompt_ids + self.response_ids
+
+    @property
+    def trainable_tokens(self) -> int:
+        return sum(self.loss_mask)

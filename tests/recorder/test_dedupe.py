@@ -1,0 +1,73 @@
+"""Retry de-duplication: a retried call is answered from the record, never sampled twice."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+
+from openenv_harness.recorder import RecorderClient, RecorderServer
+from openenv_harness.testing.engine import EngineServer, Fault
+
+from conftest import TOOLS, parse_sse, tool_script
+
+BODY = {"model": "reference-model", "messages": [{"role": "user", "content": "same body"}], "tools": TOOLS,
+        "stream": True, "stream_options": {"include_usage": True}}
+
+
+def post(s: dict, headers: dict | None = None) -> httpx.Response:
+    return httpx.post(f"{s['base_url']}/chat/completions", json=BODY, timeout=30,
+                      headers={"authorization": f"Bearer {s['secret']}", **(headers or {})})
+
+
+def test_identical_retry_is_replayed(engine: EngineServer, recorder: RecorderServer, admin: RecorderClient) -> None:
+    s = admin.create_session()
+    engine.set_script(s["session_id"], tool_script(3))
+    first = post(s)
+    second = post(s, {"x-stainless-retry-count": "1"})
+    assert first.status_code == second.status_code == 200
+    assert parse_sse(first.content)[0] == parse_sse(second.content)[0]  # same tool call id, same args
+    assert len(admin.records(s["session_id"])) == 1
+    assert len(engine.requests(s["session_id"])) == 1  # the engine sampled once
+    assert admin.session(s["session_id"])["replayed_calls"] == 1
+
+
+def test_concurrent_twins_share_one_sample(tmp_path, admin: RecorderClient, recorder: RecorderServer) -> None:
+    slow = EngineServer().start()
+    try:
+        from openenv_harness.recorder import RecorderConfig
+
+        with RecorderServer(RecorderConfig(store_path=str(tmp_path / "t.db"), engine_url=slow.url,
+                                           admin_token=recorder.admin_token)) as rec, \
+                RecorderClient(rec.url, recorder.admin_token) as adm:
+            s = adm.create_session()
+            slow.set_script(s["session_id"], tool_script(2))
+            slow.add_fault(s["session_id"], Fault(latency_s=0.6))
+            with ThreadPoolExecutor(4) as pool:
+                replies = list(pool.map(lambda _: post(s), range(4)))
+            assert {r.status_code for r in replies} == {200}
+            assert len({r.content for r in replies}) == 1
+            assert len(slow.requests(s["session_id"])) == 1
+            assert len(adm.records(s["session_id"])) == 1
+    finally:
+        slow.stop()
+
+
+def test_failed_call_retry_gets_a_fresh_attempt(engine: EngineServer, recorder: RecorderServer,
+                                               admin: RecorderClient) -> None:
+    s = admin.create_session()
+    engine.set_script(s["session_id"], tool_script(1))
+    engine.add_fault(s["session_id"], Fault(status=503))
+    assert post(s).status_code == 503
+    assert post(s).status_code == 200
+    assert [r["metadata"]["status"] for r in admin.records(s["session_id"])] == ["failed", "ok"]
+
+
+def test_different_bodies_are_not_deduplicated(engine: EngineServer, recorder: RecorderServer,
+                                              admin: RecorderClient) -> None:
+    s = admin.create_session()
+    engine.set_script(s["session_id"], tool_script(3))
+    post(s)
+    httpx.post(f"{s['base_url']}/chat/completions", json={**BODY, "max_tokens": 100},
+               headers={"authorization": f"Bearer {s['secret']}"})
+    assert len(admin.records(s["session_id"])) == 2
