@@ -100,17 +100,19 @@ class HarnessSession(ResourceSession):
     # -- LoopOwningSession / TrainableSession ------------------------------------------------------
 
     def wait_for_completion(self, timeout_s: float | None = None) -> int:
-        """The agent's exit code. On timeout the agent is killed and ``TimeoutError`` raised
-        (TRL then still trains what was captured and flags the rollout as timed out)."""
+        """The agent's exit code (non-zero when the agent reported a failure, even if its process
+        exited 0). On timeout the agent is killed and ``TimeoutError`` raised (TRL then still trains
+        what was captured and flags the rollout as timed out)."""
         code = self.agent.wait(timeout_s)
         if code is None:
             self.timed_out = True
             self.agent.kill()
             self._stop_recording()
             raise TimeoutError(f"agent {self.agent.preset.name} did not finish within {timeout_s}s")
-        self.exit_code = code
         self._stop_recording()
-        return code
+        # the agent's own verdict: Pi's JSON mode exits 0 even when its model call failed
+        self.exit_code = self.agent.result().exit_code
+        return self.exit_code if self.exit_code is not None else code
 
     def _stop_recording(self) -> None:
         try:
