@@ -1,0 +1,95 @@
+"""RFC 005 white-box mode: the real CLI runs unmodified while the trainer's ModelStep samples each turn."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from openenv.core.env_server.mcp_types import Tool
+from openenv.core.harness import HarnessRolloutResult, HarnessRunLimits, ModelStepResult
+from openenv.core.llm_client import LLMResponse, ToolCall
+
+from openenv_harness.recorder import RecorderClient
+from openenv_harness.rollout import BUILTIN_TASKS, AgentCLIAdapter, TaskSession
+from openenv_harness.testing.engine import reference_template, reference_tokenizer
+
+pytestmark = pytest.mark.cli
+
+
+class ScriptedModelStep:
+    """A trainer-side sampler: renders with the template, tokenizes, answers from a script.
+
+    Stands in for a policy forward pass; what matters is that the ids it returns are what the
+    recorder stores and what the rollout result carries.
+    """
+
+    def __init__(self, commands: list[str], final: str) -> None:
+        self.commands = commands
+        self.final = final
+        self.calls: list[tuple[int, list, dict]] = []
+        self.tok = reference_tokenizer()
+        self.template = reference_template()
+
+    def __call__(self, messages: list[dict], tools: list[Tool], sampling: dict) -> ModelStepResult:
+        turn = sum(1 for m in messages if m.get("role") == "assistant")
+        self.calls.append((turn, tools, sampling))
+        openai_tools = [{"type": "function", "function": {"name": t.name, "description": t.description,
+                                                          "parameters": t.input_schema}} for t in tools]
+        prompt_ids = self.tok.encode(self.template.render(messages, openai_tools, True))
+        if turn < len(self.commands):
+            args = {"command": self.commands[turn]}
+            response = LLMResponse(content="", tool_calls=[ToolCall(id=f"call_{turn}", name="bash", args=args)])
+            message = {"role": "assistant", "content": "", "tool_calls": [
+                {"type": "function", "function": {"name": "bash", "arguments": json.dumps(args, separators=(",", ":"))}}]}
+        else:
+            response = LLMResponse(content=self.final)
+            message = {"role": "assistant", "content": self.final}
+        completion = self.tok.encode(self.template.render_sampled_turn(message))
+        logprobs = [-0.01 - (i % 7) / 10 for i in range(len(completion))]
+        return ModelStepResult(response=response, prompt_ids=prompt_ids, completion_ids=completion, logprobs=logprobs)
+
+
+@pytest.mark.parametrize("harness", ["pi", "opencode"])
+def test_run_white_box_with_a_model_step(harness: str, cli_paths) -> None:
+    task = BUILTIN_TASKS["fix-add"]
+    step = ScriptedModelStep(["sed -i 's/return a - b/return a + b/' calc.py", "python3 -m unittest -q"], "Fixed.")
+    adapter = AgentCLIAdapter(harness, timeout_s=120)
+    try:
+        limits = HarnessRunLimits(max_turns=8, sampling={"temperature": 1.0})
+        result = adapter.run_white_box(step, TaskSession(task), limits)
+        assert isinstance(result, HarnessRolloutResult) and result.done
+        m = result.metrics
+        assert m["exit_code"] == 0 and m["agent_ok"], m
+        assert m["env_reward"] == 1.0  # the environment's verifier ran in the agent's sandbox
+        assert m["agent_calls"] == 3 == len(step.calls)
+        # ModelStep got OpenEnv Tool objects (the agent's own tools) and the limits' sampling
+        turn0_tools = step.calls[0][1]
+        assert all(isinstance(t, Tool) for t in turn0_tools) and "bash" in {t.name for t in turn0_tools}
+        assert step.calls[0][2]["temperature"] == 1.0
+        entries = [e for e in m["trace_entries"] if e["metadata"]["call_kind"] == "agent"]
+        assert result.prompt_ids == sum((e["prompt_token_ids"] for e in entries), [])
+        assert result.completion_ids == sum((e["completion_token_ids"] for e in entries), [])
+        assert result.logprobs == pytest.approx(sum((e["per_token_logps"] for e in entries), []))
+        assert [ev.payload["fidelity"]["class"] for ev in result.events] == ["root", "exact", "exact"]
+        assert result.messages[-1]["content"] == "Fixed."
+        assert all(e["metadata"]["provenance"]["engine"].startswith("model_step") for e in entries)
+    finally:
+        adapter.close()
+
+
+def test_run_black_box_uses_the_engine(cli_paths, tmp_path) -> None:
+    from openenv_harness.testing.engine import EngineServer, Script
+
+    task = BUILTIN_TASKS["write-greeting"]
+    with EngineServer() as engine:
+        engine.set_script("ref-greeting", Script(turns=task.reference_script))
+        adapter = AgentCLIAdapter("pi", engine_url=engine.url, model="ref-greeting", timeout_s=120)
+        try:
+            result = adapter.run_black_box(TaskSession(task))
+            assert result.metrics["env_reward"] == 1.0 and result.metrics["agent_calls"] == 2
+            assert result.completion_ids and len(result.completion_ids) == len(result.logprobs)
+            with RecorderClient(adapter.recorder().url, adapter.recorder().admin_token) as admin:
+                info = admin.session(result.metrics["session_id"])
+                assert info["status"] == "closed" and info["agent_calls"] == 2
+        finally:
+            adapter.close()
