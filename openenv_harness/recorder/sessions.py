@@ -257,7 +257,5 @@ class SessionRegistry:
         if session.status != "closed":
             session.status = "closed"
             session.closed_at = time.time()
-            if session.stop_reason is None and reason:
-                session.stop_reason = reason
             await self.persist(session)
             session.notify()

@@ -8,7 +8,7 @@ import pytest
 from openenv_harness.recorder import RecorderClient, RecorderServer
 from openenv_harness.testing.engine import EngineServer
 
-from conftest import ADMIN, tool_script
+from agentloop import ADMIN, tool_script
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 ADMIN_ROUTES = [

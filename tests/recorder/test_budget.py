@@ -10,7 +10,7 @@ import pytest
 from openenv_harness.recorder import RecorderClient, RecorderServer
 from openenv_harness.testing.engine import EngineServer, Script, ToolCallSpec, Turn
 
-from conftest import TOOLS
+from agentloop import TOOLS
 
 LOOP = Script(turns=[Turn(tool_calls=[ToolCallSpec(name="bash", arguments={"command": "ls"})])], repeat_last=True)
 

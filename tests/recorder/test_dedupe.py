@@ -9,7 +9,7 @@ import httpx
 from openenv_harness.recorder import RecorderClient, RecorderServer
 from openenv_harness.testing.engine import EngineServer, Fault
 
-from conftest import TOOLS, parse_sse, tool_script
+from agentloop import TOOLS, parse_sse, tool_script
 
 BODY = {"model": "reference-model", "messages": [{"role": "user", "content": "same body"}], "tools": TOOLS,
         "stream": True, "stream_options": {"include_usage": True}}

@@ -15,7 +15,7 @@ import httpx
 from openenv_harness.recorder.server import free_port
 from openenv_harness.testing.engine import EngineServer
 
-from conftest import ADMIN, TOOLS, tool_script
+from agentloop import ADMIN, TOOLS, tool_script
 
 
 def start_recorder(store: Path, engine_url: str, port: int) -> subprocess.Popen:

@@ -10,7 +10,7 @@ from openenv.core.harness import TrainingTrace
 from openenv_harness.recorder import RecorderClient, RecorderConfig, RecorderServer
 from openenv_harness.testing.engine import EngineServer, Fault
 
-from conftest import ADMIN, tool_script
+from agentloop import ADMIN, tool_script
 
 BODY = {"model": "reference-model", "messages": [{"role": "user", "content": "x"}],
         "tools": [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object"}}}]}

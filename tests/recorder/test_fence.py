@@ -13,7 +13,7 @@ import pytest
 from openenv_harness.recorder import RecorderClient, RecorderConfig, RecorderServer
 from openenv_harness.testing.engine import EngineConfig, EngineServer
 
-from conftest import ADMIN, TOOLS, tool_script
+from agentloop import ADMIN, TOOLS, tool_script
 
 
 @pytest.fixture

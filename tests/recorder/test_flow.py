@@ -10,7 +10,7 @@ from openenv.core.harness import TrainingTrace
 from openenv_harness.recorder import RecorderClient, RecorderServer
 from openenv_harness.testing.engine import EngineServer
 
-from conftest import tool_script, run_agent
+from agentloop import tool_script, run_agent
 
 
 @pytest.mark.parametrize("stream", [False, True])

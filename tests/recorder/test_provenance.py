@@ -10,7 +10,7 @@ from openenv_harness.recorder.provenance import PROBES, fingerprint_ids
 from openenv_harness.testing.engine import ENGINE_VERSION, EngineServer
 from openenv_harness.version import __version__
 
-from conftest import ADMIN, TOOLS, tool_script
+from agentloop import ADMIN, TOOLS, tool_script
 
 
 def engine_fingerprint(engine: EngineServer) -> str:

@@ -9,10 +9,9 @@ import pytest
 
 from openenv_harness.harnesses.install import ensure_installed
 from openenv_harness.recorder import RecorderClient, RecorderConfig, RecorderServer
-from openenv_harness.rollout import BUILTIN_TASKS, HarnessSessionFactory
-from openenv_harness.testing.engine import EngineServer, Script
+from openenv_harness.testing.engine import EngineServer
 
-ADMIN = "rollout-admin-token-0123456789abcdef"
+from rollout_helpers import ADMIN
 
 
 @pytest.fixture(scope="session")
@@ -37,11 +36,3 @@ def recorder(tmp_path_factory: pytest.TempPathFactory, engine: EngineServer) -> 
 def admin(recorder: RecorderServer) -> Iterator[RecorderClient]:
     with RecorderClient(recorder.url, ADMIN) as c:
         yield c
-
-
-def scripted_factory(engine: EngineServer, recorder: RecorderServer, harness: str, task_id: str, *,
-                     segmentation: str = "canonical", script: Script | None = None, **kw) -> HarnessSessionFactory:
-    """A factory whose model name selects the engine script solving ``task_id``."""
-    model = f"ref-{harness}-{task_id}-{segmentation}"
-    engine.set_script(model, script or Script(turns=BUILTIN_TASKS[task_id].reference_script, segmentation=segmentation))
-    return HarnessSessionFactory(harness=harness, recorder_url=recorder.url, admin_token=ADMIN, model=model, **kw)

@@ -10,7 +10,7 @@ from openenv.core.harness import LoopOwningSession, ResourceSession, TrainableSe
 from openenv_harness.recorder import RecorderClient, RecorderServer
 from openenv_harness.testing.engine import EngineServer, Fault, Script, ToolCallSpec, Turn, is_noncanonical, reference_tokenizer
 
-from conftest import scripted_factory
+from rollout_helpers import scripted_factory
 
 pytestmark = pytest.mark.cli
 HARNESSES = ["pi", "opencode"]

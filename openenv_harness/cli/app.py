@@ -1,0 +1,54 @@
+"""The command-line app. Errors are one clear line with what to do; ``--debug`` shows tracebacks."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+from rich.console import Console
+
+from openenv_harness.cli import cmd_doctor, cmd_run, cmd_serve, cmd_trace
+
+app = typer.Typer(
+    name="openenv-harness",
+    help="Train the model behind unmodified coding agents (Pi, OpenCode) with exact token evidence.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+app.command("serve", help="Run the recorder (the interception server) in the foreground.")(cmd_serve.serve)
+app.command("run", help="Run agent rollouts on tasks through the recorder and print what was recorded.")(cmd_run.run)
+app.command("doctor", help="Check Python, Node, the agent CLIs and (optionally) an engine.")(cmd_doctor.doctor)
+app.add_typer(cmd_trace.app, name="trace", help="List, show and export recorded sessions.")
+
+err = Console(stderr=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in args
+    if debug:
+        args.remove("--debug")
+    try:
+        app(args, standalone_mode=False)
+    except SystemExit:
+        raise
+    except KeyboardInterrupt:
+        err.print("[yellow]interrupted[/]")
+        raise SystemExit(130)
+    except Exception as exc:  # one clear line unless --debug
+        if debug:
+            raise
+        from click.exceptions import ClickException
+
+        if isinstance(exc, ClickException):
+            exc.show()
+            raise SystemExit(exc.exit_code)
+        message = str(exc) or type(exc).__name__
+        err.print(f"[bold red]error:[/] {message}")
+        hint = getattr(exc, "hint", None)
+        if hint:
+            err.print(f"[dim]hint:[/] {hint}")
+        else:
+            err.print("[dim]run again with --debug for the full traceback[/]")
+        raise SystemExit(2)

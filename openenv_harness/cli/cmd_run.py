@@ -1,0 +1,155 @@
+"""``openenv-harness run``: rollouts of real agents on tasks, live progress, a summary table."""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+
+from openenv_harness.cli.errors import CLIError
+from openenv_harness.cli.stack import LocalStack, default_run_dir
+
+console = Console(width=None if sys.stdout.isatty() else 150)
+
+
+def _tasks(names: list[str]) -> list[Any]:
+    from openenv_harness.rollout.taskset import BUILTIN_TASKS
+
+    unknown = [n for n in names if n not in BUILTIN_TASKS]
+    if unknown:
+        raise CLIError(f"unknown task(s): {', '.join(unknown)}", f"built-in tasks: {', '.join(BUILTIN_TASKS)}")
+    return [BUILTIN_TASKS[n] for n in names]
+
+
+def _sandbox_factory(kind: str) -> Any:
+    if kind == "local":
+        return None
+    if kind == "hf":
+        from openenv_harness.sandbox.hf import HFSandbox
+
+        return HFSandbox
+    raise CLIError(f"unknown sandbox {kind!r}", "use --sandbox local or --sandbox hf")
+
+
+def _progress(stack: LocalStack, state: dict[str, Any]) -> Table:
+    table = Table.grid(padding=(0, 2))
+    calls = tokens = forks = 0
+    assert stack.recorder is not None
+    for s in stack.recorder.ctx.sessions.all():
+        calls += s.counters.calls
+        tokens += s.counters.prompt_tokens + s.counters.completion_tokens
+    forks = stack.recorder.ctx.metrics.transitions.labels("replay_drift")._value.get() + \
+        stack.recorder.ctx.metrics.transitions.labels("break")._value.get()
+    table.add_row(
+        f"[bold]rollouts[/] running {state['running']}  done {state['done']}  failed {state['failed']}"
+        f"  of {state['total']}",
+        f"[bold]calls[/] {calls}", f"[bold]tokens[/] {tokens}", f"[bold]forks[/] {int(forks)}",
+        f"[dim]{time.time() - state['t0']:.1f}s[/]",
+    )
+    return table
+
+
+def _summary(reports: list[Any]) -> Table:
+    t = Table(title="rollouts", show_lines=False)
+    for col in ("harness", "task", "exit", "reward", "calls agent/aux", "tokens prompt/sampled",
+                "chain", "rows", "budget stop", "wall s", "session"):
+        t.add_column(col, overflow="fold")
+    for r in reports:
+        reward = "unscored" if r.reward is None else f"{r.reward:g}"
+        t.add_row(r.harness, r.task, str(r.exit_code), reward, f"{r.agent_calls}/{r.aux_calls}",
+                  f"{r.prompt_tokens}/{r.completion_tokens}", r.chain_status, str(r.rows), r.stop_reason or "-",
+                  f"{r.wall_s:.1f}", r.session_id)
+    return t
+
+
+def run(
+    harness: str = typer.Option("pi,opencode", "--harness", help="Comma-separated: pi, opencode"),
+    task: str = typer.Option("fix-add", "--task", help="Comma-separated built-in task ids"),
+    engine_url: str = typer.Option(None, "--engine-url", help="A real vLLM (default: the embedded reference engine)"),
+    model: str = typer.Option(None, "--model", help="Served model name (required with --engine-url)"),
+    sandbox: str = typer.Option("local", "--sandbox", help="local | hf"),
+    rollouts: int = typer.Option(1, "--rollouts", min=1, help="Rollouts per (harness, task)"),
+    concurrency: int = typer.Option(2, "--concurrency", min=1, help="Rollouts at once"),
+    max_agent_calls: int = typer.Option(30, "--max-agent-calls", help="Budget: agent calls per rollout"),
+    max_total_tokens: int = typer.Option(None, "--max-tokens", help="Budget: prompt+completion tokens per rollout"),
+    max_wall_clock_s: float = typer.Option(600.0, "--max-wall-clock", help="Budget: seconds per rollout"),
+    segmentation: str = typer.Option("canonical", help="Embedded engine only: canonical | noncanonical sampling"),
+    out: str = typer.Option(None, "--out", help="Run directory (default runs/<timestamp>)"),
+) -> None:
+    harnesses = [h.strip() for h in harness.split(",") if h.strip()]
+    tasks = _tasks([t.strip() for t in task.split(",") if t.strip()])
+    if engine_url and not model:
+        raise CLIError("--engine-url needs --model (the name the engine serves)", "e.g. --model Qwen/Qwen3-8B")
+    from openenv_harness.harnesses.install import ensure_installed
+    from openenv_harness.harnesses.registry import get_preset
+    from openenv_harness.rollout.factory import HarnessSessionFactory
+    from openenv_harness.rollout.report import run_rollout
+
+    for h in harnesses:
+        get_preset(h)
+    sandbox_factory = _sandbox_factory(sandbox)
+    with console.status("installing / checking the agent CLIs"):
+        ensure_installed(harnesses)
+    run_dir = Path(out or default_run_dir())
+    store = str(run_dir / "records.db")
+    stack = LocalStack(engine_url=engine_url, store_path=store, model=model, tasks=tasks, segmentation=segmentation)
+    budgets = {"max_agent_calls": max_agent_calls, "max_wall_clock_s": max_wall_clock_s}
+    if max_total_tokens:
+        budgets["max_total_tokens"] = max_total_tokens
+    jobs = [(h, t, i) for h in harnesses for t in tasks for i in range(rollouts)]
+    state = {"running": 0, "done": 0, "failed": 0, "total": len(jobs), "t0": time.time()}
+    lock = threading.Lock()
+    reports: list[Any] = []
+    with stack:
+        assert stack.recorder is not None
+
+        def one(job: tuple[str, Any, int]) -> Any:
+            h, t, i = job
+            factory = HarnessSessionFactory(
+                harness=h, recorder_url=stack.recorder.url, admin_token=stack.admin_token,
+                model=stack.model_for(t), tasks={t.id: t}, budgets=budgets,
+                sandbox_factory=sandbox_factory, metadata={"rollout": i},
+            )
+            with lock:
+                state["running"] += 1
+            report, session = run_rollout(factory, t.id, timeout_s=max_wall_clock_s + 30, seed=i)
+            if session is not None:
+                session.close()
+            with lock:
+                state["running"] -= 1
+                state["done" if report.exit_code == 0 and not report.error else "failed"] += 1
+            return report
+
+        with Live(_progress(stack, state), console=console, refresh_per_second=4, transient=True) as live:
+            with ThreadPoolExecutor(max_workers=concurrency) as pool:
+                futures = [pool.submit(one, job) for job in jobs]
+                pending = set(futures)
+                while pending:
+                    done = {f for f in pending if f.done()}
+                    for f in done:
+                        reports.append(f.result())
+                    pending -= done
+                    live.update(_progress(stack, state))
+                    time.sleep(0.25)
+    order = {(h, t.id, i): n for n, (h, t, i) in enumerate(jobs)}
+    reports.sort(key=lambda r: order.get((r.harness, r.task, 0), 0))
+    console.print(_summary(reports))
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "summary.json").write_text(json.dumps([r.as_dict() for r in reports], indent=2))
+    console.print(f"records: [bold]{store}[/]   summary: [bold]{run_dir / 'summary.json'}[/]")
+    if reports and reports[0].session_id:
+        console.print(f"inspect: openenv-harness trace show {reports[0].session_id} --store {store}")
+    failed = [r for r in reports if r.exit_code != 0 or r.error]
+    if failed:
+        raise CLIError(f"{len(failed)} of {len(reports)} rollout(s) failed: "
+                       + "; ".join(f"{r.harness}/{r.task}: {r.error or 'exit ' + str(r.exit_code)}" for r in failed[:3]),
+                       f"see {run_dir / 'summary.json'} and the session records")

@@ -1,0 +1,41 @@
+"""``openenv-harness serve``: the recorder in the foreground."""
+
+from __future__ import annotations
+
+import os
+
+import typer
+
+from openenv_harness.cli.errors import CLIError
+
+
+def serve(
+    engine_url: str = typer.Option(None, "--engine-url", envvar="OEH_ENGINE_URL", help="The trainer's engine (vLLM) URL"),
+    host: str = typer.Option("127.0.0.1", help="Bind address (loopback by default)"),
+    port: int = typer.Option(8765, help="Port"),
+    store: str = typer.Option("runs/recorder.db", "--store", envvar="OEH_STORE", help="SQLite file for records"),
+    admin_token: str = typer.Option(None, "--admin-token", envvar="OEH_ADMIN_TOKEN",
+                                    help="Control-plane token (generated and printed once when absent)"),
+    public_base_url: str = typer.Option(None, help="How agents reach this recorder, if not host:port"),
+    max_body_mb: int = typer.Option(32, help="Largest accepted request body, in MiB"),
+    pause_wait_s: float = typer.Option(30.0, help="How long a call waits on a paused engine before 503"),
+    log_level: str = typer.Option("info", help="uvicorn log level"),
+) -> None:
+    from openenv_harness.recorder.auth import new_admin_token
+    from openenv_harness.recorder.context import RecorderConfig
+    from openenv_harness.recorder.server import serve as run_server
+
+    if host not in ("127.0.0.1", "localhost", "::1") and not admin_token:
+        raise CLIError(f"refusing to listen on {host} with a generated admin token",
+                       "pass --admin-token (or OEH_ADMIN_TOKEN) when binding a non-loopback address")
+    if not engine_url:
+        typer.echo("warning: no --engine-url: agent calls will get 503 until an engine is configured", err=True)
+    token = admin_token or new_admin_token()
+    if not admin_token:
+        typer.echo(f"admin token (shown once): {token}")
+    os.makedirs(os.path.dirname(os.path.abspath(store)), exist_ok=True)
+    config = RecorderConfig(store_path=store, engine_url=engine_url, admin_token=token,
+                            public_base_url=public_base_url, max_body_bytes=max_body_mb * 1024 * 1024,
+                            pause_wait_s=pause_wait_s)
+    typer.echo(f"recorder on http://{host}:{port}  store={store}  engine={engine_url or '-'}")
+    run_server(config, host=host, port=port, log_level=log_level)

@@ -1,0 +1,283 @@
+"""What a harness preset is: everything needed to run one unmodified agent CLI against the recorder.
+
+Why a declarative preset rather than a launcher class per agent: the rollout layer, the installer,
+the doctor and the recorder's classifier all need different slices of the same facts (which npm
+package, which config files, which environment keeps it offline, how to read its exit, which of its
+calls are bookkeeping). Keeping those facts as data plus a few pure functions means a new agent is
+one new preset module and one registry entry, and every fact can be tested without a process.
+
+A preset never talks to the sandbox or the recorder itself. ``HarnessPreset.prepare`` turns a
+``HarnessSetup`` (endpoint, model, limits, sandbox paths, options) and a prompt into a
+``LaunchSpec``: files to place, environment, argv, stdin. The caller places and runs them; the
+files' sha256 go into each record's provenance (D11). No secret is ever written into a file: the
+API key travels in the environment only, under ``API_KEY_ENV``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import posixpath
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from openenv_harness.sandbox.base import ModelEndpoint
+
+#: The environment variable that carries the per-rollout API key into the agent process. Config
+#: files only *name* it, so they stay secret-free and their hashes stay stable across rollouts.
+API_KEY_ENV = "OPENENV_HARNESS_API_KEY"
+
+#: The provider name both presets register for the recorder endpoint.
+PROVIDER_ID = "rollout"
+
+
+class AuxCondition(BaseModel):
+    """When a call is aux: every condition given here must hold."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    no_tools: bool = Field(default=True, description="The request carries no tools")
+    system_prompt_startswith: str = Field(min_length=1, description="Opening words of the first system prompt")
+
+
+class AuxRule(BaseModel):
+    """A named marker of a non-policy call (title, compaction) the agent makes on its own."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(min_length=1)
+    when: AuxCondition
+
+    def as_data(self) -> dict[str, Any]:
+        """``{name, when: {no_tools, system_prompt_startswith}}``, the shape rule lists are shared in."""
+        return self.model_dump()
+
+    def as_flat(self) -> dict[str, Any]:
+        """``{name, no_tools, system_prompt_startswith}``, the flat shape the recorder's sessions take."""
+        return {"name": self.name, **self.when.model_dump()}
+
+    def matches(self, body: Mapping[str, Any]) -> bool:
+        """Whether a chat request body is this kind of aux call."""
+        has_tools = bool(body.get("tools"))
+        if self.when.no_tools and has_tools:
+            return False
+        return first_system_prompt(body).startswith(self.when.system_prompt_startswith)
+
+
+def first_system_prompt(body: Mapping[str, Any]) -> str:
+    """Text of the leading system/developer message of a chat body ('' when it has none)."""
+    messages = body.get("messages") or []
+    if not messages or not isinstance(messages[0], Mapping):
+        return ""
+    first = messages[0]
+    if first.get("role") not in ("system", "developer"):
+        return ""
+    content = first.get("content")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(p.get("text", "") for p in content if isinstance(p, Mapping) and isinstance(p.get("text"), str))
+    return ""
+
+
+class HarnessOptions(BaseModel):
+    """User choices about one agent run. Defaults are what training wants.
+
+    Every call an agent makes on its own (a title, a compaction summary) is a call the trainer did
+    not ask for and must not train on; retries duplicate calls; web access breaks offline runs. So
+    all of those start off, and each can be turned back on explicitly.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    title_call: bool = Field(default=False, description="OpenCode: let it make its session-title call")
+    compaction: bool = Field(default=False, description="Let the agent summarize its context when it fills up")
+    webfetch: bool = Field(default=False, description="OpenCode: keep its web-fetch tool")
+    retries: bool = Field(default=False, description="Pi: let it retry failed model calls")
+    reasoning: bool = Field(default=False, description="Declare the model a reasoning model to the agent")
+    request_timeout_s: float = Field(default=600.0, gt=0, description="How long the agent waits on one model call")
+    extra_args: tuple[str, ...] = Field(default=(), description="Appended to the agent's command line")
+    extra_env: dict[str, str] = Field(default_factory=dict, description="Added to the agent's environment last")
+    config_overrides: dict[str, Any] = Field(
+        default_factory=dict, description="Deep-merged into the agent's main config file"
+    )
+
+
+@dataclass(frozen=True)
+class HarnessSetup:
+    """Everything a preset needs to configure one agent run inside one sandbox."""
+
+    endpoint: ModelEndpoint
+    model: str
+    workdir: str
+    home: str
+    context_window: int = 32768
+    max_output_tokens: int = 4096
+    options: HarnessOptions = field(default_factory=HarnessOptions)
+
+    def __post_init__(self) -> None:
+        if not self.model:
+            raise ValueError("HarnessSetup.model must be a non-empty model id")
+        if not self.endpoint.base_url.startswith(("http://", "https://")):
+            raise ValueError(f"HarnessSetup.endpoint.base_url must be an http(s) URL, got {self.endpoint.base_url!r}")
+        for label, path in (("workdir", self.workdir), ("home", self.home)):
+            if not posixpath.isabs(path):
+                raise ValueError(f"HarnessSetup.{label} must be an absolute path inside the sandbox, got {path!r}")
+        if self.max_output_tokens <= 0 or self.context_window <= 0:
+            raise ValueError("HarnessSetup limits must be positive")
+        if self.max_output_tokens >= self.context_window:
+            raise ValueError(
+                f"max_output_tokens ({self.max_output_tokens}) must be below context_window ({self.context_window})"
+            )
+
+    @property
+    def base_url(self) -> str:
+        """The endpoint base URL without a trailing slash (agents append ``/chat/completions``)."""
+        return self.endpoint.base_url.rstrip("/")
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """One agent run, ready to place and start: files, environment, argv, stdin, cwd."""
+
+    argv: list[str]
+    env: dict[str, str]
+    files: dict[str, str]
+    cwd: str
+    #: Text to feed on stdin; ``None`` means stdin is empty (/dev/null), never an inherited pipe.
+    stdin: str | None = None
+
+    def config_hashes(self) -> dict[str, str]:
+        """sha256 of every placed file, keyed by its sandbox path (provenance, D11)."""
+        return {
+            path: hashlib.sha256(content.encode("utf-8")).hexdigest() for path, content in sorted(self.files.items())
+        }
+
+    def redacted_env(self) -> dict[str, str]:
+        """The environment with the API key masked, safe for logs and reports."""
+        return {k: ("<redacted>" if k == API_KEY_ENV else v) for k, v in self.env.items()}
+
+
+@dataclass(frozen=True)
+class HarnessResult:
+    """How an agent run ended, read from its exit status and output."""
+
+    ok: bool
+    #: 0 when the run succeeded, else non-zero -- even when the process itself exited 0 on an error.
+    exit_code: int
+    process_exit_code: int | None
+    final_answer: str | None
+    error: str | None = None
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+
+
+FilesBuilder = Callable[[HarnessSetup], dict[str, str]]
+EnvBuilder = Callable[[HarnessSetup], dict[str, str]]
+CommandBuilder = Callable[[HarnessSetup, str, str], tuple[list[str], str | None]]
+OutputParser = Callable[[int | None, str, str], HarnessResult]
+
+
+@dataclass(frozen=True)
+class HarnessPreset:
+    """Declarative description of one agent CLI."""
+
+    name: str
+    npm_package: str
+    version: str
+    #: Executable name the package puts on ``node_modules/.bin``.
+    bin_name: str
+    #: Path of the executable relative to the node prefix it is installed in.
+    binary: str
+    #: Data the recorder's classifier consumes; see ``AuxRule``.
+    aux_rules: tuple[AuxRule, ...]
+    #: Static variables that keep the agent from reaching anything but the recorder.
+    offline_env: Mapping[str, str]
+    files: FilesBuilder
+    env: EnvBuilder
+    #: ``(setup, prompt, executable) -> (argv, stdin)``.
+    command: CommandBuilder
+    parse: OutputParser
+    #: Run in the node prefix (argv) when the freshly installed binary does not answer ``--version``.
+    postinstall: tuple[str, ...] = ()
+    version_argv: tuple[str, ...] = ("--version",)
+    #: Programs that must be on PATH for the CLI to start at all.
+    requires: tuple[str, ...] = ()
+    #: Programs the agent's tools use and would otherwise try to download.
+    recommends: tuple[str, ...] = ()
+
+    @property
+    def npm_spec(self) -> str:
+        """``package@version``, pinned exactly."""
+        return f"{self.npm_package}@{self.version}"
+
+    def aux_rules_data(self) -> list[dict[str, Any]]:
+        return [rule.as_data() for rule in self.aux_rules]
+
+    def prepare(self, setup: HarnessSetup, prompt: str, executable: str | None = None) -> LaunchSpec:
+        """The files, environment and command of one headless run of ``prompt``."""
+        if not prompt:
+            raise ValueError(f"{self.name}: the prompt must be non-empty")
+        argv, stdin = self.command(setup, prompt, executable or self.bin_name)
+        env = {
+            **home_env(setup.home),
+            **dict(self.offline_env),
+            API_KEY_ENV: setup.endpoint.api_key,
+            **self.env(setup),
+            **setup.options.extra_env,
+        }
+        return LaunchSpec(argv=argv, env=env, files=self.files(setup), cwd=setup.workdir, stdin=stdin)
+
+    def parse_output(self, exit_code: int | None, stdout: str, stderr: str) -> HarnessResult:
+        """Read the exit status and final answer of a finished run."""
+        return self.parse(exit_code, stdout, stderr)
+
+
+def home_env(home: str) -> dict[str, str]:
+    """HOME and the XDG directories, all inside the sandbox's private home.
+
+    Set by the preset as well as the sandbox, because an agent that finds no XDG variables falls back
+    to the real user's directories on a remote machine whose sandbox did not set them.
+    """
+    return {
+        "HOME": home,
+        "XDG_CONFIG_HOME": posixpath.join(home, ".config"),
+        "XDG_DATA_HOME": posixpath.join(home, ".local", "share"),
+        "XDG_CACHE_HOME": posixpath.join(home, ".cache"),
+        "XDG_STATE_HOME": posixpath.join(home, ".local", "state"),
+    }
+
+
+def deep_merge(base: dict[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of ``base`` with ``overrides`` merged in; nested dicts merge, everything else replaces."""
+    merged = dict(base)
+    for key, value in overrides.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), dict):
+            merged[key] = deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def parse_jsonl(text: str) -> list[dict[str, Any]]:
+    """The JSON objects of a JSON-lines stream; lines that are not JSON objects are skipped."""
+    events: list[dict[str, Any]] = []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line.startswith("{"):
+            continue
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(event, dict):
+            events.append(event)
+    return events
+
+
+def last_stderr_line(stderr: str) -> str | None:
+    """The last non-empty stderr line, which is where both CLIs put their error message."""
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    return lines[-1] if lines else None

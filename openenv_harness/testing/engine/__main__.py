@@ -1,0 +1,82 @@
+"""``python -m openenv_harness.testing.engine``: run the reference engine as its own process.
+
+Prints one line ``READY http://HOST:PORT`` on stdout once it accepts connections (port 0 picks a
+free port), so a parent process can start it and read where it listens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+import uvicorn
+
+from openenv_harness.testing.engine.app import create_engine_app
+from openenv_harness.testing.engine.config import EngineConfig
+from openenv_harness.testing.engine.policy import Script
+from openenv_harness.testing.engine.server import bind_socket
+
+
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m openenv_harness.testing.engine",
+                                     description="A CPU reference engine speaking vLLM's OpenAI wire format.")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000, help="0 picks a free port")
+    parser.add_argument("--served-model-name", default="reference-model")
+    parser.add_argument("--max-model-len", type=int, default=32768)
+    parser.add_argument("--reasoning-field", choices=["reasoning", "reasoning_content"], default="reasoning")
+    parser.add_argument("--return-tokens-as-token-ids", action="store_true")
+    parser.add_argument("--tool-arguments", choices=["verbatim", "parsed"], default="verbatim")
+    parser.add_argument("--strict-model-name", action="store_true")
+    parser.add_argument("--decode-delay-s", type=float, default=0.0)
+    parser.add_argument("--prefill-delay-s", type=float, default=0.0)
+    parser.add_argument("--max-recorded-requests", type=int, default=1000)
+    parser.add_argument("--no-dev-mode", action="store_true", help="Do not serve /pause, /resume, /is_paused")
+    parser.add_argument("--script", type=Path, help="JSON file with the default Script")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse_args(argv)
+    default_script = Script()
+    if args.script is not None:
+        default_script = Script.model_validate(json.loads(args.script.read_text(encoding="utf-8")))
+    config = EngineConfig(
+        served_model_name=args.served_model_name,
+        max_model_len=args.max_model_len,
+        reasoning_field=args.reasoning_field,
+        return_tokens_as_token_ids=args.return_tokens_as_token_ids,
+        tool_arguments=args.tool_arguments,
+        strict_model_name=args.strict_model_name,
+        decode_delay_s=args.decode_delay_s,
+        prefill_delay_s=args.prefill_delay_s,
+        max_recorded_requests=args.max_recorded_requests,
+        dev_mode=not args.no_dev_mode,
+        default_script=default_script,
+    )
+    sock = bind_socket(args.host, args.port)
+    server = uvicorn.Server(uvicorn.Config(create_engine_app(config), log_level="warning", access_log=False,
+                                           lifespan="off", timeout_graceful_shutdown=1))
+
+    async def _announce_when_started() -> None:
+        while not server.started:
+            await asyncio.sleep(0.01)
+        host, port = sock.getsockname()[:2]
+        print(f"READY http://{host}:{port}", flush=True)
+
+    async def _serve() -> None:
+        announcer = asyncio.ensure_future(_announce_when_started())
+        try:
+            await server.serve(sockets=[sock])
+        finally:
+            announcer.cancel()
+
+    asyncio.run(_serve())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

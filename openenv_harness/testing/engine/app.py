@@ -1,0 +1,242 @@
+"""The reference engine as an ASGI app: vLLM's OpenAI-compatible routes plus test controls.
+
+vLLM routes served: ``POST /v1/chat/completions``, ``GET /v1/models``, ``POST /tokenize``,
+``POST /detokenize``, ``GET /version``, ``GET /health``, ``GET|POST /ping`` and, in dev mode,
+``POST /pause``, ``POST /resume``, ``GET /is_paused``.
+
+Test controls (not part of vLLM) live under ``/_ref/``: register scripts and faults by key, read
+back the requests the engine received (bodies and headers, so a test can check exactly what a
+recorder forwarded), reset everything, and read the engine's tokenizer/template fingerprints.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import orjson
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
+from jinja2 import TemplateError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.types import Receive, Scope, Send
+
+from openenv_harness.testing.engine.chat import (
+    TRANSPORT_SCOPE_KEY,
+    chat_completions,
+    error_response,
+    validation_message,
+)
+from openenv_harness.testing.engine.config import EngineConfig
+from openenv_harness.testing.engine.faults import Fault
+from openenv_harness.testing.engine.fence import PAUSE_MODES
+from openenv_harness.testing.engine.policy import Script
+from openenv_harness.testing.engine.state import DEFAULT_KEY, EngineState
+from openenv_harness.testing.engine.template import prepare_messages
+from openenv_harness.testing.engine.wire import dumps
+
+
+class EngineApp(FastAPI):
+    """FastAPI, plus access to the connection's transport so faults can really drop connections.
+
+    The outermost ``send`` an ASGI server hands over is bound to its per-request cycle object;
+    uvicorn's (h11 and httptools alike) carries the asyncio transport. Elsewhere (in-process
+    transports) there is none, and a drop fault becomes a 500 reply instead.
+    """
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            transport = getattr(getattr(send, "__self__", None), "transport", None)
+            if transport is not None:
+                scope[TRANSPORT_SCOPE_KEY] = transport
+        await super().__call__(scope, receive, send)
+
+
+class ScriptRegistration(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    key: str = Field(DEFAULT_KEY, min_length=1)
+    script: Script
+
+
+class FaultRegistration(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    key: str = Field(DEFAULT_KEY, min_length=1)
+    fault: Fault
+
+
+class TokenizeRequest(BaseModel):
+    """vLLM's two ``/tokenize`` forms: ``{prompt}`` or ``{messages, tools?, ...}``."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[dict[str, Any]] | None = None
+    tools: list[dict[str, Any]] | None = None
+    add_generation_prompt: bool = True
+    chat_template_kwargs: dict[str, Any] | None = None
+    return_token_strs: bool = False
+
+
+class DetokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    model: str | None = None
+    tokens: list[int]
+
+
+def _json(payload: Any, status: int = 200) -> Response:
+    return Response(dumps(payload), status_code=status, media_type="application/json")
+
+
+async def _parse(request: Request, model: type[BaseModel]) -> BaseModel | Response:
+    """Validate a JSON body; a 400 in vLLM's error shape when it does not fit."""
+    try:
+        return model.model_validate(orjson.loads(await request.body() or b"{}"))
+    except orjson.JSONDecodeError as exc:
+        return error_response(400, f"Invalid JSON body: {exc}")
+    except ValidationError as exc:
+        return error_response(400, validation_message(exc))
+
+
+def create_engine_app(config: EngineConfig | None = None) -> FastAPI:
+    """Build a reference engine app; each app has its own scripts, faults, log and fence."""
+    config = config or EngineConfig()
+    state = EngineState(config)
+    app = EngineApp(title="openenv-harness reference engine", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.engine = state
+
+    @app.exception_handler(Exception)
+    async def _internal_error(request: Request, exc: Exception) -> Response:
+        return error_response(500, f"{type(exc).__name__}: {exc}")
+
+    @app.post("/v1/chat/completions")
+    async def _chat(request: Request) -> Response:
+        return await chat_completions(state, request)
+
+    @app.get("/v1/models")
+    async def _models() -> Response:
+        name, created = config.served_model_name, int(time.time())
+        permission = {
+            "id": f"modelperm-{name}", "object": "model_permission", "created": created,
+            "allow_create_engine": False, "allow_sampling": True, "allow_logprobs": True,
+            "allow_search_indices": False, "allow_view": True, "allow_fine_tuning": False,
+            "organization": "*", "group": None, "is_blocking": False,
+        }
+        card = {"id": name, "object": "model", "created": created, "owned_by": "vllm", "root": name,
+                "parent": None, "max_model_len": config.max_model_len, "permission": [permission]}
+        return _json({"object": "list", "data": [card]})
+
+    @app.post("/tokenize")
+    async def _tokenize(request: Request) -> Response:
+        parsed = await _parse(request, TokenizeRequest)
+        if isinstance(parsed, Response):
+            return parsed
+        assert isinstance(parsed, TokenizeRequest)
+        if (parsed.prompt is None) == (parsed.messages is None):
+            return error_response(400, "Give exactly one of 'prompt' or 'messages'")
+        if parsed.messages is not None:
+            try:
+                messages = prepare_messages(parsed.messages, config.tool_arguments)
+                kwargs = {k: v for k, v in (parsed.chat_template_kwargs or {}).items()
+                          if k not in ("messages", "tools", "add_generation_prompt")}
+                text = state.template.render(messages, parsed.tools, parsed.add_generation_prompt, **kwargs)
+            except (TemplateError, ValueError, TypeError) as exc:
+                return error_response(400, str(exc))
+        else:
+            text = parsed.prompt or ""
+        ids = state.tokenizer.encode(text)
+        strs = [state.tokenizer.token_texts[i] for i in ids] if parsed.return_token_strs else None
+        return _json({"count": len(ids), "max_model_len": config.max_model_len, "tokens": ids, "token_strs": strs})
+
+    @app.post("/detokenize")
+    async def _detokenize(request: Request) -> Response:
+        parsed = await _parse(request, DetokenizeRequest)
+        if isinstance(parsed, Response):
+            return parsed
+        assert isinstance(parsed, DetokenizeRequest)
+        bad = [t for t in parsed.tokens if not 0 <= t < state.tokenizer.vocab_size]
+        if bad:
+            return error_response(400, f"Token ids out of vocabulary: {bad[:5]}", "tokens")
+        return _json({"prompt": state.tokenizer.decode(parsed.tokens)})
+
+    @app.get("/version")
+    async def _version() -> Response:
+        return _json({"version": config.version})
+
+    @app.get("/health")
+    async def _health() -> Response:
+        return Response(status_code=200)
+
+    @app.api_route("/ping", methods=["GET", "POST"])
+    async def _ping() -> Response:
+        return Response(status_code=200)
+
+    if config.dev_mode:
+        _add_fence_routes(app, state)
+    _add_control_routes(app, state)
+    return app
+
+
+def _add_fence_routes(app: FastAPI, state: EngineState) -> None:
+    @app.post("/pause")
+    async def _pause(request: Request) -> Response:
+        mode = request.query_params.get("mode", "abort")
+        if mode not in PAUSE_MODES:
+            return error_response(400, f"mode: Input should be {', '.join(repr(m) for m in PAUSE_MODES)}", "mode")
+        await state.fence.pause(mode)
+        return _json({"status": "paused"})
+
+    @app.post("/resume")
+    async def _resume() -> Response:
+        state.fence.resume()
+        return _json({"status": "resumed"})
+
+    @app.get("/is_paused")
+    async def _is_paused() -> Response:
+        return _json({"is_paused": state.fence.paused})
+
+
+def _add_control_routes(app: FastAPI, state: EngineState) -> None:
+    @app.post("/_ref/scripts")
+    async def _set_script(request: Request) -> Response:
+        parsed = await _parse(request, ScriptRegistration)
+        if isinstance(parsed, Response):
+            return parsed
+        assert isinstance(parsed, ScriptRegistration)
+        state.set_script(parsed.key, parsed.script)
+        return _json({"ok": True, "key": parsed.key})
+
+    @app.post("/_ref/faults")
+    async def _add_fault(request: Request) -> Response:
+        parsed = await _parse(request, FaultRegistration)
+        if isinstance(parsed, Response):
+            return parsed
+        assert isinstance(parsed, FaultRegistration)
+        state.add_fault(parsed.key, parsed.fault)
+        return _json({"ok": True, "key": parsed.key, "pending": state.faults.pending(parsed.key)})
+
+    @app.get("/_ref/requests")
+    async def _requests(request: Request) -> Response:
+        return _json({"requests": state.recorded(request.query_params.get("key"))})
+
+    @app.post("/_ref/reset")
+    async def _reset() -> Response:
+        state.reset()
+        return _json({"ok": True})
+
+    @app.get("/_ref/info")
+    async def _info() -> Response:
+        tokenizer = state.tokenizer
+        return _json({
+            "served_model_name": state.config.served_model_name,
+            "version": state.config.version,
+            "template_sha256": state.template.sha256,
+            "tokenizer_sha256": tokenizer.fingerprint(),
+            "vocab_size": tokenizer.vocab_size,
+            "eos_token_id": tokenizer.im_end_id,
+            "in_flight": state.fence.in_flight,
+            "paused": state.fence.paused,
+        })

@@ -1,0 +1,185 @@
+"""The scripted policy: which assistant turn the reference engine "samples", and its token ids.
+
+Why scripted and stateless: tests need to know exactly what the model will say, and a retried
+request must get the same answer as the original. The turn is therefore chosen from the request
+alone -- the number of assistant messages after the last user message -- and everything about
+it (text, ids, logprobs) is a pure function of the script, the key and that index.
+
+The sampled text of a turn is exactly what the reference template renders for the assistant
+message (see ``ChatTemplate.render_sampled_turn``), so an agent that echoes the turn back
+byte-identically extends the prompt token for token. Tool arguments given as a raw string are
+sampled verbatim; agents re-serialize them (``JSON.stringify(JSON.parse(...))``), which is the
+replay drift real models show when they emit spaces.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from openenv_harness.testing.engine.faults import Fault
+from openenv_harness.testing.engine.template import ChatTemplate
+from openenv_harness.testing.engine.tokenizer import IM_END, ReferenceTokenizer
+
+LOGPROB_MIN = -4.0
+LOGPROB_MAX = -0.001
+
+
+class ToolCallSpec(BaseModel):
+    """A tool call the model will make. A string ``arguments`` is sampled exactly as written."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1)
+    arguments: dict[str, Any] | str = Field(default_factory=dict)
+
+
+class Turn(BaseModel):
+    """One scripted assistant turn."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    content: str | None = None
+    reasoning: str | None = None
+    tool_calls: list[ToolCallSpec] = Field(default_factory=list)
+    finish_reason: Literal["stop", "length"] = "stop"
+    fault: Fault | None = Field(None, description="Injected once (or fault.count times) when this turn is served")
+
+
+class Script(BaseModel):
+    """What the model says across an episode, plus how it says it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    turns: list[Turn] = Field(default_factory=list)
+    segmentation: Literal["canonical", "noncanonical"] = "canonical"
+    repeat_last: bool = Field(False, description="Serve the last turn forever (budget tests)")
+    final_text: str = Field("Done.", description="Answer once the turns run out")
+    aux_text: str | None = Field(
+        "Tool run summary", description="Answer to calls without tools (titles, summaries); None scripts them too"
+    )
+    arguments_format: Literal["compact", "spaced"] = Field(
+        "compact",
+        description="How object arguments are sampled: compact JSON survives an agent's re-serialization, "
+        "spaced JSON survives a byte-identical echo of the engine's reply",
+    )
+
+
+@dataclass(frozen=True)
+class TurnChoice:
+    """Which turn a request gets; ``index`` is -1 for an auxiliary answer."""
+
+    kind: Literal["agent", "aux", "final"]
+    index: int
+    turn: Turn
+
+
+@dataclass(frozen=True)
+class Sample:
+    """A sampled completion: ids end with ``<|im_end|>`` on a natural stop."""
+
+    text: str
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: Literal["stop", "length"]
+    choice: TurnChoice
+
+
+def turn_index(messages: list[dict[str, Any]]) -> int:
+    """Assistant messages after the last user message (all of them when there is no user message)."""
+    count = 0
+    for message in reversed(messages):
+        role = message.get("role") if isinstance(message, dict) else None
+        if role == "user":
+            break
+        if role == "assistant":
+            count += 1
+    return count
+
+
+def choose_turn(body: dict[str, Any], script: Script) -> TurnChoice:
+    """The turn this request gets; a pure function of the request and the script."""
+    if not body.get("tools") and script.aux_text is not None:
+        return TurnChoice("aux", -1, Turn(content=script.aux_text))
+    index = turn_index(body.get("messages") or [])
+    if index < len(script.turns):
+        return TurnChoice("agent", index, script.turns[index])
+    if script.repeat_last and script.turns:
+        return TurnChoice("agent", index, script.turns[-1])
+    return TurnChoice("final", index, Turn(content=script.final_text))
+
+
+def turn_message(turn: Turn, arguments_format: Literal["compact", "spaced"] = "compact") -> dict[str, Any]:
+    """The assistant message whose rendering is the turn's sampled text."""
+    separators = (",", ":") if arguments_format == "compact" else (", ", ": ")
+    calls = []
+    for call in turn.tool_calls:
+        arguments = call.arguments
+        if not isinstance(arguments, str):
+            arguments = json.dumps(arguments, ensure_ascii=False, separators=separators)
+        calls.append({"type": "function", "function": {"name": call.name, "arguments": arguments}})
+    message: dict[str, Any] = {"role": "assistant", "content": turn.content or ""}
+    if turn.reasoning:
+        message["reasoning"] = turn.reasoning
+    if calls:
+        message["tool_calls"] = calls
+    return message
+
+
+def token_logprob(key: str, index: int, position: int, token_id: int) -> float:
+    """A deterministic, finite logprob in [LOGPROB_MIN, LOGPROB_MAX]."""
+    digest = hashlib.blake2b(f"{key}\x1f{index}\x1f{position}\x1f{token_id}".encode(), digest_size=8).digest()
+    unit = int.from_bytes(digest, "big") / 2**64
+    return LOGPROB_MAX + unit * (LOGPROB_MIN - LOGPROB_MAX)
+
+
+def noncanonical_ids(tokenizer: ReferenceTokenizer, ids: list[int]) -> list[int]:
+    """Split some merged tokens into their two parts: same text, ids ``encode`` would never return.
+
+    Every other position is split where the token has a merge; if that split nothing, the first
+    splittable token is. A text with no merged token at all stays canonical.
+    """
+    result: list[int] = []
+    changed = False
+    for position, token_id in enumerate(ids):
+        parts = tokenizer.split(token_id) if position % 2 == 0 else None
+        if parts is None:
+            result.append(token_id)
+        else:
+            result.extend(parts)
+            changed = True
+    if changed:
+        return result
+    for position, token_id in enumerate(ids):
+        parts = tokenizer.split(token_id)
+        if parts is not None:
+            return ids[:position] + list(parts) + ids[position + 1 :]
+    return list(ids)
+
+
+def sample_turn(
+    choice: TurnChoice,
+    script: Script,
+    key: str,
+    tokenizer: ReferenceTokenizer,
+    template: ChatTemplate,
+    max_tokens: int | None,
+) -> Sample:
+    """The completion for ``choice``: text, ids and logprobs, truncated to ``max_tokens``."""
+    text = template.render_sampled_turn(turn_message(choice.turn, script.arguments_format))
+    finish: Literal["stop", "length"] = choice.turn.finish_reason
+    if finish == "length":
+        text = text[: -len(IM_END)]
+    ids = tokenizer.encode(text)
+    if script.segmentation == "noncanonical":
+        ids = noncanonical_ids(tokenizer, ids)
+    if max_tokens is not None and len(ids) > max_tokens:
+        ids = ids[:max_tokens]
+        finish = "length"
+        text = tokenizer.decode(ids)
+    logprobs = [token_logprob(key, choice.index, pos, tid) for pos, tid in enumerate(ids)]
+    return Sample(text, ids, logprobs, finish, choice)

@@ -1,0 +1,206 @@
+"""A real byte-level BPE tokenizer, trained locally on a fixed corpus.
+
+Why train one instead of shipping a model's tokenizer: the reference engine has to run offline,
+start in well under a second and give identical ids in every process. A small BPE (a few thousand
+entries) trained on ``corpus.corpus_lines()`` with fixed settings does all three, and it is a
+*real* BPE: decode -> encode is not injective, merges exist for common words and JSON punctuation,
+and multi-byte characters can straddle tokens -- the properties the recorder and the assembler
+must cope with on a real model.
+
+Pre-tokenization isolates every ``"\\n"``. That keeps the boundary between a prompt (which ends
+with ``"<|im_start|>assistant\\n"``) and the sampled text a pre-token boundary, so a canonical
+completion encodes the same alone as inside the next prompt -- the property that lets a chat
+template be checked for token-level prefix preservation.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+
+from openenv_harness.testing.engine.corpus import corpus_lines
+
+ENDOFTEXT = "<|endoftext|>"
+IM_START = "<|im_start|>"
+IM_END = "<|im_end|>"
+TOOL_CALL_OPEN = "<tool_call>"
+TOOL_CALL_CLOSE = "</tool_call>"
+THINK_OPEN = "<think>"
+THINK_CLOSE = "</think>"
+
+#: Control tokens: never part of decoded text when special tokens are skipped (like vLLM's default).
+SPECIAL_TOKENS: tuple[str, ...] = (ENDOFTEXT, IM_START, IM_END)
+#: Markup tokens: atomic, but part of the decoded text (the engine's parsers read them).
+ADDED_TOKENS: tuple[str, ...] = (TOOL_CALL_OPEN, TOOL_CALL_CLOSE, THINK_OPEN, THINK_CLOSE)
+
+VOCAB_SIZE = 3072
+MIN_FREQUENCY = 1
+
+#: Text between atomic tokens is encoded independently (that is how HF tokenizers work), so the
+#: engine encodes piece by piece and caches pieces: the system prompt, the tool schemas and every
+#: earlier turn of a growing conversation are encoded once, not on every call.
+_ATOMIC_SPLIT = re.compile("(" + "|".join(re.escape(t) for t in SPECIAL_TOKENS + ADDED_TOKENS) + ")")
+PIECE_CACHE_SIZE = 8192
+
+
+def _byte_to_unicode() -> dict[int, str]:
+    """The byte-level alphabet: every byte maps to one printable character (GPT-2's scheme)."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAC + 1)) + list(range(0xAE, 0xFF + 1))
+    mapping: dict[int, str] = {b: chr(b) for b in printable}
+    extra = 0
+    for b in range(256):
+        if b not in mapping:
+            mapping[b] = chr(256 + extra)
+            extra += 1
+    return mapping
+
+
+_UNICODE_TO_BYTE: dict[str, int] = {ch: b for b, ch in _byte_to_unicode().items()}
+
+
+def _train() -> Tokenizer:
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split("\n", behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+        ]
+    )
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB_SIZE,
+        min_frequency=MIN_FREQUENCY,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(corpus_lines(), trainer=trainer)
+    tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in ADDED_TOKENS])
+    return tokenizer
+
+
+@dataclass
+class ReferenceTokenizer:
+    """The trained tokenizer plus the lookups the engine needs on its hot path."""
+
+    tokenizer: Tokenizer
+    #: Decoded text of each id (special tokens included), as vLLM reports it in logprobs.
+    token_texts: list[str] = field(default_factory=list)
+    #: Raw bytes of each id (a token may hold part of a multi-byte character).
+    token_bytes: list[bytes] = field(default_factory=list)
+    #: For each merged id, the two shorter vocabulary ids it was merged from.
+    merge_parts: dict[int, tuple[int, int]] = field(default_factory=dict)
+    #: Ids of special and added tokens (never split, never byte-decoded).
+    atomic_ids: frozenset[int] = frozenset()
+    _atomic_by_text: dict[str, int] = field(default_factory=dict, repr=False)
+    _encode_piece: Callable[[str], tuple[int, ...]] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._atomic_by_text = {t: self.tokenizer.token_to_id(t) for t in SPECIAL_TOKENS + ADDED_TOKENS}
+        encode = self.tokenizer.encode
+        self._encode_piece = functools.lru_cache(maxsize=PIECE_CACHE_SIZE)(
+            lambda piece: tuple(encode(piece, add_special_tokens=False).ids)
+        )
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tokenizer.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str) -> list[int]:
+        """Canonical ids of ``text``; special and added tokens in the text stay atomic.
+
+        Equal to ``tokenizer.encode(text, add_special_tokens=False).ids``, computed piecewise.
+        """
+        ids: list[int] = []
+        atomic = self._atomic_by_text
+        for piece in _ATOMIC_SPLIT.split(text):
+            if not piece:
+                continue
+            token_id = atomic.get(piece)
+            if token_id is not None:
+                ids.append(token_id)
+            else:
+                ids.extend(self._encode_piece(piece))
+        return ids
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def token_id(self, token: str) -> int:
+        found = self.tokenizer.token_to_id(token)
+        if found is None:
+            raise KeyError(f"{token!r} is not in the reference vocabulary")
+        return found
+
+    @property
+    def im_end_id(self) -> int:
+        return self.token_id(IM_END)
+
+    @property
+    def special_ids(self) -> frozenset[int]:
+        return frozenset(self.token_id(t) for t in SPECIAL_TOKENS)
+
+    def to_json(self) -> str:
+        """The tokenizer in HF ``tokenizer.json`` form (loadable by ``PreTrainedTokenizerFast``)."""
+        return self.tokenizer.to_str()
+
+    def fingerprint(self) -> str:
+        """sha256 of the serialized tokenizer: equal fingerprints mean equal ids everywhere."""
+        return hashlib.sha256(self.to_json().encode()).hexdigest()
+
+    def split(self, token_id: int) -> tuple[int, int] | None:
+        """Two shorter vocabulary ids that decode to the same bytes as ``token_id``, if any."""
+        return self.merge_parts.get(token_id)
+
+
+def _build_lookups(tokenizer: Tokenizer) -> ReferenceTokenizer:
+    vocab = tokenizer.get_vocab(with_added_tokens=True)
+    size = tokenizer.get_vocab_size(with_added_tokens=True)
+    atomic = frozenset(vocab[t] for t in SPECIAL_TOKENS + ADDED_TOKENS)
+    by_id = {i: t for t, i in vocab.items()}
+    texts: list[str] = []
+    raw: list[bytes] = []
+    for token_id in range(size):
+        token = by_id[token_id]
+        if token_id in atomic:
+            texts.append(token)
+            raw.append(token.encode())
+            continue
+        data = bytes(_UNICODE_TO_BYTE[ch] for ch in token)
+        raw.append(data)
+        texts.append(data.decode("utf-8", errors="replace"))
+    merges = json.loads(tokenizer.to_str())["model"]["merges"]
+    parts: dict[int, tuple[int, int]] = {}
+    for merge in merges:
+        left, right = merge.split(" ", 1) if isinstance(merge, str) else merge
+        merged = vocab.get(left + right)
+        if merged is not None and merged not in parts:
+            parts[merged] = (vocab[left], vocab[right])
+    return ReferenceTokenizer(tokenizer, texts, raw, parts, atomic)
+
+
+@functools.lru_cache(maxsize=1)
+def reference_tokenizer() -> ReferenceTokenizer:
+    """The process-wide reference tokenizer (trained on first use, then cached)."""
+    return _build_lookups(_train())
+
+
+def build_reference_tokenizer() -> ReferenceTokenizer:
+    """Train a fresh, uncached copy (for determinism checks)."""
+    return _build_lookups(_train())
+
+
+def is_noncanonical(tokenizer: ReferenceTokenizer, ids: list[int]) -> bool:
+    """True when ``ids`` decode to a text whose canonical encoding is different ids.
+
+    This is the decode -> encode non-injectivity a real sampler exhibits: ``[fish, ing]`` and
+    ``[fishing]`` are the same text, but only one of them is what ``encode`` returns.
+    """
+    text = tokenizer.decode(ids)
+    return tokenizer.encode(text) != list(ids)

@@ -1,0 +1,301 @@
+"""vLLM's chat-completions wire format: non-streamed bodies and SSE chunks.
+
+Why a module of its own: the whole point of the reference engine is that its bytes look like a
+real vLLM 0.11+ server's, so every field, its presence and its null-ness is decided here and
+nowhere else. Notable vLLM behaviours reproduced:
+
+- ``return_token_ids`` adds a top-level ``prompt_token_ids`` and ``choices[i].token_ids``; the
+  completion ids include the end-of-turn id on a natural stop, while the text excludes it.
+- ``logprobs.content[j] = {token, logprob, bytes, top_logprobs}``; with token-ids-as-tokens the
+  token strings are ``"token_id:N"``. ``top_logprobs`` lists the sampled token first.
+- streaming: a first chunk with the role and ``prompt_token_ids``, then one chunk per sampled
+  token carrying its ``token_ids`` (with an empty ``delta`` when the token shows no text, e.g.
+  markup or the end-of-turn token), the finish reason on the chunk of the last token, an optional
+  usage chunk with ``choices: []``, then ``data: [DONE]``.
+- tool calls stream as deltas: ``index``, ``id``, ``type`` and ``function.name`` first, then
+  pieces of ``function.arguments`` that concatenate to the non-streamed arguments string.
+"""
+
+from __future__ import annotations
+
+import codecs
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from openenv_harness.testing.engine.parser import ParsedOutput, parse_output
+from openenv_harness.testing.engine.policy import token_logprob
+from openenv_harness.testing.engine.tokenizer import ReferenceTokenizer
+
+_NAN_MARK = "__openenv_reference_nan__"
+
+
+def new_id(prefix: str = "chatcmpl-") -> str:
+    return f"{prefix}{uuid.uuid4().hex}"
+
+
+def dumps(obj: Any) -> bytes:
+    """orjson, except that a marked logprob becomes a bare ``NaN`` (what Python's json emits)."""
+    data = orjson.dumps(obj)
+    if _NAN_MARK.encode() in data:
+        data = data.replace(f'"{_NAN_MARK}"'.encode(), b"NaN")
+    return data
+
+
+@dataclass
+class ReplySpec:
+    """Everything about one reply that is decided before its first byte."""
+
+    request_id: str
+    created: int
+    model: str
+    key: str
+    turn_index: int
+    prompt_ids: list[int]
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str
+    return_token_ids: bool = False
+    want_logprobs: bool = False
+    top_logprobs: int = 0
+    tokens_as_ids: bool = False
+    reasoning_field: str = "reasoning"
+    parse_tools: bool = False
+    include_usage: bool = False
+    missing_token_ids: bool = False
+    logprob_mismatch: bool = False
+    usage_mismatch: bool = False
+    nan_logprob: bool = False
+    tool_call_ids: list[str] = field(default_factory=list)
+
+
+def output_text(tokenizer: ReferenceTokenizer, ids: list[int]) -> str:
+    """Decoded completion text with special tokens skipped (vLLM's default)."""
+    special = tokenizer.special_ids
+    data = b"".join(tokenizer.token_bytes[i] for i in ids if i not in special)
+    return data.decode("utf-8", errors="replace")
+
+
+def _logprob_value(spec: ReplySpec, position: int) -> float | str:
+    if spec.nan_logprob and position == len(spec.token_ids) // 2:
+        return _NAN_MARK
+    return spec.logprobs[position]
+
+
+def _top_entries(tokenizer: ReferenceTokenizer, spec: ReplySpec, position: int) -> list[dict[str, Any]]:
+    """``top_logprobs`` alternatives: the sampled token, then other ids with lower logprobs."""
+    if spec.top_logprobs <= 0:
+        return []
+    sampled = spec.token_ids[position]
+    entries: list[tuple[int, float]] = [(sampled, spec.logprobs[position])]
+    step = 1
+    while len(entries) < spec.top_logprobs:
+        alternative = (sampled + step * 977) % tokenizer.vocab_size
+        step += 1
+        if alternative == sampled:
+            continue
+        value = min(token_logprob(spec.key, spec.turn_index, position, alternative), spec.logprobs[position]) - 0.25
+        entries.append((alternative, value))
+    result = []
+    for token_id, value in entries:
+        token = f"token_id:{token_id}" if spec.tokens_as_ids else tokenizer.token_texts[token_id]
+        result.append({"token": token, "logprob": value, "bytes": list(token.encode("utf-8", errors="replace"))})
+    return result
+
+
+def logprob_entry(tokenizer: ReferenceTokenizer, spec: ReplySpec, position: int) -> dict[str, Any]:
+    token_id = spec.token_ids[position]
+    decoded = tokenizer.token_texts[token_id]
+    return {
+        "token": f"token_id:{token_id}" if spec.tokens_as_ids else decoded,
+        "logprob": _logprob_value(spec, position),
+        "bytes": list(decoded.encode("utf-8", errors="replace")),
+        "top_logprobs": _top_entries(tokenizer, spec, position),
+    }
+
+
+def usage(spec: ReplySpec, completion_tokens: int) -> dict[str, Any]:
+    reported = completion_tokens + (1 if spec.usage_mismatch else 0)
+    prompt = len(spec.prompt_ids)
+    return {"prompt_tokens": prompt, "total_tokens": prompt + reported, "completion_tokens": reported}
+
+
+def _ensure_tool_call_ids(spec: ReplySpec, parsed: ParsedOutput) -> None:
+    while len(spec.tool_call_ids) < len(parsed.tool_calls):
+        spec.tool_call_ids.append(new_id("chatcmpl-tool-"))
+
+
+def _finish_reason(spec: ReplySpec, parsed: ParsedOutput, streamed: bool) -> str:
+    """vLLM reports ``tool_calls`` when tools were parsed; a stream only when the model stopped."""
+    if parsed.tool_calls and (spec.finish_reason == "stop" or not streamed):
+        return "tool_calls"
+    return spec.finish_reason
+
+
+def completion_body(tokenizer: ReferenceTokenizer, spec: ReplySpec, emitted: int) -> dict[str, Any]:
+    """The non-streamed ``chat.completion`` for the first ``emitted`` sampled tokens."""
+    ids = spec.token_ids[:emitted]
+    parsed = parse_output(output_text(tokenizer, ids), spec.parse_tools)
+    _ensure_tool_call_ids(spec, parsed)
+    message: dict[str, Any] = {
+        "role": "assistant",
+        "content": parsed.content,
+        "refusal": None,
+        "annotations": None,
+        "audio": None,
+        "function_call": None,
+    }
+    if parsed.tool_calls:
+        message["tool_calls"] = [
+            {"id": spec.tool_call_ids[i], "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+            for i, c in enumerate(parsed.tool_calls)
+        ]
+    message[spec.reasoning_field] = parsed.reasoning
+    logprobs = None
+    if spec.want_logprobs:
+        content = [logprob_entry(tokenizer, spec, i) for i in range(len(ids))]
+        if spec.logprob_mismatch and content:
+            content.pop()
+        logprobs = {"content": content}
+    choice: dict[str, Any] = {
+        "index": 0,
+        "message": message,
+        "logprobs": logprobs,
+        "finish_reason": _finish_reason(spec, parsed, streamed=False),
+        "stop_reason": None,
+        "token_ids": ids if spec.return_token_ids else None,
+    }
+    body: dict[str, Any] = {
+        "id": spec.request_id,
+        "object": "chat.completion",
+        "created": spec.created,
+        "model": spec.model,
+        "choices": [choice],
+        "service_tier": None,
+        "system_fingerprint": None,
+        "usage": {**usage(spec, len(ids)), "prompt_tokens_details": None},
+        "prompt_logprobs": None,
+        "prompt_token_ids": spec.prompt_ids if spec.return_token_ids else None,
+        "kv_transfer_params": None,
+    }
+    if spec.missing_token_ids:
+        del choice["token_ids"], body["prompt_token_ids"]
+    return body
+
+
+class StreamEncoder:
+    """Builds the SSE chunks of one streamed reply, token by token.
+
+    The deltas are computed from the parse of the whole sampled text, so that concatenating
+    them gives exactly the non-streamed message (content, reasoning and argument strings). A
+    stream cut short by an abort keeps the deltas it already sent; the non-streamed reply of an
+    aborted request is parsed from its partial text instead.
+    """
+
+    def __init__(self, tokenizer: ReferenceTokenizer, spec: ReplySpec) -> None:
+        self.tokenizer = tokenizer
+        self.spec = spec
+        self._text = output_text(tokenizer, spec.token_ids)
+        self.parsed = parse_output(self._text, spec.parse_tools)
+        _ensure_tool_call_ids(spec, self.parsed)
+        self._deltas = self._token_deltas()
+
+    def _chunk(self, choices: list[dict[str, Any]], **extra: Any) -> bytes:
+        spec = self.spec
+        chunk = {"id": spec.request_id, "object": "chat.completion.chunk", "created": spec.created,
+                 "model": spec.model, "choices": choices, **extra}
+        return b"data: " + dumps(chunk) + b"\n\n"
+
+    def first(self) -> bytes:
+        choice = {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+        if self.spec.missing_token_ids:
+            return self._chunk([choice])
+        prompt_ids = self.spec.prompt_ids if self.spec.return_token_ids else None
+        return self._chunk([choice], prompt_token_ids=prompt_ids)
+
+    def token(self, position: int) -> bytes:
+        """The chunk of sampled token ``position``; the last one carries the finish reason."""
+        spec = self.spec
+        choice: dict[str, Any] = {"index": 0, "delta": self._deltas[position], "logprobs": None,
+                                  "finish_reason": None}
+        if spec.want_logprobs:
+            skip = spec.logprob_mismatch and position == len(spec.token_ids) - 1
+            entries = [] if skip else [logprob_entry(self.tokenizer, spec, position)]
+            choice["logprobs"] = {"content": entries}
+        if position == len(spec.token_ids) - 1:
+            choice["finish_reason"] = _finish_reason(spec, self.parsed, streamed=True)
+            choice["stop_reason"] = None
+        if not spec.missing_token_ids:
+            choice["token_ids"] = [spec.token_ids[position]] if spec.return_token_ids else None
+        return self._chunk([choice])
+
+    def closing(self, finish_reason: str) -> bytes:
+        """A finish chunk without a new token: an aborted request, or a completion of no tokens."""
+        choice: dict[str, Any] = {"index": 0, "delta": {}, "logprobs": None, "finish_reason": finish_reason,
+                                  "stop_reason": None}
+        if not self.spec.missing_token_ids:
+            choice["token_ids"] = [] if self.spec.return_token_ids else None
+        return self._chunk([choice])
+
+    def usage(self, emitted: int) -> bytes:
+        return self._chunk([], usage=usage(self.spec, emitted))
+
+    @staticmethod
+    def done() -> bytes:
+        return b"data: [DONE]\n\n"
+
+    def _token_deltas(self) -> list[dict[str, Any]]:
+        tokenizer, spec, parsed = self.tokenizer, self.spec, self.parsed
+        special = tokenizer.special_ids
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        last = len(spec.token_ids) - 1
+        args_sent = [0] * len(parsed.tool_calls)
+        headers_sent = [False] * len(parsed.tool_calls)
+        deltas: list[dict[str, Any]] = []
+        start = 0
+        for position, token_id in enumerate(spec.token_ids):
+            data = b"" if token_id in special else tokenizer.token_bytes[token_id]
+            end = start + len(decoder.decode(data, final=position == last))
+            delta: dict[str, Any] = {}
+            if parsed.reasoning_span:
+                piece = _overlap(parsed.reasoning_span, start, end)
+                if piece:
+                    delta[spec.reasoning_field] = self._text[piece[0] : piece[1]]
+            if parsed.content_span:
+                piece = _overlap(parsed.content_span, start, end)
+                if piece:
+                    delta["content"] = self._text[piece[0] : piece[1]]
+            calls = []
+            for index, call in enumerate(parsed.tool_calls):
+                if end <= call.span[0] or start >= call.span[1]:
+                    continue
+                entry: dict[str, Any] = {"index": index}
+                function: dict[str, Any] = {}
+                if not headers_sent[index]:
+                    headers_sent[index] = True
+                    entry.update(id=spec.tool_call_ids[index], type="function")
+                    function["name"] = call.name
+                begin, finish = call.arguments_span
+                progress = min(max(end, begin), finish) - begin
+                upto = len(call.arguments) * progress // max(finish - begin, 1)
+                if end >= call.span[1]:
+                    upto = len(call.arguments)
+                if upto > args_sent[index]:
+                    function["arguments"] = call.arguments[args_sent[index] : upto]
+                    args_sent[index] = upto
+                if function:
+                    entry["function"] = function
+                    calls.append(entry)
+            if calls:
+                delta["tool_calls"] = calls
+            deltas.append(delta)
+            start = end
+        return deltas
+
+
+
+def _overlap(span: tuple[int, int], start: int, end: int) -> tuple[int, int] | None:
+    low, high = max(span[0], start), min(span[1], end)
+    return (low, high) if low < high else None

@@ -1,0 +1,82 @@
+"""The openenv-harness command, run as a user runs it (a subprocess)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+CLI = [sys.executable, "-m", "openenv_harness.cli"]
+
+
+def cli(*args: str, cwd: Path | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    env = {**os.environ, "COLUMNS": "200"}
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env)
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("cli") / "run"
+    done = cli("run", "--harness", "pi", "--task", "write-greeting,fix-add", "--out", str(out))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "rollouts" in done.stdout and "records:" in done.stdout
+    return out
+
+
+@pytest.mark.cli
+def test_run_writes_records_and_a_summary(run_dir: Path) -> None:
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert [(r["harness"], r["task"], r["exit_code"], r["reward"]) for r in summary] == [
+        ("pi", "write-greeting", 0, 1.0), ("pi", "fix-add", 0, 1.0)]
+    assert all(r["fidelity"]["break"] == 0 and r["rows"] == 1 for r in summary)
+    assert (run_dir / "records.db").is_file()
+
+
+@pytest.mark.cli
+def test_trace_list_show_export(run_dir: Path) -> None:
+    store = str(run_dir / "records.db")
+    sid = json.loads((run_dir / "summary.json").read_text())[1]["session_id"]
+    listed = cli("trace", "list", "--store", store)
+    assert listed.returncode == 0 and sid in listed.stdout
+    shown = cli("trace", "show", sid, "--store", store, "--delta")
+    assert shown.returncode == 0 and "exact" in shown.stdout and "split" in shown.stdout
+    entries = cli("trace", "export", sid, "--store", store, "--format", "entries")
+    rows = [json.loads(line) for line in entries.stdout.splitlines()]
+    assert len(rows) == 4 and all(r["metadata"]["session_id"] == sid for r in rows)
+    training = json.loads(cli("trace", "export", sid, "--store", store, "--format", "training").stdout)
+    from openenv.core.harness import TrainingTrace
+
+    assert len(TrainingTrace.model_validate(training).turns) == 4
+    harness = json.loads(cli("trace", "export", sid, "--store", store, "--format", "harness").stdout)
+    assert len(harness) == 1 and harness[0]["prompt_ids"] == rows[0]["prompt_token_ids"]
+    assert sum(harness[0]["loss_mask"]) == sum(len(r["completion_token_ids"]) for r in rows)
+
+
+def test_errors_are_one_clear_line(tmp_path: Path) -> None:
+    missing = cli("trace", "list", "--store", str(tmp_path / "nope.db"))
+    assert missing.returncode == 2
+    assert missing.stderr.startswith("error: no record store") and "Traceback" not in missing.stderr
+    assert "hint:" in missing.stderr
+    bad = cli("run", "--task", "no-such-task")
+    assert bad.returncode == 2 and "unknown task" in bad.stderr and "Traceback" not in bad.stderr
+    needs_model = cli("run", "--engine-url", "http://127.0.0.1:9")
+    assert needs_model.returncode == 2 and "--model" in needs_model.stderr
+    debug = cli("trace", "list", "--store", str(tmp_path / "nope.db"), "--debug")
+    assert debug.returncode != 0 and "Traceback" in debug.stderr
+
+
+def test_doctor_reports_the_harnesses() -> None:
+    done = cli("doctor")
+    assert "harness pi" in done.stdout and "harness opencode" in done.stdout and "python" in done.stdout
+
+
+def test_doctor_checks_an_engine_for_token_evidence() -> None:
+    from openenv_harness.testing.engine import EngineServer
+
+    with EngineServer() as engine:
+        done = cli("doctor", "--engine-url", engine.url)
+    assert "token ids + logprobs" in done.stdout and "tpl1-" in done.stdout, done.stdout

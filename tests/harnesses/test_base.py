@@ -1,0 +1,92 @@
+"""The preset building blocks: aux rules, setup validation, launch specs, helpers."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+from pydantic import ValidationError
+
+from openenv_harness.harnesses.base import (
+    API_KEY_ENV,
+    AuxCondition,
+    AuxRule,
+    HarnessOptions,
+    HarnessSetup,
+    LaunchSpec,
+    deep_merge,
+    first_system_prompt,
+    parse_jsonl,
+)
+from openenv_harness.sandbox.base import ModelEndpoint
+
+TITLE = AuxRule(name="title", when=AuxCondition(no_tools=True, system_prompt_startswith="You are a title generator"))
+
+
+def _setup(**overrides: object) -> HarnessSetup:
+    values: dict[str, object] = {
+        "endpoint": ModelEndpoint("http://127.0.0.1:9/rollout/s/v1/", "sk-test"),
+        "model": "m",
+        "workdir": "/sbx/workdir",
+        "home": "/sbx/home",
+    }
+    values.update(overrides)
+    return HarnessSetup(**values)  # type: ignore[arg-type]
+
+
+def test_aux_rule_shapes() -> None:
+    assert TITLE.as_data() == {
+        "name": "title",
+        "when": {"no_tools": True, "system_prompt_startswith": "You are a title generator"},
+    }
+    flat = {"name": "title", "no_tools": True, "system_prompt_startswith": "You are a title generator"}
+    assert TITLE.as_flat() == flat
+    with pytest.raises(ValidationError):
+        AuxRule(name="x", when=AuxCondition(system_prompt_startswith=""))
+    with pytest.raises(ValidationError):
+        AuxRule.model_validate({"name": "x", "when": {"system_prompt_startswith": "a", "typo": 1}})
+
+
+def test_aux_rule_matching() -> None:
+    title = {"messages": [{"role": "system", "content": "You are a title generator. Output a title."}]}
+    assert TITLE.matches(title)
+    assert not TITLE.matches({**title, "tools": [{"type": "function"}]})
+    parts = {"messages": [{"role": "system", "content": [{"type": "text", "text": "You are a title generator."}]}]}
+    assert TITLE.matches(parts)
+    user_first = {"messages": [{"role": "user", "content": "You are a title generator"}]}
+    assert not TITLE.matches(user_first)
+    assert not TITLE.matches({"messages": []})
+    assert first_system_prompt({"messages": [{"role": "developer", "content": "dev"}]}) == "dev"
+
+
+def test_setup_validation() -> None:
+    assert _setup().base_url == "http://127.0.0.1:9/rollout/s/v1"
+    with pytest.raises(ValueError, match="absolute"):
+        _setup(workdir="relative/dir")
+    with pytest.raises(ValueError, match="http"):
+        _setup(endpoint=ModelEndpoint("127.0.0.1:9/v1", "k"))
+    with pytest.raises(ValueError, match="below context_window"):
+        _setup(context_window=4096, max_output_tokens=4096)
+    with pytest.raises(ValueError, match="model"):
+        _setup(model="")
+    with pytest.raises(ValidationError):
+        HarnessOptions(request_timeout_s=0)
+    with pytest.raises(ValidationError):
+        HarnessOptions.model_validate({"titel_call": True})
+
+
+def test_launch_spec_hashes_and_redaction() -> None:
+    spec = LaunchSpec(
+        argv=["x"], env={API_KEY_ENV: "sk-secret", "A": "b"}, files={"/h/b.json": "{}", "/h/a.json": "é"}, cwd="/w"
+    )
+    hashes = spec.config_hashes()
+    assert list(hashes) == ["/h/a.json", "/h/b.json"]
+    assert hashes["/h/a.json"] == hashlib.sha256("é".encode()).hexdigest()
+    assert spec.redacted_env() == {API_KEY_ENV: "<redacted>", "A": "b"}
+
+
+def test_deep_merge_and_jsonl() -> None:
+    base = {"a": {"b": 1, "c": 2}, "d": [1]}
+    assert deep_merge(base, {"a": {"c": 3}, "d": [2], "e": None}) == {"a": {"b": 1, "c": 3}, "d": [2], "e": None}
+    assert base == {"a": {"b": 1, "c": 2}, "d": [1]}
+    assert parse_jsonl('{"a": 1}\nnot json\n[1]\n\x1b[0m{"b": 2}\n {"c": 3}\n{broken\n') == [{"a": 1}, {"c": 3}]

@@ -1,0 +1,39 @@
+"""The registry, and the presets' aux rules checked against requests captured from the real CLIs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from openenv_harness.harnesses import UnknownHarnessError, get_preset, list_presets, preset_names
+
+
+def test_lookup() -> None:
+    assert preset_names() == ["opencode", "pi"]
+    assert [p.name for p in list_presets()] == ["opencode", "pi"]
+    assert get_preset("pi").npm_spec == "@mariozechner/pi-coding-agent@0.73.1"
+    assert get_preset("opencode").npm_spec == "opencode-ai@1.18.33"
+    with pytest.raises(UnknownHarnessError, match="known harnesses: opencode, pi"):
+        get_preset("claude")
+
+
+def _body(call: dict[str, Any]) -> dict[str, Any]:
+    tools = [{"type": "function", "function": {"name": name}} for name in call["tools"]]
+    return {"messages": [{"role": "system", "content": call["system_prompt_head"]}], "tools": tools}
+
+
+def test_aux_rules_classify_captured_calls(captured_calls: list[dict[str, Any]]) -> None:
+    assert {c["aux_rule"] for c in captured_calls} == {None, "opencode-title", "opencode-compaction", "pi-compaction"}
+    for call in captured_calls:
+        preset = get_preset(call["harness"])
+        matched = [rule.name for rule in preset.aux_rules if rule.matches(_body(call))]
+        assert matched == ([call["aux_rule"]] if call["aux_rule"] else []), call["capture"]
+
+
+def test_aux_rules_are_plain_data() -> None:
+    for preset in list_presets():
+        for data in preset.aux_rules_data():
+            assert set(data) == {"name", "when"}
+            assert set(data["when"]) == {"no_tools", "system_prompt_startswith"}
+            assert data["when"]["no_tools"] is True

@@ -1,0 +1,83 @@
+"""The engine as a server: background thread, separate process, and the small vLLM routes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+
+from openenv_harness.testing.engine import ENGINE_VERSION, EngineServer, reference_template, reference_tokenizer
+
+
+def test_models_version_health_and_info(engine: EngineServer) -> None:
+    models = httpx.get(engine.url + "/v1/models").json()
+    assert models["object"] == "list"
+    card = models["data"][0]
+    assert (card["id"], card["object"], card["owned_by"], card["max_model_len"]) == (
+        "reference-model", "model", "vllm", 32768)
+    assert card["permission"][0]["object"] == "model_permission"
+    assert httpx.get(engine.url + "/version").json() == {"version": ENGINE_VERSION}
+    assert httpx.get(engine.url + "/health").status_code == 200
+    info = engine.info()
+    assert info["template_sha256"] == reference_template().sha256
+    assert info["tokenizer_sha256"] == reference_tokenizer().fingerprint()
+    assert info["eos_token_id"] == reference_tokenizer().im_end_id
+
+
+def test_detokenize_rejects_unknown_ids(engine: EngineServer) -> None:
+    bad = httpx.post(engine.url + "/detokenize", json={"tokens": [1, 10**7]})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "tokens"
+    both = httpx.post(engine.url + "/tokenize", json={"prompt": "x", "messages": []})
+    assert both.status_code == 400
+
+
+def test_reset_clears_scripts_faults_and_log(engine: EngineServer, wire) -> None:
+    engine.set_script("*", {"turns": [{"content": "scripted"}]})
+    engine.add_fault("*", {"status": 500, "count": 5})
+    wire.post_chat(engine, wire.chat_body([wire.USER]))
+    engine.reset()
+    assert engine.requests() == []
+    reply = wire.post_chat(engine, wire.chat_body([wire.USER]))
+    assert reply.status_code == 200 and reply.json()["choices"][0]["message"]["content"] == "Done."
+
+
+def test_stop_frees_the_port_and_servers_are_independent() -> None:
+    with EngineServer() as first, EngineServer() as second:
+        assert first.port != second.port
+        first.set_script("*", {"turns": [{"content": "first"}]})
+        body = {"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function",
+                                                                           "function": {"name": "x"}}]}
+        replies = [httpx.post(s.url + "/v1/chat/completions", json=body).json() for s in (first, second)]
+        assert [r["choices"][0]["message"]["content"] for r in replies] == ["first", "Done."]
+        url = first.url
+    try:
+        httpx.get(url + "/health", timeout=1)
+    except httpx.TransportError:
+        pass
+    else:
+        raise AssertionError("the stopped server still answers")
+
+
+def test_runs_as_a_separate_process(tmp_path: Path) -> None:
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps({"turns": [{"content": "from a file"}]}))
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "openenv_harness.testing.engine", "--port", "0", "--served-model-name", "m",
+         "--script", str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        line = process.stdout.readline()
+        assert line.startswith("READY http://127.0.0.1:"), (line, process.stderr.read() if process.poll() else "")
+        url = line.split()[1]
+        assert httpx.get(url + "/v1/models").json()["data"][0]["id"] == "m"
+        reply = httpx.post(url + "/v1/chat/completions", json={
+            "model": "m", "messages": [{"role": "user", "content": "hi"}],
+            "tools": [{"type": "function", "function": {"name": "x"}}]}).json()
+        assert reply["choices"][0]["message"]["content"] == "from a file"
+    finally:
+        process.terminate()
+        process.wait(10)
