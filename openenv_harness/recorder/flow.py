@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -115,7 +114,9 @@ def parse(flow: Flow) -> None:
     options = body.get("stream_options")
     flow.include_usage = bool(isinstance(options, dict) and options.get("include_usage"))
     flow.keep_logprobs = body.get("logprobs") is True
-    flow.digest = hashlib.sha256(flow.raw).hexdigest()
+    # An Idempotency-Key names the logical call even if a client re-encodes its body on retry.
+    idem = flow.headers.get("idempotency-key")
+    flow.digest = ("idem:" + hashlib.sha256(idem.encode()).hexdigest()) if idem else hashlib.sha256(flow.raw).hexdigest()
 
 
 def classify(flow: Flow) -> None:
@@ -124,14 +125,6 @@ def classify(flow: Flow) -> None:
 
 
 # -- dedupe ------------------------------------------------------------------------------------
-
-
-def _recent_digests(session: LiveSession) -> OrderedDict[str, int]:
-    recent = getattr(session, "_recent_digests", None)
-    if recent is None:
-        recent = OrderedDict()
-        setattr(session, "_recent_digests", recent)
-    return recent
 
 
 async def dedupe(flow: Flow) -> bool:
@@ -149,7 +142,7 @@ async def dedupe(flow: Flow) -> bool:
             return False  # the twin failed: this retry gets a fresh attempt
         flow.replayed = flow.agent_reply is not None
         return flow.replayed
-    if flow.ctx.config.dedupe_window and flow.digest in _recent_digests(session):
+    if flow.ctx.config.dedupe_window and flow.digest in session.recent_digests:
         entry = await flow.ctx.store.find_by_digest(session.id, flow.digest)
         if entry is not None:
             flow.agent_reply = entry["response"]
@@ -281,7 +274,7 @@ async def record(flow: Flow) -> None:
     flow.ctx.metrics.calls.labels(flow.call_kind, status).inc()
     if not ev.valid:
         session.counters.invalid_calls += 1
-    recent = _recent_digests(session)
+    recent = session.recent_digests
     recent[flow.digest] = flow.call_index
     while len(recent) > flow.ctx.config.dedupe_window:
         recent.popitem(last=False)

@@ -118,7 +118,7 @@ async def engine_version(upstream: "Upstream") -> str | None:
 
 
 def _session_part(ctx: "RecorderContext", session: "LiveSession") -> dict[str, Any]:
-    cached = getattr(session, "_provenance", None)
+    cached = session.provenance_cache
     if cached is None:
         upstream = ctx.upstream_for(session.spec.upstream)
         cached = {
@@ -131,7 +131,7 @@ def _session_part(ctx: "RecorderContext", session: "LiveSession") -> dict[str, A
             "template_status": session.template_status,
             "recorder_version": __version__,
         }
-        setattr(session, "_provenance", cached)
+        session.provenance_cache = cached
     return cached
 
 

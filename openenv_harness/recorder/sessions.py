@@ -11,6 +11,7 @@ import asyncio
 import re
 import secrets
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -105,6 +106,10 @@ class LiveSession:
     inflight: dict[str, asyncio.Future] = field(default_factory=dict)
     #: shared per-session state of the fidelity classifier (last prompt of each chain tip, bounded)
     fidelity: Any = None
+    #: request digests of recent successful calls, for retry replay (bounded by the dedupe window)
+    recent_digests: "OrderedDict[str, int]" = field(default_factory=OrderedDict)
+    #: the session-constant part of each record's provenance, built on first use
+    provenance_cache: dict[str, Any] | None = None
     _changed: asyncio.Event | None = None
 
     def take_call_index(self) -> int:

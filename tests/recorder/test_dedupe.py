@@ -71,3 +71,16 @@ def test_different_bodies_are_not_deduplicated(engine: EngineServer, recorder: R
     httpx.post(f"{s['base_url']}/chat/completions", json={**BODY, "max_tokens": 100},
                headers={"authorization": f"Bearer {s['secret']}"})
     assert len(admin.records(s["session_id"])) == 2
+
+
+def test_idempotency_key_names_the_call(engine: EngineServer, recorder: RecorderServer, admin: RecorderClient) -> None:
+    s = admin.create_session()
+    engine.set_script(s["session_id"], tool_script(3))
+    auth = {"authorization": f"Bearer {s['secret']}", "idempotency-key": "call-42"}
+    a = httpx.post(f"{s['base_url']}/chat/completions", json=BODY, headers=auth)
+    # same key, body re-encoded differently by the client (key order): still the same logical call
+    b = httpx.post(f"{s['base_url']}/chat/completions", headers={**auth, "content-type": "application/json"},
+                   content=b'{"tools":' + httpx._utils.to_bytes(__import__("json").dumps(TOOLS)) + b',"model":"reference-model",'
+                   b'"messages":[{"role":"user","content":"same body"}],"stream":true,"stream_options":{"include_usage":true}}')
+    assert a.status_code == b.status_code == 200 and a.content == b.content
+    assert len(admin.records(s["session_id"])) == 1
