@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -80,7 +81,7 @@ def test_idempotency_key_names_the_call(engine: EngineServer, recorder: Recorder
     a = httpx.post(f"{s['base_url']}/chat/completions", json=BODY, headers=auth)
     # same key, body re-encoded differently by the client (key order): still the same logical call
     b = httpx.post(f"{s['base_url']}/chat/completions", headers={**auth, "content-type": "application/json"},
-                   content=b'{"tools":' + httpx._utils.to_bytes(__import__("json").dumps(TOOLS)) + b',"model":"reference-model",'
+                   content=b'{"tools":' + json.dumps(TOOLS).encode() + b',"model":"reference-model",'
                    b'"messages":[{"role":"user","content":"same body"}],"stream":true,"stream_options":{"include_usage":true}}')
     assert a.status_code == b.status_code == 200 and a.content == b.content
     assert len(admin.records(s["session_id"])) == 1
