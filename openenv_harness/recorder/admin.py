@@ -26,9 +26,26 @@ def _ctx(request: Request) -> RecorderContext:
     return request.app.state.ctx
 
 
+#: The trace viewer's login stores the admin token in this HttpOnly, SameSite=Strict cookie.
+ADMIN_COOKIE = "oeh_admin"
+_READ_METHODS = frozenset({"GET", "HEAD"})
+
+
+def admin_authorized(request: Request) -> bool:
+    """The admin token as a bearer header on any route, or as the viewer's cookie on reads only:
+    a browser never holds a credential that can change state (the viewer only reads)."""
+    ctx = _ctx(request)
+    if ctx.admin_auth.check(request.headers):
+        return True
+    cookie = request.cookies.get(ADMIN_COOKIE)
+    if not cookie or request.method not in _READ_METHODS:
+        return False
+    return ctx.admin_auth.check({"authorization": f"Bearer {cookie}"})
+
+
 def require_admin(request: Request) -> RecorderContext:
     ctx = _ctx(request)
-    if not ctx.admin_auth.check(request.headers):
+    if not admin_authorized(request):
         raise HTTPException(status_code=401, detail="admin token required (Authorization: Bearer <admin token>)")
     return ctx
 
@@ -51,6 +68,7 @@ def base_url_for(ctx: RecorderContext, request: Request, session_id: str) -> str
 
 class VersionBody(BaseModel):
     version: int = Field(ge=0)
+    model: str | None = Field(None, description="Serve every call with this model name from now on (LoRA sync)")
 
 
 router = APIRouter(prefix="/admin", dependencies=[Depends(require_admin)])
@@ -257,6 +275,8 @@ async def fence_state(request: Request) -> Response:
 async def set_policy_version(body: VersionBody, request: Request) -> Response:
     ctx = _ctx(request)
     ctx.fence.set_version(body.version)
+    if body.model is not None:
+        ctx.fence.served_model = body.model or None
     ctx.metrics.policy_version.set(body.version)
     return _json(ctx.fence.state())
 

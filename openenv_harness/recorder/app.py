@@ -1,4 +1,4 @@
-"""The recorder's ASGI app: agent routes, admin routes, liveness.
+"""The recorder's ASGI app: agent routes, admin routes, the trace viewer, liveness.
 
 Agent routes are plain Starlette routes (no FastAPI body parsing or validation in the hot path:
 the flow reads raw bytes with orjson); the control plane uses FastAPI for typed bodies.
@@ -26,6 +26,7 @@ from openenv_harness.recorder.store.base import RecordStore
 from openenv_harness.recorder.store.sqlite import SQLiteStore
 from openenv_harness.recorder.upstream.base import Upstream, UpstreamFailure
 from openenv_harness.recorder.upstream.http import HTTPEngine
+from openenv_harness.viewer import viewer_router
 
 log = logging.getLogger(__name__)
 
@@ -137,6 +138,7 @@ def create_recorder_app(
     app.add_route("/v1/models", models_route, methods=["GET"])
     app.include_router(admin.router)
     app.include_router(admin.metrics_router)
+    app.include_router(viewer_router)
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> Response:

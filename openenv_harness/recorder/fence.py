@@ -27,6 +27,9 @@ class Fence:
         self._resumed = asyncio.Event()
         self._resumed.set()
         self.pauses = 0
+        #: model name to serve every call with (a LoRA sync publishes each version as a new adapter
+        #: name, e.g. ``policy-v7``; the agent keeps asking for the name it was configured with)
+        self.served_model: str | None = None
 
     def pause(self, mode: str | None = None) -> None:
         if not self.paused:
@@ -67,4 +70,5 @@ class Fence:
             "inflight": self.inflight,
             "pauses": self.pauses,
             "wait_s": self.wait_s,
+            "served_model": self.served_model,
         }

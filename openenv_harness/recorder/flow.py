@@ -180,6 +180,8 @@ async def forward(flow: Flow) -> None:
         raise AgentError(503, "engine is paused for a weight update; retry shortly", type="server_error",
                          code="engine_paused", headers={"retry-after": str(ctx.config.retry_after_s)})
     flow.upstream_body = upstream_body(flow.body, flow.session.spec.sampling)
+    if ctx.fence.served_model:
+        flow.upstream_body["model"] = ctx.fence.served_model
     flow.call_index = flow.session.take_call_index()
     flow.version_start = ctx.fence.version
     ctx.fence.inflight += 1

@@ -61,6 +61,7 @@ class HarnessSessionFactory(ResourceSessionFactory):
         agent_recorder_url: str | None = None,
         trainer_template_fingerprint: str | None = None,
         upstream: str | None = None,
+        wait_timeout_s: float | None = None,
     ) -> None:
         self.preset = get_preset(harness) if isinstance(harness, str) else harness
         self.recorder_url = recorder_url.rstrip("/")
@@ -79,6 +80,9 @@ class HarnessSessionFactory(ResourceSessionFactory):
         self.max_output_tokens = max_output_tokens
         self.trainer_template_fingerprint = trainer_template_fingerprint
         self.upstream = upstream
+        wall = self.budgets.get("max_wall_clock_s")
+        #: how long wait_for_completion(None) waits: the wall-clock budget plus a margin, else 30 min
+        self.wait_timeout_s = wait_timeout_s if wait_timeout_s is not None else (float(wall) + 60.0 if wall else 1800.0)
 
     def create(self, task: Any, seed: int | None = None, episode_id: str | None = None) -> HarnessSession:
         resolved = task_from(task, self.tasks)
@@ -108,7 +112,8 @@ class HarnessSessionFactory(ResourceSessionFactory):
             sandbox.close()
             client.close()
             raise
-        return HarnessSession(task=resolved, agent=agent, client=client, close_client=True)
+        return HarnessSession(task=resolved, agent=agent, client=client, close_client=True,
+                              wait_timeout_s=self.wait_timeout_s)
 
 
 @dataclass
@@ -129,6 +134,7 @@ class TRLSessionFactory:
     context_window: int = 32768
     max_output_tokens: int = 4096
     trainer_template_fingerprint: str | None = None
+    wait_timeout_s: float | None = None
 
     def __call__(self, sampling: dict[str, Any] | None = None) -> HarnessSessionFactory:
         tasks = None if self.tasks is None else {k: Task.model_validate(v) for k, v in self.tasks.items()}
@@ -145,4 +151,5 @@ class TRLSessionFactory:
             context_window=self.context_window,
             max_output_tokens=self.max_output_tokens,
             trainer_template_fingerprint=self.trainer_template_fingerprint,
+            wait_timeout_s=self.wait_timeout_s,
         )

@@ -32,11 +32,15 @@ class RolloutCaptureError(RuntimeError):
 class HarnessSession(ResourceSession):
     """One agent run on one task, recorded by the recorder."""
 
-    def __init__(self, *, task: Task, agent: LaunchedAgent, client: RecorderClient, close_client: bool = False) -> None:
+    def __init__(self, *, task: Task, agent: LaunchedAgent, client: RecorderClient, close_client: bool = False,
+                 wait_timeout_s: float | None = 1800.0) -> None:
         self.task = task
         self.agent = agent
         self.client = client
         self._close_client = close_client
+        #: deadline used when a caller waits without one (TRL does): an agent stuck in a tool never
+        #: calls the model, so the recorder's wall-clock budget alone cannot end it
+        self.wait_timeout_s = wait_timeout_s
         self.exit_code: int | None = None
         self.timed_out = False
         self.verify_outcome: VerifyOutcome | None = None
@@ -68,8 +72,9 @@ class HarnessSession(ResourceSession):
             self.verify_outcome = self.task.verify(self.agent.sandbox)
         outcome = self.verify_outcome
         result = self.agent.result()
+        unscored = self._infrastructure_failure(result.ok)
         return VerifyResult(
-            env_reward=outcome.reward,
+            env_reward=None if unscored else outcome.reward,
             done=True,
             metrics={
                 **outcome.metrics,
@@ -77,9 +82,30 @@ class HarnessSession(ResourceSession):
                 "agent_ok": result.ok,
                 "timed_out": self.timed_out,
                 "verify_exit_code": outcome.exit_code,
+                "unscored_reason": unscored,
             },
             artifacts={"verify_output": outcome.detail, "final_answer": result.final_answer, "agent_error": result.error},
         )
+
+    def _infrastructure_failure(self, agent_ok: bool) -> str | None:
+        """Why this rollout must stay unscored (D7), or None.
+
+        An agent that stopped because the engine or the recorder failed did not fail the task: scoring
+        its sandbox would put a 0.0 into the group baseline for an infrastructure fault. A budget stop
+        is the policy's own doing and is scored.
+        """
+        if agent_ok:
+            return None
+        try:
+            info = self.client.session(self.session_id)
+        except (RecorderAPIError, OSError) as exc:
+            return f"recorder unreachable: {exc}"
+        if info.get("stop_reason"):
+            return None
+        error = info.get("last_error")
+        if error:
+            return f"agent stopped on an engine error: {error.get('message')}"
+        return None
 
     def close(self) -> None:
         if self._closed:
@@ -103,6 +129,8 @@ class HarnessSession(ResourceSession):
         """The agent's exit code (non-zero when the agent reported a failure, even if its process
         exited 0). On timeout the agent is killed and ``TimeoutError`` raised (TRL then still trains
         what was captured and flags the rollout as timed out)."""
+        if timeout_s is None:
+            timeout_s = self.wait_timeout_s
         code = self.agent.wait(timeout_s)
         if code is None:
             self.timed_out = True

@@ -92,3 +92,18 @@ def test_external_fence_and_explicit_version(slow_stack) -> None:
     chat(s, "v8")
     versions = [r["metadata"]["policy_version_start"] for r in admin.records(s["session_id"])]
     assert versions == [7, 8]
+
+
+def test_lora_sync_serves_the_published_adapter_name(slow_stack) -> None:
+    engine, server, admin = slow_stack
+    s = admin.create_session()
+    engine.set_script(s["session_id"], tool_script(0, final="ok"))
+    h = {"authorization": f"Bearer {ADMIN}"}
+    state = httpx.post(server.url + "/admin/policy_version", headers=h, json={"version": 3, "model": "policy-v3"}).json()
+    assert state["served_model"] == "policy-v3"
+    chat(s, "lora")
+    assert engine.requests(s["session_id"])[-1]["body"]["model"] == "policy-v3"
+    rec = admin.records(s["session_id"])[-1]
+    assert rec["request"]["model"] == "reference-model"  # what the agent asked for stays in the record
+    assert rec["metadata"]["provenance"]["model"] == "policy-v3"  # what served it is provenance
+    assert rec["metadata"]["policy_version_start"] == 3
