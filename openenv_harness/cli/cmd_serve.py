@@ -38,4 +38,5 @@ def serve(
                             public_base_url=public_base_url, max_body_bytes=max_body_mb * 1024 * 1024,
                             pause_wait_s=pause_wait_s)
     typer.echo(f"recorder on http://{host}:{port}  store={store}  engine={engine_url or '-'}")
+    typer.echo(f"trace viewer: http://{host}:{port}/viewer/ (log in with the admin token)")
     run_server(config, host=host, port=port, log_level=log_level)

@@ -11,6 +11,7 @@ import logging
 from typing import AsyncIterator
 
 from fastapi import FastAPI, HTTPException, Request
+from fastapi.exceptions import RequestValidationError
 from starlette.responses import Response
 
 from openenv_harness.recorder import admin
@@ -147,7 +148,18 @@ def create_recorder_app(
 
     @app.exception_handler(404)
     async def not_found(request: Request, exc: Exception) -> Response:
+        detail = getattr(exc, "detail", None)
+        if isinstance(detail, str) and detail != "Not Found":  # a route's own 404 ("no session ...")
+            return error_response(404, detail, code="not_found")
         return error_response(404, f"no route {request.method} {request.url.path}", code="not_found")
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(request: Request, exc: RequestValidationError) -> Response:
+        parts = []
+        for err in exc.errors()[:5]:
+            where = ".".join(str(x) for x in err.get("loc", ()) if x != "body")
+            parts.append(f"{where}: {err.get('msg')}" if where else str(err.get("msg")))
+        return error_response(422, "invalid request: " + "; ".join(parts), code="validation_error")
 
     @app.exception_handler(405)
     async def not_allowed(request: Request, exc: Exception) -> Response:

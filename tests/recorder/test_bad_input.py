@@ -70,3 +70,12 @@ def test_bad_admin_input(small_recorder: RecorderServer) -> None:
         assert httpx.post(u + "/admin/sessions", json={"session_id": "fixed-1"}, headers=h).status_code == 409
         assert httpx.get(u + "/admin/sessions/none/records", headers=h).status_code == 404
         assert httpx.get(u + "/admin/sessions/fixed-1/records?format=xml", headers=h).status_code == 422
+
+
+def test_error_shapes_name_the_problem(small_recorder: RecorderServer) -> None:
+    h = {"authorization": f"Bearer {ADMIN}"}
+    missing = httpx.get(small_recorder.url + "/admin/sessions/none", headers=h)
+    assert missing.status_code == 404 and "no session 'none'" in missing.json()["error"]["message"]
+    bad = httpx.post(small_recorder.url + "/admin/sessions", json={"budgets": {"max_agent_calls": -1}}, headers=h)
+    assert bad.status_code == 422 and bad.json()["error"]["code"] == "validation_error"
+    assert "max_agent_calls" in bad.json()["error"]["message"]
