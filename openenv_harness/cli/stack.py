@@ -22,13 +22,13 @@ from openenv_harness.rollout.tasks import Task
 
 class LocalStack:
     def __init__(self, *, engine_url: str | None, store_path: str, model: str | None,
-                 tasks: list[Task], segmentation: str = "canonical") -> None:
+                 tasks: list[Task], segmentation: str = "canonical", admin_token: str | None = None) -> None:
         self.engine_url = engine_url
         self.store_path = store_path
         self.model = model
         self.tasks = tasks
         self.segmentation = segmentation
-        self.admin_token = new_admin_token()
+        self.admin_token = admin_token or new_admin_token()
         self.engine: Any = None
         self.recorder: RecorderServer | None = None
 

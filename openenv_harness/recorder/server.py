@@ -35,6 +35,8 @@ class ThreadedServer:
         self._config = uvicorn.Config(
             app, host=host, port=self.port, log_level=log_level, access_log=False, lifespan="on",
             timeout_keep_alive=75, loop="asyncio",
+            # an in-process server must not reconfigure the host process's logging
+            log_config=None,
         )
         self._server = uvicorn.Server(self._config)
         self._thread: threading.Thread | None = None
