@@ -26,7 +26,7 @@ from openenv_harness.recorder.sessions import SessionRegistry
 from openenv_harness.recorder.store.base import RecordStore
 from openenv_harness.recorder.store.sqlite import SQLiteStore
 from openenv_harness.recorder.upstream.base import Upstream, UpstreamFailure
-from openenv_harness.recorder.upstream.http import HTTPEngine
+from openenv_harness.recorder.upstream.aiohttp_engine import AiohttpEngine
 from openenv_harness.viewer import viewer_router
 
 log = logging.getLogger(__name__)
@@ -90,7 +90,7 @@ def create_recorder_app(
     """Build a recorder. ``upstreams["default"]`` defaults to ``HTTPEngine(config.engine_url)``."""
     ups: dict[str, Upstream] = dict(upstreams or {})
     if "default" not in ups and config.engine_url:
-        ups["default"] = HTTPEngine(
+        ups["default"] = AiohttpEngine(
             config.engine_url, timeout_s=config.upstream_timeout_s, api_key=config.engine_api_key
         )
     admin_token = config.admin_token or new_admin_token()

@@ -1,13 +1,10 @@
-"""Content-addressed storage of token arrays and chat messages: why storage grows linearly.
+"""Encodings the store shares: token arrays as bytes, content-addressed message blobs.
 
-Every call of an agent's conversation repeats the whole history in its prompt, so storing each
-prompt whole costs O(turns^2). Instead a prompt is cut into fixed-size blocks of token ids at
-fixed offsets (0, B, 2B, ...): two prompts that share a token prefix share every full block of that
-prefix, byte for byte, so each block is stored once under its hash and a record keeps only the
-list of block hashes. The same goes for messages: each message is stored once under the hash of
-its JSON and the request keeps the list of message hashes.
-
-Reconstruction is exact (bytes in, same bytes out) and needs one indexed lookup per distinct block.
+Every call of an agent's conversation repeats the whole history, so storing each call whole costs
+O(turns^2). Prompts are therefore stored as "an earlier record's prompt up to N tokens + the new
+tokens" (see ``sqlite.py``), and messages are stored once each under the hash of their JSON, a
+request keeping only the list of message hashes (itself delta-encoded against the previous record).
+Reconstruction is exact: bytes in, the same bytes out.
 """
 
 from __future__ import annotations
@@ -20,7 +17,6 @@ from typing import Iterable
 
 import orjson
 
-BLOCK_TOKENS = 256
 HASH_BYTES = 16
 #: Blobs at least this large are zlib-compressed (text compresses ~3-5x; ids ~1.5-2x).
 COMPRESS_MIN = 192
@@ -42,6 +38,11 @@ def pack_blob(data: bytes) -> bytes:
         packed = zlib.compress(data, 1)
         if len(packed) < len(data):
             return _ZLIB + packed
+    return _RAW + data
+
+
+def raw_blob(data: bytes) -> bytes:
+    """Stored as is (tagged), for data that compression would only slow down."""
     return _RAW + data
 
 
@@ -69,15 +70,6 @@ def bytes_to_ids(data: bytes, typecode: str = "I") -> array:
     if not _LITTLE:
         out.byteswap()
     return out
-
-
-def split_blocks(ids_bytes: bytes) -> list[tuple[bytes, bytes]]:
-    """Cut little-endian id bytes into ``(hash, block_bytes)`` pairs at fixed offsets."""
-    step = BLOCK_TOKENS * 4
-    return [
-        (digest(ids_bytes[i : i + step]), ids_bytes[i : i + step])
-        for i in range(0, len(ids_bytes), step)
-    ]
 
 
 def join_hashes(hashes: Iterable[bytes]) -> bytes:

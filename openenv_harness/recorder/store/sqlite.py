@@ -8,7 +8,9 @@ Why this shape:
   64 concurrent sessions never stall on one another's writes.
 - *Group commit*: everything queued while a commit was running goes into the next transaction,
   so throughput rises with concurrency instead of paying one commit per call.
-- *Linear growth*: prompts and messages are stored as content-addressed blocks (``blocks.py``).
+- *Linear growth*: a record stores its prompt as (an earlier record of the session, how many of its
+  prompt tokens are shared, the new tokens), and its messages as a delta of content-addressed
+  message hashes (``blocks.py``); reading a session resolves the chain of bases in one pass.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from typing import Any, Callable
 
 import orjson
 
+from openenv_harness.recorder.fidelity import common_prefix_len
 from openenv_harness.recorder.store import blocks
 from openenv_harness.recorder.store.base import PendingRecord, RecordStore, SessionRow
 
@@ -55,7 +58,12 @@ CREATE TABLE IF NOT EXISTS records (
     request_digest TEXT NOT NULL,
     created_at REAL NOT NULL,
     prompt_len INTEGER NOT NULL,
-    prompt_blocks BLOB,
+    prompt_base INTEGER,
+    prompt_shared INTEGER NOT NULL DEFAULT 0,
+    prompt_tail BLOB,
+    msgs_base INTEGER,
+    msgs_shared INTEGER NOT NULL DEFAULT 0,
+    msgs BLOB,
     completion_ids BLOB,
     logprobs BLOB,
     completion_tokens BLOB,
@@ -69,6 +77,8 @@ CREATE INDEX IF NOT EXISTS records_by_digest ON records(session_id, request_dige
 
 _REF_MESSAGES = "$oeh_messages"
 _REF_TOOLS = "$oeh_tools"
+#: How many earlier prompts of a session are tried as the base of a new one.
+_PROMPT_BASES = 4
 #: How many sessions' "recently stored hashes" the writer remembers (a cache, not state).
 _HASH_CACHE_SESSIONS = 4096
 
@@ -85,8 +95,8 @@ class SQLiteStore(RecordStore):
         self._thread: threading.Thread | None = None
         self._wconn: sqlite3.Connection | None = None
         self._local = threading.local()
-        # session id -> hashes written for its latest record (skips re-inserting shared blocks)
-        self._recent: OrderedDict[str, set[bytes]] = OrderedDict()
+        # session id -> what its latest record stored (delta base for the next one; a cache, not state)
+        self._recent: OrderedDict[str, _Tail] = OrderedDict()
         self._records_written = 0
         self._closed = False
 
@@ -186,58 +196,62 @@ class SQLiteStore(RecordStore):
         self._records_written += sum(1 for op, *_ in batch if op == self._op_append)
         return results
 
-    def _recent_for(self, session_id: str) -> set[bytes]:
-        recent = self._recent.get(session_id)
-        if recent is None:
-            recent = set()
-            self._recent[session_id] = recent
+    def _recent_for(self, session_id: str) -> "_Tail":
+        tail = self._recent.get(session_id)
+        if tail is None:
+            tail = _Tail()
+            self._recent[session_id] = tail
             if len(self._recent) > _HASH_CACHE_SESSIONS:
                 self._recent.popitem(last=False)
         else:
             self._recent.move_to_end(session_id)
-        return recent
+        return tail
 
-    def _put_blobs(self, conn: sqlite3.Connection, pairs: list[tuple[bytes, bytes]], recent: set[bytes]) -> None:
-        fresh = [(h, blocks.pack_blob(data)) for h, data in pairs if h not in recent]
+    def _put_blobs(self, conn: sqlite3.Connection, pairs: list[tuple[bytes, bytes]], known: set[bytes],
+                   *, compress: bool = True) -> None:
+        fresh = [(h, blocks.pack_blob(data) if compress else blocks.raw_blob(data)) for h, data in pairs
+                 if h not in known]
         if fresh:
             conn.executemany("INSERT OR IGNORE INTO blobs(hash, data) VALUES (?, ?)", fresh)
 
     def _op_append(self, conn: sqlite3.Connection, rec: PendingRecord) -> int:
-        recent = self._recent_for(rec.session_id)
+        tail = self._recent_for(rec.session_id)
+        known = tail.known
         written: set[bytes] = set()
 
-        prompt_blocks = None
         prompt_len = 0
+        prompt_delta: tuple[int | None, int, bytes | None] = (None, 0, None)
+        prompt_bytes: bytes | None = None
         if rec.prompt_ids is not None:
             prompt_len = len(rec.prompt_ids)
-            pairs = blocks.split_blocks(blocks.ids_to_bytes(rec.prompt_ids))
-            self._put_blobs(conn, pairs, recent)
-            written.update(h for h, _ in pairs)
-            prompt_blocks = blocks.join_hashes(h for h, _ in pairs)
+            prompt_bytes = blocks.ids_to_bytes(rec.prompt_ids)
+            prompt_delta = _prompt_delta(tail.prompts, prompt_bytes)
 
         request = dict(rec.request)
+        msgs_delta: tuple[int | None, int, bytes | None] = (None, 0, None)
+        new_msgs: list[bytes] | None = None
         messages = request.get("messages")
         if isinstance(messages, list):
             pairs = blocks.message_blobs(messages)
-            self._put_blobs(conn, pairs, recent)
-            written.update(h for h, _ in pairs)
-            request["messages"] = {_REF_MESSAGES: [h.hex() for h, _ in pairs]}
+            self._put_blobs(conn, pairs, known)
+            new_msgs = [h for h, _ in pairs]
+            written.update(new_msgs)
+            msgs_delta = _delta(tail.msgs_seq, tail.msgs, new_msgs)
+            request["messages"] = {_REF_MESSAGES: True}
         tools = request.get("tools")
         if isinstance(tools, list) and tools:
             data = orjson.dumps(tools)
             h = blocks.digest(data)
-            self._put_blobs(conn, [(h, data)], recent)
+            self._put_blobs(conn, [(h, data)], known)
             written.add(h)
             request["tools"] = {_REF_TOOLS: h.hex()}
-
-        recent.clear()
-        recent.update(written)
 
         md = rec.metadata
         cur = conn.execute(
             "INSERT INTO records(session_id, call_index, call_kind, status, trainable, request_digest,"
-            " created_at, prompt_len, prompt_blocks, completion_ids, logprobs, completion_tokens,"
-            " request, response, metadata) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            " created_at, prompt_len, prompt_base, prompt_shared, prompt_tail, msgs_base, msgs_shared, msgs,"
+            " completion_ids, logprobs, completion_tokens, request, response, metadata)"
+            " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
             (
                 rec.session_id,
                 rec.call_index,
@@ -247,7 +261,8 @@ class SQLiteStore(RecordStore):
                 md.get("request_digest", ""),
                 rec.created_at,
                 prompt_len,
-                prompt_blocks,
+                *prompt_delta,
+                *msgs_delta,
                 blocks.ids_to_bytes(rec.completion_ids) if rec.completion_ids is not None else None,
                 _floats_to_bytes(rec.logprobs) if rec.logprobs is not None else None,
                 orjson.dumps(rec.completion_tokens) if rec.completion_tokens is not None else None,
@@ -256,7 +271,14 @@ class SQLiteStore(RecordStore):
                 blocks.pack_blob(orjson.dumps(md)),
             ),
         )
-        return int(cur.lastrowid)
+        seq = int(cur.lastrowid)
+        if prompt_bytes is not None:
+            tail.prompts.insert(0, (seq, prompt_bytes))
+            del tail.prompts[_PROMPT_BASES:]
+        if new_msgs is not None:
+            tail.msgs_seq, tail.msgs = seq, new_msgs
+        tail.known = written
+        return seq
 
     def _op_put_session(self, conn: sqlite3.Connection, row: SessionRow) -> None:
         conn.execute(
@@ -323,19 +345,22 @@ class SQLiteStore(RecordStore):
     async def read_records(self, session_id: str, *, after_seq: int = 0) -> list[dict[str, Any]]:
         return await asyncio.to_thread(self._read_records, session_id, after_seq)
 
+    _COLUMNS = (
+        "seq, prompt_base, prompt_shared, prompt_tail, msgs_base, msgs_shared, msgs, completion_ids, logprobs,"
+        " completion_tokens, request, response, metadata, trainable, prompt_len"
+    )
+
     def _read_records(self, session_id: str, after_seq: int, digest: str | None = None) -> list[dict[str, Any]]:
         conn = self._reader()
-        sql = (
-            "SELECT seq, prompt_blocks, completion_ids, logprobs, completion_tokens, request, response,"
-            " metadata, trainable, prompt_len FROM records WHERE session_id = ? AND seq > ?"
-        )
+        sql = f"SELECT {self._COLUMNS} FROM records WHERE session_id = ? AND seq > ?"
         params: list[Any] = [session_id, after_seq]
         if digest is not None:
             sql += " AND request_digest = ? AND status = 'ok'"
             params.append(digest)
         rows = conn.execute(sql + " ORDER BY seq", params).fetchall()
+        lists = _Lists(conn)
         blob_cache: dict[bytes, bytes] = {}
-        return [self._decode_row(conn, row, blob_cache) for row in rows]
+        return [self._decode_row(conn, row, blob_cache, lists) for row in rows]
 
     def _blobs(self, conn: sqlite3.Connection, hashes: list[bytes], cache: dict[bytes, bytes]) -> None:
         missing = list({h for h in hashes if h not in cache})
@@ -348,21 +373,23 @@ class SQLiteStore(RecordStore):
         if lost:
             raise RuntimeError(f"store is missing {len(lost)} blob(s), e.g. {lost[0]}")
 
-    def _decode_row(self, conn: sqlite3.Connection, row: tuple, cache: dict[bytes, bytes]) -> dict[str, Any]:
-        seq, pblocks, cids, lps, ctoks, req, resp, md, trainable, prompt_len = row
+    def _decode_row(self, conn: sqlite3.Connection, row: tuple, cache: dict[bytes, bytes],
+                    lists: "_Lists") -> dict[str, Any]:
+        (seq, pbase, pshared, pblocks, mbase, mshared, mtail, cids, lps, ctoks, req, resp, md, trainable,
+         prompt_len) = row
+        lists.remember(seq, pbase, pshared, pblocks, mbase, mshared, mtail)
         metadata = orjson.loads(blocks.unpack_blob(md))
         metadata["seq"] = seq
         prompt: list[int] = []
-        if pblocks is not None:
-            hashes = blocks.split_hashes(pblocks)
-            self._blobs(conn, hashes, cache)
-            prompt = blocks.bytes_to_ids(b"".join(cache[h] for h in hashes)).tolist()
+        prompt_bytes = lists.prompt(seq)
+        if prompt_bytes is not None:
+            prompt = blocks.bytes_to_ids(prompt_bytes).tolist()
             if len(prompt) != prompt_len:
                 raise RuntimeError(f"record {seq}: prompt length {len(prompt)} != stored {prompt_len}")
         request = orjson.loads(blocks.unpack_blob(req))
         ref = request.get("messages")
         if isinstance(ref, dict) and _REF_MESSAGES in ref:
-            hashes = [bytes.fromhex(h) for h in ref[_REF_MESSAGES]]
+            hashes = lists.messages(seq) or []
             self._blobs(conn, hashes, cache)
             request["messages"] = [orjson.loads(cache[h]) for h in hashes]
         ref = request.get("tools")
@@ -402,25 +429,23 @@ class SQLiteStore(RecordStore):
         }
 
     def session_bytes(self, session_id: str) -> dict[str, int]:
-        """Bytes a session occupies (its rows plus the blobs only it references), for benchmarks."""
+        """Bytes a session occupies (its rows plus every blob it references), for benchmarks."""
         conn = self._reader()
         row_bytes = conn.execute(
-            "SELECT COALESCE(SUM(LENGTH(prompt_blocks)) + SUM(LENGTH(COALESCE(completion_ids, x'')))"
-            " + SUM(LENGTH(COALESCE(logprobs, x''))) + SUM(LENGTH(request)) + SUM(LENGTH(response))"
-            " + SUM(LENGTH(metadata)), 0) FROM records WHERE session_id = ?",
+            "SELECT COALESCE(SUM(LENGTH(COALESCE(prompt_tail, x'')) + LENGTH(COALESCE(msgs, x''))"
+            " + LENGTH(COALESCE(completion_ids, x'')) + LENGTH(COALESCE(logprobs, x''))"
+            " + LENGTH(request) + LENGTH(response) + LENGTH(metadata) + 48), 0) FROM records WHERE session_id = ?",
             (session_id,),
         ).fetchone()[0]
+        lists = _Lists(conn)
         hashes: set[bytes] = set()
-        for pblocks, req in conn.execute(
-            "SELECT prompt_blocks, request FROM records WHERE session_id = ?", (session_id,)
+        for seq, pbase, pshared, pblocks, mbase, mshared, mtail, req in conn.execute(
+            "SELECT seq, prompt_base, prompt_shared, prompt_tail, msgs_base, msgs_shared, msgs, request"
+            " FROM records WHERE session_id = ? ORDER BY seq", (session_id,)
         ):
-            if pblocks:
-                hashes.update(blocks.split_hashes(pblocks))
-            request = orjson.loads(blocks.unpack_blob(req))
-            ref = request.get("messages")
-            if isinstance(ref, dict):
-                hashes.update(bytes.fromhex(h) for h in ref.get(_REF_MESSAGES, []))
-            ref = request.get("tools")
+            lists.remember(seq, pbase, pshared, pblocks, mbase, mshared, mtail)
+            hashes.update(lists.messages(seq) or [])
+            ref = orjson.loads(blocks.unpack_blob(req)).get("tools")
             if isinstance(ref, dict):
                 hashes.add(bytes.fromhex(ref[_REF_TOOLS]))
         blob_bytes = 0
@@ -432,6 +457,102 @@ class SQLiteStore(RecordStore):
                 f"SELECT COALESCE(SUM(LENGTH(data) + LENGTH(hash)), 0) FROM blobs WHERE hash IN ({marks})", chunk
             ).fetchone()[0]
         return {"row_bytes": int(row_bytes), "blob_bytes": int(blob_bytes), "total": int(row_bytes + blob_bytes)}
+
+
+class _Tail:
+    """What a session's latest record stored: the base of the next record's deltas."""
+
+    __slots__ = ("prompts", "msgs_seq", "msgs", "known")
+
+    def __init__(self) -> None:
+        #: (seq, prompt bytes) of the session's latest records: candidate bases, newest first
+        self.prompts: list[tuple[int, bytes]] = []
+        self.msgs_seq: int | None = None
+        self.msgs: list[bytes] = []
+        self.known: set[bytes] = set()
+
+
+def _delta(base_seq: int | None, base: list[bytes], new: list[bytes]) -> tuple[int | None, int, bytes]:
+    """``(base_seq, shared, tail)``: ``new`` as the first ``shared`` hashes of ``base`` plus a tail.
+
+    Every call repeats the history, so a record keeps only what its predecessor did not have: storage
+    per record follows the *new* content, not the conversation length.
+    """
+    shared = 0
+    if base_seq is not None:
+        limit = min(len(base), len(new))
+        while shared < limit and base[shared] == new[shared]:
+            shared += 1
+    if shared == 0:
+        return None, 0, blocks.join_hashes(new)
+    return base_seq, shared, blocks.join_hashes(new[shared:])
+
+
+def _prompt_delta(candidates: list[tuple[int, bytes]], prompt: bytes) -> tuple[int | None, int, bytes]:
+    """``(base_seq, shared_tokens, tail_bytes)``: the prompt as a prefix of an earlier record's prompt
+    (the candidate sharing the most tokens) plus the new tokens. A sub-agent interleaved with its
+    parent finds its own previous call among the candidates."""
+    best_seq, best = None, 0
+    for seq, earlier in candidates:
+        shared = common_prefix_len(earlier, prompt) // 4
+        if shared > best:
+            best_seq, best = seq, shared
+    if best_seq is None:
+        return None, 0, prompt
+    return best_seq, best, prompt[best * 4 :]
+
+
+class _Lists:
+    """Resolves the delta-encoded hash lists of records, loading bases from the store as needed."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._conn = conn
+        self._rows: dict[int, tuple] = {}
+        self._prompts: dict[int, bytes | None] = {}
+        self._msgs: dict[int, list[bytes] | None] = {}
+
+    def remember(self, seq: int, *row: Any) -> None:
+        self._rows[seq] = row
+
+    def _row(self, seq: int) -> tuple:
+        row = self._rows.get(seq)
+        if row is None:
+            got = self._conn.execute(
+                "SELECT prompt_base, prompt_shared, prompt_tail, msgs_base, msgs_shared, msgs FROM records"
+                " WHERE seq = ?", (seq,)
+            ).fetchone()
+            if got is None:
+                raise RuntimeError(f"store is missing record {seq}, the base of a later record")
+            row = tuple(got)
+            self._rows[seq] = row
+        return row
+
+    def _resolve(self, seq: int, offset: int, memo: dict[int, Any]) -> Any:
+        """Record ``seq``'s value: its base's first ``shared`` items plus its own tail (prompt bytes at
+        offset 0, ``shared`` in tokens of 4 bytes; message-hash lists at offset 3)."""
+        chain: list[int] = []
+        cur: int | None = seq
+        while cur is not None and cur not in memo:  # walk back iteratively: chains can be long
+            chain.append(cur)
+            base, _shared, tail = self._row(cur)[offset : offset + 3]
+            cur = base if tail is not None else None
+        for s in reversed(chain):
+            base, shared, tail = self._row(s)[offset : offset + 3]
+            if tail is None:
+                memo[s] = None  # this record has no such list (e.g. a failed call has no prompt)
+                continue
+            if offset == 0:
+                memo[s] = bytes(tail) if base is None else (memo.get(base) or b"")[: shared * 4] + tail
+            else:
+                own = blocks.split_hashes(tail)
+                memo[s] = own if base is None else (memo.get(base) or [])[:shared] + own
+        return memo[seq]
+
+    def prompt(self, seq: int) -> bytes | None:
+        return self._resolve(seq, 0, self._prompts)
+
+    def messages(self, seq: int) -> list[bytes] | None:
+        return self._resolve(seq, 3, self._msgs)
 
 
 def _resolve(fut: asyncio.Future, value: Any, error: BaseException | None) -> None:

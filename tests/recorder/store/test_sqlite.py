@@ -130,3 +130,36 @@ async def test_closed_store_refuses_writes(tmp_path: Path) -> None:
     s.close()
     with pytest.raises(RuntimeError, match="closed"):
         await s.append(_rec("x", 0, [1], [2], [{"role": "user", "content": "q"}]))
+
+
+async def test_interleaved_chains_failed_calls_and_partial_reads_reconstruct_exactly(store: SQLiteStore) -> None:
+    """Bases are chosen among earlier prompts (a sub-agent finds its own), failed calls carry no
+    prompt, and reading from the middle of a session loads bases it did not read."""
+    rng = random.Random(5)
+    main = [rng.randrange(50000) for _ in range(900)]
+    sub = main[:100] + [rng.randrange(50000) for _ in range(700)]
+    originals = []
+    for i in range(12):
+        if i % 3 == 2:
+            rec = _rec("mix", i, [1], [1], [{"role": "user", "content": f"failed {i}"}])
+            rec.prompt_ids = rec.completion_ids = rec.logprobs = None
+            rec.status = "failed"
+        elif i % 3 == 0:
+            main = main + [rng.randrange(50000) for _ in range(150)]
+            rec = _rec("mix", i, main, [7] * 5, [{"role": "user", "content": "main"}, {"role": "tool", "content": str(i)}])
+        else:
+            sub = sub + [rng.randrange(50000) for _ in range(90)]
+            rec = _rec("mix", i, sub, [8] * 3, [{"role": "user", "content": "sub"}, {"role": "tool", "content": str(i)}])
+        originals.append(rec)
+        await store.append(rec)
+    got = await store.read_records("mix")
+    for rec, entry in zip(originals, got):
+        expected = rec.prompt_ids.tolist() if rec.prompt_ids is not None else []
+        assert entry["prompt_token_ids"] == expected
+        assert entry["request"]["messages"] == rec.request["messages"]
+    middle = got[6]["metadata"]["seq"] - 1
+    tail = await store.read_records("mix", after_seq=middle)
+    assert [e["prompt_token_ids"] for e in tail] == [e["prompt_token_ids"] for e in got[6:]]
+    # the sub-agent's prompts were stored against the sub-agent's earlier prompt, not the main chain's
+    used = store.session_bytes("mix")["total"]
+    assert used < (len(main) + len(sub)) * 4 * 3
