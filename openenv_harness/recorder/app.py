@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import AsyncIterator
+from typing import Any, AsyncIterator
 
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
@@ -81,13 +81,71 @@ async def healthz(request: Request) -> Response:
     return Response(b'{"status":"ok"}', media_type="application/json")
 
 
+_CHAT_SUFFIX = "/v1/chat/completions"
+
+
+def _chat_target(path: str) -> tuple[bool, str | None]:
+    """Whether ``path`` is an agent chat route, and its session id (None on the bare route)."""
+    if path == _CHAT_SUFFIX:
+        return True, None
+    if path.startswith("/rollout/") and path.endswith(_CHAT_SUFFIX):
+        session_id = path[len("/rollout/") : -len(_CHAT_SUFFIX)]
+        if session_id and "/" not in session_id:
+            return True, session_id
+    return False, None
+
+
+class RecorderApp:
+    """The recorder as an ASGI app: agent chat calls take a raw-ASGI fast path; everything else
+    (admin API, viewer, models, lifespan) is the FastAPI app behind it.
+
+    Why: the chat route is the only hot path, and Starlette's routing and middleware stack cost more
+    per call than the rest of the recorder's own work. ``state`` is the inner app's state.
+    """
+
+    def __init__(self, inner: FastAPI) -> None:
+        self.inner = inner
+        self.state = inner.state
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            matched, session_id = _chat_target(scope["path"])
+            if matched:
+                response = await self._chat(scope, receive, session_id)
+                await response(scope, receive, send)
+                return
+        await self.inner(scope, receive, send)
+
+    async def _chat(self, scope: dict, receive: Any, session_id: str | None) -> Response:
+        ctx: RecorderContext = self.state.ctx
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        limit = ctx.config.max_body_bytes
+        declared = headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            return AgentError(413, f"request body exceeds {limit} bytes", code="body_too_large").to_response()
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return Response(status_code=499)
+            body = message.get("body", b"")
+            size += len(body)
+            if size > limit:
+                return AgentError(413, f"request body exceeds {limit} bytes", code="body_too_large").to_response()
+            chunks.append(body)
+            if not message.get("more_body", False):
+                break
+        return await handle_chat(ctx, session_id, headers, b"".join(chunks))
+
+
 def create_recorder_app(
     config: RecorderConfig,
     *,
     upstreams: dict[str, Upstream] | None = None,
     store: RecordStore | None = None,
-) -> FastAPI:
-    """Build a recorder. ``upstreams["default"]`` defaults to ``HTTPEngine(config.engine_url)``."""
+) -> RecorderApp:
+    """Build a recorder. ``upstreams["default"]`` defaults to ``AiohttpEngine(config.engine_url)``."""
     ups: dict[str, Upstream] = dict(upstreams or {})
     if "default" not in ups and config.engine_url:
         ups["default"] = AiohttpEngine(
@@ -165,4 +223,4 @@ def create_recorder_app(
     async def not_allowed(request: Request, exc: Exception) -> Response:
         return error_response(405, f"method {request.method} not allowed on {request.url.path}", code="method_not_allowed")
 
-    return app
+    return RecorderApp(app)

@@ -25,14 +25,19 @@ MAX_TIPS = 8
 
 
 def common_prefix_len(a: bytes, b: bytes) -> int:
-    """Length of the common prefix of two byte strings, by binary search over slice equality."""
-    hi = min(len(a), len(b))
-    if a[:hi] == b[:hi]:
-        return hi
-    lo = 0  # a[:lo] == b[:lo] holds; a[:hi] != b[:hi]
+    """Length of the common prefix of two byte strings.
+
+    ``startswith`` settles the common case (one is a prefix of the other) without copying; otherwise
+    a binary search compares only the *untested* part of each range, so the bytes copied add up to
+    about ``len`` once rather than ``len * log(len)``.
+    """
+    short, long_ = (a, b) if len(a) <= len(b) else (b, a)
+    if long_.startswith(short):
+        return len(short)
+    lo, hi = 0, len(short)  # invariant: a[:lo] == b[:lo] and a[:hi] != b[:hi]
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        if a[:mid] == b[:mid]:
+        if a[lo:mid] == b[lo:mid]:
             lo = mid
         else:
             hi = mid

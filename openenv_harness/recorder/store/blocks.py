@@ -29,8 +29,9 @@ _ZLIB = b"\x01"
 
 
 def digest(data: bytes) -> bytes:
-    """Content hash of a blob (blake2b-128: fast, and collisions are not a practical concern)."""
-    return hashlib.blake2b(data, digest_size=HASH_BYTES).digest()
+    """Content hash of a blob: sha256 truncated to 128 bits (hardware-accelerated on current CPUs;
+    collisions are not a practical concern at this size)."""
+    return hashlib.sha256(data).digest()[:HASH_BYTES]
 
 
 def pack_blob(data: bytes) -> bytes:
@@ -80,10 +81,21 @@ def split_hashes(joined: bytes) -> list[bytes]:
     return [joined[i : i + HASH_BYTES] for i in range(0, len(joined), HASH_BYTES)]
 
 
-def message_blobs(messages: list) -> list[tuple[bytes, bytes]]:
-    """``(hash, json_bytes)`` per message; the JSON keeps the agent's key order."""
+def message_blobs(messages: list, previous: list[bytes] | None = None,
+                  previous_hashes: list[bytes] | None = None) -> list[tuple[bytes, bytes]]:
+    """``(hash, json_bytes)`` per message; the JSON keeps the agent's key order.
+
+    ``previous``/``previous_hashes`` are the same session's last messages: the history repeats every
+    call, so a message equal (byte for byte) to the one at its position last time reuses that hash
+    instead of hashing the whole history again.
+    """
+    prev = previous or []
+    prev_hashes = previous_hashes or []
     out = []
-    for message in messages:
+    for i, message in enumerate(messages):
         data = orjson.dumps(message)
-        out.append((digest(data), data))
+        if i < len(prev) and i < len(prev_hashes) and prev[i] == data:
+            out.append((prev_hashes[i], data))
+        else:
+            out.append((digest(data), data))
     return out
