@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from openenv_harness.harnesses.base import HarnessOptions, HarnessPreset, HarnessResult, HarnessSetup, LaunchSpec
+from openenv_harness.harnesses.launch import place_files
 from openenv_harness.recorder.client import RecorderClient
 from openenv_harness.sandbox.base import BackgroundProcess, Sandbox
 
@@ -108,8 +109,7 @@ def launch_agent(
     launch = preset.prepare(setup_for(replace(endpoint, api_key=info["secret"])), instruction, executable)
     if launch.files != draft.files:
         raise RuntimeError(f"{preset.name}: config files depend on the API key; refusing to leak it into files")
-    for path, content in launch.files.items():
-        sandbox.write_file(path, content)
+    place_files(sandbox, launch)
     process = sandbox.start(launch.argv, env=launch.env, cwd=launch.cwd, stdin=launch.stdin, name=preset.name)
     return LaunchedAgent(
         preset=preset, sandbox=sandbox, spec=launch, process=process, session_id=session_id,
