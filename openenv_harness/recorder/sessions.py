@@ -263,4 +263,9 @@ class SessionRegistry:
             session.status = "closed"
             session.closed_at = time.time()
             await self.persist(session)
+            # a closed session serves no more calls: its bounded caches go (memory follows live sessions)
+            session.fidelity = None
+            session.recent_digests.clear()
+            session.provenance_cache = None
+            await self._store.forget(session.id)
             session.notify()

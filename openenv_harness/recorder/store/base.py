@@ -71,6 +71,9 @@ class RecordStore(abc.ABC):
     async def put_session(self, row: SessionRow) -> None:
         """Insert or replace a session row; returns once durable."""
 
+    async def forget(self, session_id: str) -> None:
+        """A session is finished: drop any per-session cache (optional for backends)."""
+
     @abc.abstractmethod
     def load_sessions(self) -> list[SessionRow]:
         """All sessions, with ``next_call_index`` recovered from the stored records."""

@@ -80,7 +80,9 @@ _REF_TOOLS = "$oeh_tools"
 #: How many earlier prompts of a session are tried as the base of a new one.
 _PROMPT_BASES = 4
 #: How many sessions' "recently stored hashes" the writer remembers (a cache, not state).
-_HASH_CACHE_SESSIONS = 4096
+_HASH_CACHE_SESSIONS = 512
+#: The checkpointer copies the WAL into the database this often (seconds), off the writer thread.
+_CHECKPOINT_EVERY_S = 1.0
 
 
 class SQLiteStore(RecordStore):
@@ -107,9 +109,26 @@ class SQLiteStore(RecordStore):
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
         conn = self._connect()
         conn.executescript(_SCHEMA)
+        # No automatic checkpoint on the writer: one would stall a commit (and every reply waiting on
+        # it) for milliseconds. A separate thread checkpoints PASSIVE-ly, which never blocks writers.
+        conn.execute("PRAGMA wal_autocheckpoint=0")
         self._wconn = conn
+        self._stop_checkpoints = threading.Event()
         self._thread = threading.Thread(target=self._writer_loop, name="oeh-store-writer", daemon=True)
         self._thread.start()
+        self._checkpointer = threading.Thread(target=self._checkpoint_loop, name="oeh-store-checkpoint", daemon=True)
+        self._checkpointer.start()
+
+    def _checkpoint_loop(self) -> None:
+        conn = self._connect()
+        try:
+            while not self._stop_checkpoints.wait(_CHECKPOINT_EVERY_S):
+                try:
+                    conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+                except sqlite3.Error:
+                    log.warning("WAL checkpoint failed; will retry", exc_info=True)
+        finally:
+            conn.close()
 
     def _connect(self) -> sqlite3.Connection:
         conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=30)
@@ -125,7 +144,13 @@ class SQLiteStore(RecordStore):
         if self._thread is not None:
             self._queue.put(None)
             self._thread.join(timeout=30)
+            self._stop_checkpoints.set()
+            self._checkpointer.join(timeout=30)
         if self._wconn is not None:
+            try:
+                self._wconn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            except sqlite3.Error:
+                pass
             self._wconn.close()
 
     # -- writes (event loop side) ----------------------------------------------------------------
@@ -144,6 +169,13 @@ class SQLiteStore(RecordStore):
 
     async def put_session(self, row: SessionRow) -> None:
         await self._submit(self._op_put_session, row)
+
+    async def forget(self, session_id: str) -> None:
+        """Drop what the writer caches for a finished session (it only speeds up later appends)."""
+        await self._submit(self._op_forget, session_id)
+
+    def _op_forget(self, conn: sqlite3.Connection, session_id: str) -> None:
+        self._recent.pop(session_id, None)
 
     # -- writer thread ---------------------------------------------------------------------------
 
