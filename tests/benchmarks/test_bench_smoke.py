@@ -1,0 +1,113 @@
+"""The benchmark's scripts work end to end: real processes, real HTTP over loopback, checked replies.
+
+No timing assertions: these prove the lean engine speaks the wire format the recorder needs, the load
+generator rejects bad replies, and the runner's quick path measures every target and renders a page.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import orjson
+import pytest
+
+import loadgen
+import procs
+from lean_engine import EOS, ROLE_ASSISTANT
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _chat(url: str, messages: list[dict], **extra: object) -> httpx.Response:
+    body = {"model": "fake-model", "messages": messages, "logprobs": True, "top_logprobs": 0,
+            "return_token_ids": True, **extra}
+    return httpx.post(f"{url}/v1/chat/completions", content=orjson.dumps(body), timeout=30)
+
+
+def test_lean_engine_chain_prompts_extend_the_previous_turn(tmp_path: Path) -> None:
+    with procs.engine_proc("chain", 1024, tmp_path) as engine:
+        first = [{"role": "system", "content": "s" * 400}, {"role": "user", "content": [{"type": "text", "text": "go"}]}]
+        r1 = _chat(engine.url, first).json()
+        prompt1, choice = r1["prompt_token_ids"], r1["choices"][0]
+        assert prompt1[-1] == ROLE_ASSISTANT
+        assert len(choice["token_ids"]) == 50 and choice["token_ids"][-1] == EOS
+        assert [e["token"] for e in choice["logprobs"]["content"]] == [f"token_id:{t}" for t in choice["token_ids"]]
+        assert all(e["logprob"] < 0 for e in choice["logprobs"]["content"])
+        assert r1["usage"]["prompt_tokens"] == len(prompt1)
+        call = choice["message"]["tool_calls"][0]
+        echo = {"role": "assistant", "content": None, "tool_calls": [call]}
+        second = first + [echo, {"role": "tool", "tool_call_id": call["id"], "content": "output " * 100}]
+        prompt2 = _chat(engine.url, second).json()["prompt_token_ids"]
+        assert prompt2[: len(prompt1) + 50] == prompt1 + choice["token_ids"]
+        assert len(prompt2) > len(prompt1) + 50
+
+
+def test_lean_engine_fixed_mode_and_bad_input(tmp_path: Path) -> None:
+    with procs.engine_proc("fixed", 300, tmp_path) as engine:
+        short = _chat(engine.url, [{"role": "user", "content": "hi"}]).json()
+        long = _chat(engine.url, [{"role": "user", "content": "x" * 8000}]).json()
+        assert len(short["prompt_token_ids"]) == 300 == len(long["prompt_token_ids"])
+        assert httpx.post(f"{engine.url}/v1/chat/completions", content=b"{nope", timeout=10).status_code == 400
+        assert httpx.post(f"{engine.url}/v1/chat/completions", json={"messages": []}, timeout=10).status_code == 400
+        streamed = _chat(engine.url, [{"role": "user", "content": "hi"}], stream=True)
+        got = loadgen.parse_sse(streamed.content)
+        assert got["prompt_token_ids"] and got["message"]["tool_calls"][0]["function"]["name"] == "bash"
+
+
+def test_loadgen_rejects_replies_a_broken_proxy_could_send() -> None:
+    good = {"choices": [{"message": {"tool_calls": [{"id": "c1", "function": {"name": "bash", "arguments": "{}"}}]},
+                         "finish_reason": "tool_calls"}], "usage": {"prompt_tokens": 3, "completion_tokens": 2},
+            "prompt_token_ids": [1, 2, 3]}
+    echo, prompt = loadgen.check_reply("recorder", orjson.dumps(good), stream=False)
+    assert prompt == 3 and echo["tool_calls"][0]["id"] == "c1"
+    with pytest.raises(loadgen.ReplyError, match="token_ids"):
+        loadgen.check_reply("direct", orjson.dumps(good), stream=False)  # no choices[0].token_ids
+    no_tool = {"choices": [{"message": {"content": "hi"}, "finish_reason": "stop"}]}
+    with pytest.raises(loadgen.ReplyError, match="tool call"):
+        loadgen.check_reply("recorder", orjson.dumps(no_tool), stream=False)
+    with pytest.raises(loadgen.ReplyError, match="DONE"):
+        loadgen.parse_sse(b'data: {"choices": []}\n\n')
+
+
+def _run_quick(tmp_path: Path, targets: str, settings: str, long: str) -> tuple[list[dict], str, str]:
+    out, page = tmp_path / "results.jsonl", tmp_path / "page.md"
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "run.py"), "--quick", "--settings", settings, "--long", long,
+         "--targets", targets, "--duration", "0.5", "--out", str(out), "--docs", str(page)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return [json.loads(line) for line in out.read_text().splitlines()], done.stdout, page.read_text()
+
+
+@pytest.mark.slow
+def test_quick_path_measures_direct_and_recorder(tmp_path: Path) -> None:
+    results, stdout, page = _run_quick(tmp_path, "direct,recorder", "chain:1024:2", "chain:1024:1:4")
+    assert [(r["label"], r["target"]) for r in results] == [
+        ("chain P=1k N=2", "direct"), ("chain P=1k N=2", "recorder"),
+        ("chain P=1k N=1 T=4", "direct"), ("chain P=1k N=1 T=4", "recorder"),
+    ]
+    for r in results:
+        assert r["load"]["calls"] > 0 and r["load"]["errors"] == 0, r["load"]
+        assert r["server"]["rss_end"] > 0 and r["server"]["cpu_ms_per_call"] >= 0
+    recorder_cell = results[1]
+    assert recorder_cell["store"]["records"] >= recorder_cell["load"]["calls"]  # pre-warm calls are stored too
+    long = results[3]
+    assert long["load"]["calls"] == 4 and len(long["load"]["per_call"]) == 4
+    assert long["readback"]["records"] == 4 and long["readback"]["fidelity"] == {"root": 1, "exact": 3}
+    stored = long["store"]["session"]
+    assert stored["total"] == stored["row_bytes"] + stored["blob_bytes"] > 0
+    assert "| chain P=1k N=2 |" in stdout
+    assert "## Targets" in page and "stored ≤ 3×" in page
+
+
+@pytest.mark.slow
+def test_quick_path_drives_openenv_capture(tmp_path: Path) -> None:
+    results, _, page = _run_quick(tmp_path, "capture", "fixed:1024:2", "")
+    assert len(results) == 1 and results[0]["target"] == "capture"
+    assert results[0]["load"]["calls"] > 0 and results[0]["load"]["errors"] == 0
+    assert "| fixed P=1k N=2 |" in page
