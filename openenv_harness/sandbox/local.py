@@ -34,6 +34,7 @@ from openenv_harness.sandbox.base import BackgroundProcess, CommandResult, Model
 from openenv_harness.sandbox.proctree import (
     MARKER_ENV,
     ProcInfo,
+    group_alive,
     group_members,
     marked,
     process_table,
@@ -246,7 +247,7 @@ class LocalSandbox(Sandbox):
                     continue
                 if table and any(info.alive and info.pgrp == pgid for info in table.values()):
                     continue
-                if not table and _group_exists(pgid):
+                if not table and group_alive(pgid):
                     continue
                 del self._groups[pgid]
 
@@ -346,16 +347,6 @@ class LocalSandbox(Sandbox):
         reap()
         if self._root is not None and not self.keep:
             shutil.rmtree(self._root, onerror=_make_writable_and_retry)
-
-
-def _group_exists(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _make_writable_and_retry(func: object, path: str, _exc: object) -> None:

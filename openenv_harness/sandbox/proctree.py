@@ -99,7 +99,8 @@ def marked(table: dict[int, ProcInfo], value: str) -> set[int]:
     return found
 
 
-def _group_alive(pgid: int) -> bool:
+def group_alive(pgid: int) -> bool:
+    """Whether any process of group ``pgid`` still exists (a group we may not signal counts)."""
     try:
         os.killpg(pgid, 0)
     except ProcessLookupError:
@@ -143,7 +144,7 @@ def terminate(
 
     def alive(table: dict[int, ProcInfo]) -> bool:
         if not table:
-            return any(_group_alive(pgid) for pgid in groups)
+            return any(group_alive(pgid) for pgid in groups)
         return any(info.alive and info.pgrp in groups for info in table.values())
 
     for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
