@@ -97,8 +97,9 @@ def run(
     for h in harnesses:
         get_preset(h)
     sandbox_factory = _sandbox_factory(sandbox)
-    with console.status("installing / checking the agent CLIs"):
-        ensure_installed(harnesses)
+    if sandbox == "local":
+        with console.status("installing / checking the agent CLIs"):
+            ensure_installed(harnesses)
     run_dir = Path(out or default_run_dir())
     store = str(run_dir / "records.db")
     stack = LocalStack(engine_url=engine_url, store_path=store, model=model, tasks=tasks, segmentation=segmentation)
@@ -118,6 +119,8 @@ def run(
                 harness=h, recorder_url=stack.recorder.url, admin_token=stack.admin_token,
                 model=stack.model_for(t), tasks={t.id: t}, budgets=budgets,
                 sandbox_factory=sandbox_factory, metadata={"rollout": i},
+                # a remote sandbox runs the CLI its image provides (on PATH), not this machine's copy
+                executable=get_preset(h).bin_name if sandbox != "local" else None,
             )
             with lock:
                 state["running"] += 1
