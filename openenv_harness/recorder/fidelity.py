@@ -21,7 +21,7 @@ from __future__ import annotations
 from array import array
 from dataclasses import dataclass, field
 
-MAX_TIPS = 8
+MAX_TIPS = 4
 
 
 def common_prefix_len(a: bytes, b: bytes) -> int:

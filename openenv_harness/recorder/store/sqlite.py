@@ -78,7 +78,7 @@ CREATE INDEX IF NOT EXISTS records_by_digest ON records(session_id, request_dige
 _REF_MESSAGES = "$oeh_messages"
 _REF_TOOLS = "$oeh_tools"
 #: How many earlier prompts of a session are tried as the base of a new one.
-_PROMPT_BASES = 4
+_PROMPT_BASES = 2
 #: How many sessions' "recently stored hashes" the writer remembers (a cache, not state).
 _HASH_CACHE_SESSIONS = 512
 #: The checkpointer copies the WAL into the database this often (seconds), off the writer thread.
