@@ -26,7 +26,14 @@ async def test_a_thread_runs_the_dialer_while_the_caller_blocks(start_relay: Sta
             runner.allow_path_prefix("/headers")
             await asyncio.sleep(0.05)
             assert (await client.get(f"{relay.base}/headers")).status_code == 200
+        # The agent's side can read the reply before the dialer's thread resumes from its last
+        # send and counts the call, so give that thread a moment rather than racing it.
+        for _ in range(200):
+            if runner.stats.calls_completed == 2:
+                break
+            await asyncio.sleep(0.01)
         assert runner.stats.calls_completed == 2
+        assert runner.stats.calls_failed == 1, "the forbidden path counts as a failed call"
     finally:
         await asyncio.to_thread(runner.stop)
     assert not any(t.name == "relay-dialer" for t in threading.enumerate()), "stop() joins the thread"
