@@ -262,6 +262,7 @@ async def record(flow: Flow) -> None:
         call_kind=flow.call_kind,
         status=status,
         request=flow.body,
+        request_json=flow.raw,
         response=response,
         prompt_ids=ev.prompt_ids,
         completion_ids=ev.completion_ids,
@@ -271,7 +272,7 @@ async def record(flow: Flow) -> None:
         metadata=md,
         created_at=time.time(),
     )
-    await flow.ctx.store.append(pending)
+    await store_record(flow, pending)
     flow.ctx.metrics.records.inc()
     flow.ctx.metrics.calls.labels(flow.call_kind, status).inc()
     if not ev.valid:
@@ -281,6 +282,18 @@ async def record(flow: Flow) -> None:
     while len(recent) > flow.ctx.config.dedupe_window:
         recent.popitem(last=False)
     flow.agent_reply = agent_view(flow.reply.json, keep_logprobs=flow.keep_logprobs)
+
+
+async def store_record(flow: Flow, pending: PendingRecord) -> None:
+    """Make the record durable. If storage fails, the agent gets a retryable error, never a reply
+    whose record might be lost (D14); the engine's sample is dropped with it."""
+    try:
+        await flow.ctx.store.append(pending)
+    except Exception as exc:  # noqa: BLE001 -- any storage failure means "not durable"
+        flow.ctx.metrics.errors.labels("store_unavailable").inc()
+        raise AgentError(503, f"the recorder could not store this call ({type(exc).__name__}: {exc}); retry shortly",
+                         type="server_error", code="store_unavailable",
+                         headers={"retry-after": str(flow.ctx.config.retry_after_s)}) from None
 
 
 async def record_failure(flow: Flow, error: AgentError) -> None:
@@ -301,7 +314,7 @@ async def record_failure(flow: Flow, error: AgentError) -> None:
         request=flow.body, response={}, prompt_ids=None, completion_ids=None, logprobs=None,
         completion_tokens=None, trainable=False, metadata=md, created_at=time.time(),
     )
-    await flow.ctx.store.append(pending)
+    await store_record(flow, pending)
     session.counters.failed_calls += 1
     session.note_error({**md["error"], "call_index": flow.call_index, "at": time.time()})
     flow.ctx.metrics.records.inc()

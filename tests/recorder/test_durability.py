@@ -11,8 +11,11 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
+from openenv_harness.recorder import RecorderClient, RecorderServer
 from openenv_harness.recorder.server import free_port
+from openenv_harness.recorder.store.journal import JournalError
 from openenv_harness.testing.engine import EngineServer
 
 from agentloop import ADMIN, TOOLS, tool_script
@@ -94,3 +97,28 @@ def test_sigkill_mid_session_loses_no_acknowledged_call(tmp_path: Path, engine: 
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+def test_a_call_whose_record_cannot_be_stored_is_a_retryable_error(
+    recorder: RecorderServer, admin: RecorderClient, engine: EngineServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    s = admin.create_session()
+    engine.set_script(s["session_id"], tool_script(3))
+    journal = recorder.ctx.store.journal
+    real_append = journal.append
+
+    def disk_full(seq: int, parts: list[bytes]) -> None:
+        raise JournalError("cannot write the record journal: [Errno 28] No space left on device")
+
+    monkeypatch.setattr(journal, "append", disk_full)
+    call = {"model": "reference-model", "messages": [{"role": "user", "content": "go"}], "tools": TOOLS}
+    headers = {"authorization": f"Bearer {s['secret']}"}
+    r = httpx.post(f"{s['base_url']}/chat/completions", json=call, headers=headers, timeout=30)
+    assert r.status_code == 503 and r.headers["retry-after"]
+    assert r.json()["error"]["code"] == "store_unavailable" and "No space left" in r.json()["error"]["message"]
+    assert admin.records(s["session_id"]) == []
+
+    monkeypatch.setattr(journal, "append", real_append)
+    r = httpx.post(f"{s['base_url']}/chat/completions", json=call, headers=headers, timeout=30)
+    assert r.status_code == 200, "the agent's retry goes through once storage is back"
+    assert [rec["metadata"]["status"] for rec in admin.records(s["session_id"])] == ["ok"]

@@ -19,7 +19,7 @@ class PendingRecord:
 
     ``request`` is the agent's parsed body; ``response`` the engine's reply without the engine-only
     token fields (those travel in the arrays). ``metadata`` has everything but ``seq``, which the
-    store assigns.
+    store assigns. ``request_json``, when set, must decode to ``request``.
     """
 
     session_id: str
@@ -35,6 +35,8 @@ class PendingRecord:
     trainable: bool
     metadata: dict[str, Any]
     created_at: float
+    #: ``request`` exactly as the agent sent it, when the caller has those bytes (saves a re-encode)
+    request_json: bytes | None = None
 
 
 @dataclass

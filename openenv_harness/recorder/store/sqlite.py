@@ -1,13 +1,16 @@
-"""The default store: one SQLite file in WAL mode, written by a single group-committing thread.
+"""The default store: one SQLite file in WAL mode, fed by a record journal and one writer thread.
 
 Why this shape:
-- *Durable before reply* (D14): ``append`` resolves only after the transaction holding the record
-  has committed. In WAL mode with ``synchronous=NORMAL`` a committed transaction survives the
-  process being killed (SIGKILL); ``synchronous=FULL`` also survives power loss, at a cost.
-- *Off the event loop*: hashing blocks, compressing and SQLite I/O run on the writer thread, so
-  64 concurrent sessions never stall on one another's writes.
+- *Durable before reply* (D14): ``append`` writes the record to the journal (``journal.py``) and
+  returns once that write has: a record is then safe against the process being killed
+  (SIGKILL), as a WAL commit with ``synchronous=NORMAL`` would be; with ``synchronous=FULL`` the
+  journal is fsync-ed too, so it also survives power loss. On open, every journalled record that
+  SQLite lacks is indexed before anything is served.
+- *Off the reply path*: deltas, compression and SQLite I/O run on the writer thread after the
+  reply has gone, so neither a commit nor a WAL checkpoint ever delays an agent.
 - *Group commit*: everything queued while a commit was running goes into the next transaction,
-  so throughput rises with concurrency instead of paying one commit per call.
+  so throughput rises with concurrency instead of paying one commit per call. Reads first wait
+  for the writer to catch up, so they always see every acknowledged record.
 - *Linear growth*: a record stores its prompt as (an earlier record of the session, how many of its
   prompt tokens are shared, the new tokens), and its messages as a delta of content-addressed
   message hashes (``blocks.py``); reading a session resolves the chain of bases in one pass.
@@ -20,6 +23,7 @@ import logging
 import queue
 import sqlite3
 import threading
+import time
 from array import array
 from collections import OrderedDict
 from pathlib import Path
@@ -30,6 +34,7 @@ import orjson
 from openenv_harness.recorder.fidelity import common_prefix_len
 from openenv_harness.recorder.store import blocks
 from openenv_harness.recorder.store.base import PendingRecord, RecordStore, SessionRow
+from openenv_harness.recorder.store.journal import Journal, decode_record, encode_record
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +88,11 @@ _PROMPT_BASES = 2
 _HASH_CACHE_SESSIONS = 512
 #: The checkpointer copies the WAL into the database this often (seconds), off the writer thread.
 _CHECKPOINT_EVERY_S = 1.0
+#: Records journalled but not yet in SQLite beyond which ``append`` waits for the writer: memory
+#: stays bounded when the writer falls behind a sustained burst.
+_MAX_BACKLOG = 2048
+#: How long the writer gathers journalled records into one transaction (seconds).
+_INDEX_WINDOW_S = 0.05
 
 
 class SQLiteStore(RecordStore):
@@ -101,6 +111,12 @@ class SQLiteStore(RecordStore):
         self._recent: OrderedDict[str, _Tail] = OrderedDict()
         self._records_written = 0
         self._closed = False
+        self.journal = Journal(self.path + ".records-log", fsync=self.synchronous != "NORMAL")
+        self._append_lock = threading.Lock()
+        self._next_seq = 1
+        #: every record with a lower seq is in SQLite, except ``_unindexed`` (kept in the journal)
+        self._indexed_through = 0
+        self._unindexed: set[int] = set()
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -113,11 +129,30 @@ class SQLiteStore(RecordStore):
         # it) for milliseconds. A separate thread checkpoints PASSIVE-ly, which never blocks writers.
         conn.execute("PRAGMA wal_autocheckpoint=0")
         self._wconn = conn
+        self._recover(conn)
         self._stop_checkpoints = threading.Event()
         self._thread = threading.Thread(target=self._writer_loop, name="oeh-store-writer", daemon=True)
         self._thread.start()
         self._checkpointer = threading.Thread(target=self._checkpoint_loop, name="oeh-store-checkpoint", daemon=True)
         self._checkpointer.start()
+
+    def _recover(self, conn: sqlite3.Connection) -> None:
+        """Index what the journal holds and SQLite lacks (a crash between reply and commit)."""
+        recovered = 0
+        last = int(conn.execute("SELECT COALESCE(MAX(seq), 0) FROM records").fetchone()[0])
+        for seq, payload in self.journal.recover():
+            last = max(last, seq)
+            if conn.execute("SELECT 1 FROM records WHERE seq = ?", (seq,)).fetchone() is not None:
+                continue
+            results = self._run_batch(conn, [(self._op_append, (seq, decode_record(payload)), None, None)])
+            if results[0][1] is not None:
+                raise RuntimeError(f"cannot index journalled record {seq}: {results[0][1]}") from results[0][1]
+            recovered += 1
+        if recovered:
+            log.warning("store: indexed %d record(s) from the journal after an unclean stop", recovered)
+        self._next_seq = last + 1
+        self._indexed_through = last
+        self.journal.start(self._next_seq)
 
     def _checkpoint_loop(self) -> None:
         conn = self._connect()
@@ -146,6 +181,8 @@ class SQLiteStore(RecordStore):
             self._thread.join(timeout=30)
             self._stop_checkpoints.set()
             self._checkpointer.join(timeout=30)
+            # every record reached SQLite unless the writer failed one: then the journal keeps it
+            self.journal.close(remove=not self._thread.is_alive() and not self._unindexed)
         if self._wconn is not None:
             try:
                 self._wconn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
@@ -165,7 +202,38 @@ class SQLiteStore(RecordStore):
         return await asyncio.shield(fut)
 
     async def append(self, record: PendingRecord) -> int:
-        return await self._submit(self._op_append, record)
+        """Journal the record (durable when this returns) and hand it to the writer to index."""
+        if self._closed or self._thread is None:
+            raise RuntimeError("store is closed")
+        parts = encode_record(record)
+        with self._append_lock:  # seq order, journal order and queue order are one order
+            seq = self._next_seq
+            self.journal.append(seq, parts)
+            self._next_seq = seq + 1
+            self._queue.put((self._op_append, (seq, record), None, None))
+        if self._queue.qsize() > _MAX_BACKLOG:
+            await self.caught_up()
+        return seq
+
+    async def caught_up(self) -> None:
+        """Return once every record appended so far is in SQLite (what readers wait for).
+
+        A store that was never opened is a reader of someone else's file (``trace --store``):
+        there is nothing of ours to wait for. Records a crashed recorder left in its journal
+        appear once a recorder opens the store again.
+        """
+        if self._thread is None or self._closed:
+            return
+        await self._submit(_op_nothing, None)
+
+    def caught_up_sync(self, timeout_s: float = 60.0) -> None:
+        """``caught_up`` for synchronous readers (blocks the calling thread)."""
+        if self._closed or self._thread is None or threading.current_thread() is self._thread:
+            return
+        done = threading.Event()
+        self._queue.put((_op_nothing, None, done, None))
+        if not done.wait(timeout_s):
+            raise TimeoutError(f"the store writer did not catch up in {timeout_s}s")
 
     async def put_session(self, row: SessionRow) -> None:
         await self._submit(self._op_put_session, row)
@@ -188,18 +256,28 @@ class SQLiteStore(RecordStore):
                 return
             batch = [item]
             stop = False
+            # Records are already durable in the journal, so nobody waits for them: gather them
+            # for a moment and pay one commit per batch. Anything with a waiter ends the wait.
+            deadline = time.monotonic() + _INDEX_WINDOW_S if item[2] is None else 0.0
             while len(batch) < 512:
                 try:
-                    nxt = self._queue.get_nowait()
+                    wait = deadline - time.monotonic()
+                    nxt = self._queue.get(timeout=wait) if wait > 0 else self._queue.get_nowait()
                 except queue.Empty:
                     break
                 if nxt is None:
                     stop = True
                     break
                 batch.append(nxt)
+                if nxt[2] is not None:
+                    deadline = 0.0
             results = self._run_batch(conn, batch)
+            self._after_commit(batch, results)
             for (_, _, fut, loop), (value, error) in zip(batch, results):
-                loop.call_soon_threadsafe(_resolve, fut, value, error)
+                if loop is not None:
+                    loop.call_soon_threadsafe(_resolve, fut, value, error)
+                elif fut is not None:
+                    fut.set()  # a synchronous caller's threading.Event
             if stop:
                 return
 
@@ -228,6 +306,17 @@ class SQLiteStore(RecordStore):
         self._records_written += sum(1 for op, *_ in batch if op == self._op_append)
         return results
 
+    def _after_commit(self, batch: list, results: list[tuple[Any, BaseException | None]]) -> None:
+        """Advance the indexed mark and let the journal drop what SQLite now holds."""
+        for (op, arg, _, _), (_, error) in zip(batch, results):
+            if op == self._op_append:
+                seq = arg[0]
+                if error is not None:
+                    self._unindexed.add(seq)  # stays journalled: the next open indexes it again
+                self._indexed_through = max(self._indexed_through, seq)
+        floor = min(self._unindexed) - 1 if self._unindexed else self._indexed_through
+        self.journal.release(floor)
+
     def _recent_for(self, session_id: str) -> "_Tail":
         tail = self._recent.get(session_id)
         if tail is None:
@@ -246,7 +335,8 @@ class SQLiteStore(RecordStore):
         if fresh:
             conn.executemany("INSERT OR IGNORE INTO blobs(hash, data) VALUES (?, ?)", fresh)
 
-    def _op_append(self, conn: sqlite3.Connection, rec: PendingRecord) -> int:
+    def _op_append(self, conn: sqlite3.Connection, item: tuple[int, PendingRecord]) -> int:
+        seq, rec = item
         tail = self._recent_for(rec.session_id)
         known = tail.known
         written: set[bytes] = set()
@@ -280,12 +370,13 @@ class SQLiteStore(RecordStore):
             request["tools"] = {_REF_TOOLS: h.hex()}
 
         md = rec.metadata
-        cur = conn.execute(
-            "INSERT INTO records(session_id, call_index, call_kind, status, trainable, request_digest,"
+        conn.execute(
+            "INSERT INTO records(seq, session_id, call_index, call_kind, status, trainable, request_digest,"
             " created_at, prompt_len, prompt_base, prompt_shared, prompt_tail, msgs_base, msgs_shared, msgs,"
             " completion_ids, logprobs, completion_tokens, request, response, metadata)"
-            " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
             (
+                seq,
                 rec.session_id,
                 rec.call_index,
                 rec.call_kind,
@@ -304,7 +395,6 @@ class SQLiteStore(RecordStore):
                 blocks.pack_blob(orjson.dumps(md)),
             ),
         )
-        seq = int(cur.lastrowid)
         if prompt_bytes is not None:
             tail.prompts.insert(0, (seq, prompt_bytes))
             del tail.prompts[_PROMPT_BASES:]
@@ -340,6 +430,7 @@ class SQLiteStore(RecordStore):
         return conn
 
     def load_sessions(self) -> list[SessionRow]:
+        self.caught_up_sync()
         conn = self._reader()
         next_index = dict(
             conn.execute("SELECT session_id, MAX(call_index) + 1 FROM records GROUP BY session_id").fetchall()
@@ -376,6 +467,7 @@ class SQLiteStore(RecordStore):
         ]
 
     async def read_records(self, session_id: str, *, after_seq: int = 0) -> list[dict[str, Any]]:
+        await self.caught_up()
         return await asyncio.to_thread(self._read_records, session_id, after_seq)
 
     _COLUMNS = (
@@ -446,6 +538,7 @@ class SQLiteStore(RecordStore):
         return entry
 
     async def find_by_digest(self, session_id: str, request_digest: str) -> dict[str, Any] | None:
+        await self.caught_up()
         rows = await asyncio.to_thread(self._read_records, session_id, 0, request_digest)
         return rows[-1] if rows else None
 
@@ -459,10 +552,13 @@ class SQLiteStore(RecordStore):
             "db_bytes": page_count * page_size,
             "wal_bytes": wal.stat().st_size if wal.exists() else 0,
             "queue_depth": self._queue.qsize(),
+            "journal_backlog": max(0, self._next_seq - 1 - self._indexed_through),
+            "journal_unindexed": len(self._unindexed),
         }
 
     def session_bytes(self, session_id: str) -> dict[str, int]:
         """Bytes a session occupies (its rows plus every blob it references), for benchmarks."""
+        self.caught_up_sync()
         conn = self._reader()
         row_bytes = conn.execute(
             "SELECT COALESCE(SUM(LENGTH(COALESCE(prompt_tail, x'')) + LENGTH(COALESCE(msgs, x''))"
@@ -588,6 +684,10 @@ class _Lists:
 
     def messages(self, seq: int) -> list[bytes] | None:
         return self._resolve(seq, 3, self._msgs)
+
+
+def _op_nothing(conn: sqlite3.Connection, arg: None) -> None:
+    """A barrier: the writer reaches it only after everything queued before it is committed."""
 
 
 def _resolve(fut: asyncio.Future, value: Any, error: BaseException | None) -> None:
