@@ -207,7 +207,7 @@ async def forward(flow: Flow) -> None:
 
 def validate(flow: Flow) -> None:
     assert flow.reply is not None and flow.reply.json is not None
-    flow.evidence = extract_evidence(flow.reply.json)
+    flow.evidence = extract_evidence(flow.reply.json, flow.reply.prompt_ids)
 
 
 def _base_metadata(flow: Flow, status: str, trainable: bool) -> dict[str, Any]:

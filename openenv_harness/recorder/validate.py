@@ -63,8 +63,11 @@ def _ids_from_tokens(tokens: list[str]) -> array | None:
     return out
 
 
-def extract_evidence(reply: dict[str, Any]) -> Evidence:
-    """Pull prompt ids, sampled ids and logprobs from a vLLM-shaped chat reply and check them."""
+def extract_evidence(reply: dict[str, Any], prompt_ids: array | None = None) -> Evidence:
+    """Pull prompt ids, sampled ids and logprobs from a vLLM-shaped chat reply and check them.
+
+    ``prompt_ids``: the reply's prompt ids when the transport already read them into an array.
+    """
     ev = Evidence()
     reasons = ev.reasons
     choices = reply.get("choices")
@@ -76,7 +79,7 @@ def extract_evidence(reply: dict[str, Any]) -> Evidence:
     usage = reply.get("usage")
     ev.usage = usage if isinstance(usage, dict) else None
 
-    ev.prompt_ids = _ids(reply.get("prompt_token_ids"), "prompt_token_ids", reasons)
+    ev.prompt_ids = prompt_ids if prompt_ids is not None else _ids(reply.get("prompt_token_ids"), "prompt_token_ids", reasons)
     if ev.prompt_ids is None and "prompt_token_ids" not in reply:
         reasons.append("engine returned no prompt_token_ids")
     elif ev.prompt_ids is not None and len(ev.prompt_ids) == 0:

@@ -131,13 +131,10 @@ class Journal:
     def release(self, indexed_through: int) -> None:
         """Delete closed segments whose every record is committed in SQLite."""
         with self._lock:
-            keep = []
-            for segment in self._closed_segments:
-                if segment.last_seq <= indexed_through:
-                    segment.path.unlink(missing_ok=True)
-                else:
-                    keep.append(segment)
-            self._closed_segments = keep
+            done = [s for s in self._closed_segments if s.last_seq <= indexed_through]
+            self._closed_segments = [s for s in self._closed_segments if s.last_seq > indexed_through]
+        for segment in done:  # outside the lock: freeing a large file takes a while
+            segment.path.unlink(missing_ok=True)
 
     def close(self, *, remove: bool) -> None:
         """Close the open segment; ``remove`` deletes every segment (all of them are indexed)."""

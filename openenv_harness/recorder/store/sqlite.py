@@ -23,7 +23,6 @@ import logging
 import queue
 import sqlite3
 import threading
-import time
 from array import array
 from collections import OrderedDict
 from pathlib import Path
@@ -91,8 +90,6 @@ _CHECKPOINT_EVERY_S = 1.0
 #: Records journalled but not yet in SQLite beyond which ``append`` waits for the writer: memory
 #: stays bounded when the writer falls behind a sustained burst.
 _MAX_BACKLOG = 2048
-#: How long the writer gathers journalled records into one transaction (seconds).
-_INDEX_WINDOW_S = 0.05
 
 
 class SQLiteStore(RecordStore):
@@ -256,21 +253,15 @@ class SQLiteStore(RecordStore):
                 return
             batch = [item]
             stop = False
-            # Records are already durable in the journal, so nobody waits for them: gather them
-            # for a moment and pay one commit per batch. Anything with a waiter ends the wait.
-            deadline = time.monotonic() + _INDEX_WINDOW_S if item[2] is None else 0.0
             while len(batch) < 512:
                 try:
-                    wait = deadline - time.monotonic()
-                    nxt = self._queue.get(timeout=wait) if wait > 0 else self._queue.get_nowait()
+                    nxt = self._queue.get_nowait()
                 except queue.Empty:
                     break
                 if nxt is None:
                     stop = True
                     break
                 batch.append(nxt)
-                if nxt[2] is not None:
-                    deadline = 0.0
             results = self._run_batch(conn, batch)
             self._after_commit(batch, results)
             for (_, _, fut, loop), (value, error) in zip(batch, results):

@@ -10,7 +10,6 @@ in-process engines -- and both produce the same ``UpstreamReply``.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from typing import Any
 
@@ -19,19 +18,7 @@ import orjson
 
 from openenv_harness.recorder.upstream.base import Upstream, UpstreamFailure, UpstreamReply
 from openenv_harness.recorder.upstream.http import SESSION_HEADER, normalize_engine_url
-
-
-def _parse(raw: bytes) -> dict[str, Any] | None:
-    if not raw:
-        return None
-    try:
-        value = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        try:  # engines built on Python's json may emit NaN/Infinity: keep the reply for validation
-            value = json.loads(raw)
-        except (ValueError, UnicodeDecodeError):
-            return None
-    return value if isinstance(value, dict) else None
+from openenv_harness.recorder.upstream.reply_parse import parse_chat_reply, parse_json_object
 
 
 class AiohttpEngine(Upstream):
@@ -70,7 +57,7 @@ class AiohttpEngine(Upstream):
 
     async def chat(self, body: dict[str, Any], *, session_id: str) -> UpstreamReply:
         return await self._send("POST", "/v1/chat/completions", data=orjson.dumps(body),
-                                headers={SESSION_HEADER: session_id})
+                                headers={SESSION_HEADER: session_id}, chat=True)
 
     async def request(
         self, method: str, path: str, *, json: Any = None, params: dict[str, str] | None = None
@@ -79,7 +66,8 @@ class AiohttpEngine(Upstream):
         return await self._send(method, path, data=data, params=params)
 
     async def _send(self, method: str, path: str, *, data: bytes | None = None,
-                    headers: dict[str, str] | None = None, params: dict[str, str] | None = None) -> UpstreamReply:
+                    headers: dict[str, str] | None = None, params: dict[str, str] | None = None,
+                    chat: bool = False) -> UpstreamReply:
         if self._session is None:
             raise RuntimeError("AiohttpEngine.start() was not awaited")
         started = time.perf_counter()
@@ -93,5 +81,11 @@ class AiohttpEngine(Upstream):
             raise UpstreamFailure("timeout", "engine timed out") from exc
         except aiohttp.ClientError as exc:
             raise UpstreamFailure("connect", f"engine unreachable: {type(exc).__name__}: {exc}") from exc
-        return UpstreamReply(status=status, json=_parse(raw), body=raw, headers=reply_headers,
-                             elapsed_ms=(time.perf_counter() - started) * 1000.0)
+        elapsed_ms = (time.perf_counter() - started) * 1000.0
+        prompt_ids = None
+        if chat and status == 200:
+            parsed, prompt_ids = parse_chat_reply(raw)
+        else:
+            parsed = parse_json_object(raw)
+        return UpstreamReply(status=status, json=parsed, prompt_ids=prompt_ids, body=raw, headers=reply_headers,
+                             elapsed_ms=elapsed_ms)

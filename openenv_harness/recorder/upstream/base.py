@@ -10,6 +10,7 @@ reply in vLLM's OpenAI shape (top-level ``prompt_token_ids``, ``choices[i].token
 from __future__ import annotations
 
 import abc
+from array import array
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,10 +26,15 @@ class UpstreamFailure(Exception):
 
 @dataclass
 class UpstreamReply:
-    """What the engine answered. ``json`` is the parsed body when it was a JSON object."""
+    """What the engine answered. ``json`` is the parsed body when it was a JSON object.
+
+    ``prompt_ids``, when set, holds the reply's ``prompt_token_ids`` (then ``None`` in ``json``),
+    read straight from the bytes without a Python int per id (``reply_parse.py``).
+    """
 
     status: int
     json: dict[str, Any] | None
+    prompt_ids: array | None = None
     body: bytes = b""
     headers: dict[str, str] = field(default_factory=dict)
     elapsed_ms: float = 0.0

@@ -6,7 +6,6 @@ The transport is injectable, httpx-style: tests and benchmarks can pass ``httpx.
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
 
@@ -14,6 +13,7 @@ import httpx
 import orjson
 
 from openenv_harness.recorder.upstream.base import Upstream, UpstreamFailure, UpstreamReply
+from openenv_harness.recorder.upstream.reply_parse import parse_chat_reply, parse_json_object
 
 #: Header carrying the recorder's session id upstream: sticky routing for engines and routers that
 #: honour it, script selection for the reference engine; ignored by vLLM.
@@ -26,15 +26,6 @@ def normalize_engine_url(url: str) -> str:
     if url.endswith("/v1"):
         url = url[: -len("/v1")]
     return url
-
-
-def _lenient_json(raw: bytes) -> object:
-    """Engines built on Python's json may emit ``NaN``/``Infinity``; read them so validation can
-    name the bad logprob instead of the whole reply being lost as unparseable."""
-    try:
-        return json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
-        return None
 
 
 class HTTPEngine(Upstream):
@@ -82,7 +73,8 @@ class HTTPEngine(Upstream):
 
     async def chat(self, body: dict[str, Any], *, session_id: str) -> UpstreamReply:
         return await self._send(
-            "POST", "/v1/chat/completions", content=orjson.dumps(body), headers={SESSION_HEADER: session_id}
+            "POST", "/v1/chat/completions", content=orjson.dumps(body), headers={SESSION_HEADER: session_id},
+            chat=True,
         )
 
     async def request(
@@ -99,6 +91,7 @@ class HTTPEngine(Upstream):
         content: bytes | None = None,
         headers: dict[str, str] | None = None,
         params: dict[str, str] | None = None,
+        chat: bool = False,
     ) -> UpstreamReply:
         client = self._require_client()
         started = time.perf_counter()
@@ -110,17 +103,15 @@ class HTTPEngine(Upstream):
             raise UpstreamFailure("connect", f"engine unreachable: {type(exc).__name__}: {exc}") from exc
         elapsed = (time.perf_counter() - started) * 1000.0
         raw = resp.content
-        parsed: dict[str, Any] | None = None
-        if raw:
-            try:
-                value = orjson.loads(raw)
-            except orjson.JSONDecodeError:
-                value = _lenient_json(raw)
-            if isinstance(value, dict):
-                parsed = value
+        prompt_ids = None
+        if chat and resp.status_code == 200:
+            parsed, prompt_ids = parse_chat_reply(raw)
+        else:
+            parsed = parse_json_object(raw)
         return UpstreamReply(
             status=resp.status_code,
             json=parsed,
+            prompt_ids=prompt_ids,
             body=raw,
             headers={k.lower(): v for k, v in resp.headers.items()},
             elapsed_ms=elapsed,
