@@ -87,9 +87,9 @@ _PROMPT_BASES = 2
 _HASH_CACHE_SESSIONS = 512
 #: The checkpointer copies the WAL into the database this often (seconds), off the writer thread.
 _CHECKPOINT_EVERY_S = 1.0
-#: Records journalled but not yet in SQLite beyond which ``append`` waits for the writer: memory
-#: stays bounded when the writer falls behind a sustained burst.
-_MAX_BACKLOG = 2048
+#: Records journalled but not yet in SQLite beyond which an ``append`` waits for its own commit:
+#: each holds its prompt and request, so memory stays bounded when the writer falls behind.
+_MAX_BACKLOG = 64
 
 
 class SQLiteStore(RecordStore):
@@ -203,13 +203,21 @@ class SQLiteStore(RecordStore):
         if self._closed or self._thread is None:
             raise RuntimeError("store is closed")
         parts = encode_record(record)
+        loop = asyncio.get_running_loop()
         with self._append_lock:  # seq order, journal order and queue order are one order
             seq = self._next_seq
             self.journal.append(seq, parts)
             self._next_seq = seq + 1
-            self._queue.put((self._op_append, (seq, record), None, None))
-        if self._queue.qsize() > _MAX_BACKLOG:
-            await self.caught_up()
+            # Behind by more than the backlog limit: this call waits for its own record's commit,
+            # as every call did before the journal. Memory stays bounded and, under overload,
+            # calls are slowed in arrival order instead of a few of them stalling for everyone.
+            waiter = loop.create_future() if self._queue.qsize() >= _MAX_BACKLOG else None
+            self._queue.put((self._op_append, (seq, record), waiter, loop if waiter is not None else None))
+        if waiter is not None:
+            try:
+                await asyncio.shield(waiter)
+            except Exception:  # noqa: BLE001 -- journalled, so durable; the writer logged why
+                pass
         return seq
 
     async def caught_up(self) -> None:

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 from array import array
 from pathlib import Path
 
@@ -186,3 +187,31 @@ def test_sigkill_before_sqlite_commits_loses_no_acknowledged_record(tmp_path: Pa
 
 async def _next_seq(store: SQLiteStore) -> int:
     return await store.append(_rec(9))
+
+
+async def test_appends_wait_while_the_writer_is_far_behind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from openenv_harness.recorder.store import sqlite as store_sqlite
+
+    monkeypatch.setattr(store_sqlite, "_MAX_BACKLOG", 4)
+    store = SQLiteStore(tmp_path / "r.db")
+    store.open()
+    gate = threading.Event()
+    real = store._op_append
+
+    def slow(conn, item):
+        gate.wait(30)
+        return real(conn, item)
+
+    store._op_append = slow  # type: ignore[method-assign]
+    try:
+        appends = [asyncio.create_task(store.append(_rec(i))) for i in range(12)]
+        await asyncio.sleep(0.3)
+        done = sum(task.done() for task in appends)
+        assert 4 <= done < 12, f"{done} appends returned while the writer was stalled"
+        assert not any(task.done() for task in appends[6:]), "past the limit, each waits for its own commit"
+        gate.set()
+        await asyncio.wait_for(asyncio.gather(*appends), 30)
+        assert len(await store.read_records("s")) == 12
+    finally:
+        gate.set()
+        store.close()
