@@ -17,7 +17,7 @@ Three targets are measured in one run, alternated per setting (A, B, C, A, B, C,
   evidence a proxy would ask for (`logprobs`, `top_logprobs: 0`, `return_token_ids`), so the engine
   does the same work in A as behind a proxy.
 - **B, recorder**: load generator → `python -m openenv_harness.recorder` (its CLI, defaults: SQLite
-  store with `synchronous=NORMAL`, every record committed before its reply) → engine. Each
+  store with `synchronous=NORMAL`, every record written to its journal before its reply) → engine. Each
   conversation is one recorder session: `POST /admin/sessions`, the secret as Bearer key on the
   session's `base_url`, `POST /admin/sessions/{id}/close` at the end, as a trainer does.
 - **C, OpenEnv capture**: load generator → OpenEnv 0.10's capture server through its own CLI with
