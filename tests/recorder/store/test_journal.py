@@ -195,23 +195,26 @@ async def test_appends_wait_while_the_writer_is_far_behind(tmp_path: Path, monke
     monkeypatch.setattr(store_sqlite, "_MAX_BACKLOG", 4)
     store = SQLiteStore(tmp_path / "r.db")
     store.open()
-    gate = threading.Event()
+    gate, stalled = threading.Event(), threading.Event()
     real = store._op_append
 
     def slow(conn, item):
+        stalled.set()
         gate.wait(30)
         return real(conn, item)
 
     store._op_append = slow  # type: ignore[method-assign]
     try:
-        appends = [asyncio.create_task(store.append(_rec(i))) for i in range(12)]
+        first = asyncio.create_task(store.append(_rec(0)))
+        assert await asyncio.to_thread(stalled.wait, 10), "the writer took the first record and stalled"
+        appends = [asyncio.create_task(store.append(_rec(i))) for i in range(1, 13)]
         await asyncio.sleep(0.3)
-        done = sum(task.done() for task in appends)
-        assert 4 <= done < 12, f"{done} appends returned while the writer was stalled"
-        assert not any(task.done() for task in appends[6:]), "past the limit, each waits for its own commit"
+        assert first.done(), "journalled: durable without waiting for the writer"
+        assert [task.done() for task in appends] == [True] * 4 + [False] * 8, \
+            "past a backlog of 4, each append waits for its own commit"
         gate.set()
         await asyncio.wait_for(asyncio.gather(*appends), 30)
-        assert len(await store.read_records("s")) == 12
+        assert len(await store.read_records("s")) == 13
     finally:
         gate.set()
         store.close()
