@@ -26,7 +26,7 @@ from openenv_harness.recorder.sessions import SessionRegistry
 from openenv_harness.recorder.store.base import RecordStore
 from openenv_harness.recorder.store.sqlite import SQLiteStore
 from openenv_harness.recorder.upstream.base import Upstream, UpstreamFailure
-from openenv_harness.recorder.upstream.aiohttp_engine import AiohttpEngine
+from openenv_harness.recorder.upstream.h1_engine import H1Engine
 from openenv_harness.viewer import viewer_router
 
 log = logging.getLogger(__name__)
@@ -145,10 +145,10 @@ def create_recorder_app(
     upstreams: dict[str, Upstream] | None = None,
     store: RecordStore | None = None,
 ) -> RecorderApp:
-    """Build a recorder. ``upstreams["default"]`` defaults to ``AiohttpEngine(config.engine_url)``."""
+    """Build a recorder. ``upstreams["default"]`` defaults to ``H1Engine(config.engine_url)``."""
     ups: dict[str, Upstream] = dict(upstreams or {})
     if "default" not in ups and config.engine_url:
-        ups["default"] = AiohttpEngine(
+        ups["default"] = H1Engine(
             config.engine_url, timeout_s=config.upstream_timeout_s, api_key=config.engine_api_key
         )
     admin_token = config.admin_token or new_admin_token()
