@@ -7,7 +7,6 @@ pure-Python HTTP stack is where a proxy's per-call time goes.
 from __future__ import annotations
 
 import asyncio
-import gc
 import socket
 import threading
 import time
@@ -17,6 +16,7 @@ import uvicorn
 
 from openenv_harness.recorder.app import create_recorder_app
 from openenv_harness.recorder.context import RecorderConfig, RecorderContext
+from openenv_harness.recorder.heap import HeapTrimmer, freeze_startup_heap
 from openenv_harness.recorder.upstream.base import Upstream
 
 
@@ -104,21 +104,12 @@ class RecorderServer(ThreadedServer):
         return self.ctx.admin_token
 
 
-def freeze_startup_heap() -> None:
-    """Move everything alive now out of the garbage collector's reach.
-
-    Why: a recorder process holds a few hundred thousand long-lived objects (FastAPI, pydantic,
-    OpenEnv, numpy) that the collector's full passes walk every time -- about 55 ms a pass at
-    8k-token load, several times a minute, landing on some unlucky call's reply. Frozen, a full
-    pass walks only what was created since. Only for a process the recorder owns: it would freeze
-    a host program's objects too.
-    """
-    gc.collect()
-    gc.freeze()
-
-
 def serve(config: RecorderConfig, *, host: str = "127.0.0.1", port: int = 8765, log_level: str = "info") -> None:
     """Run a recorder in the foreground (the ``openenv-harness serve`` command)."""
     app = create_recorder_app(config)
     freeze_startup_heap()
-    uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False)
+    trimmer = HeapTrimmer().start()
+    try:
+        uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False)
+    finally:
+        trimmer.stop()
