@@ -281,27 +281,27 @@ class SQLiteStore(RecordStore):
                 return
 
     def _run_batch(self, conn: sqlite3.Connection, batch: list) -> list[tuple[Any, BaseException | None]]:
-        results: list[tuple[Any, BaseException | None]] = []
+        """All of ``batch`` in one transaction; if anything fails, each op again in its own.
+
+        The common case pays one BEGIN and one COMMIT for the whole batch. A failure is rare (a
+        disk error, a bug), and then only the op that fails is lost: the batch is rolled back and
+        redone op by op, with the writer's caches dropped first -- they may describe rows that the
+        rollback removed, and they are only an optimisation.
+        """
         try:
             conn.execute("BEGIN IMMEDIATE")
-            for op, arg, _, _ in batch:
-                conn.execute("SAVEPOINT op")
-                try:
-                    results.append((op(conn, arg), None))
-                    conn.execute("RELEASE op")
-                except Exception as exc:  # one bad op must not lose the others
-                    conn.execute("ROLLBACK TO op")
-                    conn.execute("RELEASE op")
-                    log.exception("store operation failed")
-                    results.append((None, exc))
+            results: list[tuple[Any, BaseException | None]] = [(op(conn, arg), None) for op, arg, _, _ in batch]
             conn.execute("COMMIT")
         except Exception as exc:
-            log.exception("store commit failed")
             try:
                 conn.execute("ROLLBACK")
             except sqlite3.Error:
                 pass
-            return [(None, exc) for _ in batch]
+            self._recent.clear()
+            if len(batch) > 1:
+                return [result for item in batch for result in self._run_batch(conn, [item])]
+            log.exception("store operation failed")
+            return [(None, exc)]
         self._records_written += sum(1 for op, *_ in batch if op == self._op_append)
         return results
 

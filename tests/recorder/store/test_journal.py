@@ -218,3 +218,36 @@ async def test_appends_wait_while_the_writer_is_far_behind(tmp_path: Path, monke
     finally:
         gate.set()
         store.close()
+
+
+async def test_one_failing_record_in_a_batch_loses_only_itself(tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path / "r.db")
+    store.open()
+    gate, stalled = threading.Event(), threading.Event()
+    real = store._op_append
+
+    def flaky(conn, item):
+        if item[1].call_index == 0:
+            stalled.set()
+            gate.wait(30)
+        if item[1].call_index == 2:
+            raise OSError("simulated I/O error")
+        return real(conn, item)
+
+    store._op_append = flaky  # type: ignore[method-assign]
+    try:
+        await store.append(_rec(0, prompt_len=500))
+        assert await asyncio.to_thread(stalled.wait, 10)
+        # queued while the writer is stalled: they are indexed together, in one batch
+        chain = [_rec(i, prompt_len=500) for i in range(1, 5)]
+        for i, rec in enumerate(chain):  # a growing conversation, so records are stored as deltas
+            rec.prompt_ids = _rec(0, prompt_len=500).prompt_ids + array("I", range(100 * (i + 1)))
+            await store.append(rec)
+        gate.set()
+        got = await store.read_records("s")
+        assert [e["metadata"]["call_index"] for e in got] == [0, 1, 3, 4]
+        assert [e["prompt_token_ids"] for e in got[1:]] == [chain[i].prompt_ids.tolist() for i in (0, 2, 3)]
+        assert store.stats()["journal_unindexed"] == 1
+    finally:
+        gate.set()
+        store.close()
