@@ -56,7 +56,7 @@ FRAME_RULES: list[tuple[str, str]] = [
     ("_op_append (openenv_harness/recorder/store/sqlite.py", "store writer: INSERT + orjson.dumps of request/response/metadata"),
     ("_put_blobs (openenv_harness/recorder/store/sqlite.py", "store writer: INSERT OR IGNORE of blobs"),
     ("_op_put_session (openenv_harness/recorder/store/sqlite.py", "store writer: session rows"),
-    ("_run_batch (openenv_harness/recorder/store/sqlite.py", "store writer: BEGIN/SAVEPOINT/COMMIT"),
+    ("_run_batch (openenv_harness/recorder/store/sqlite.py", "store writer: BEGIN/COMMIT"),
     ("_writer_loop (openenv_harness/recorder/store/sqlite.py", "store writer: queue hand-off"),
     ("SQLiteStore._submit (openenv_harness/recorder/store/sqlite.py", "flow.record: store hand-off (queue put, future)"),
     ("HTTPEngine.chat (openenv_harness/recorder/upstream/http.py", "upstream: orjson.dumps of the engine body"),
