@@ -19,6 +19,7 @@ acknowledged. Segments are named by their first sequence number and rotate past 
 
 from __future__ import annotations
 
+import fcntl
 import os
 import struct
 import threading
@@ -61,8 +62,30 @@ class Journal:
         self._current: _Segment | None = None
         self._fd = -1
         self._size = 0
+        self._lock_fd = -1
 
     # -- start-up --------------------------------------------------------------------------------
+
+    def acquire(self) -> None:
+        """Take the journal for this process, before reading it: ``start`` deletes the segments it
+        recovered, so a second recorder opening the same store would delete the first one's."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.directory / "lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise JournalError(f"the store's record journal {self.directory} is in use by another recorder "
+                               f"(pid {holder}); give each recorder its own store") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        self._lock_fd = fd
+
+    def _release_lock(self) -> None:
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)  # closing the descriptor drops the flock
+            self._lock_fd = -1
 
     def segments(self) -> list[Path]:
         if not self.directory.is_dir():
@@ -140,6 +163,7 @@ class Journal:
         """Close the open segment; ``remove`` deletes every segment (all of them are indexed)."""
         with self._lock:
             if self._current is None:
+                self._release_lock()
                 return
             os.close(self._fd)
             self._fd = -1
@@ -149,6 +173,7 @@ class Journal:
             if remove:
                 for segment in segments:
                     segment.path.unlink(missing_ok=True)
+            self._release_lock()
 
 
 def _write_all(fd: int, parts: list[bytes]) -> None:

@@ -126,7 +126,13 @@ class SQLiteStore(RecordStore):
         # it) for milliseconds. A separate thread checkpoints PASSIVE-ly, which never blocks writers.
         conn.execute("PRAGMA wal_autocheckpoint=0")
         self._wconn = conn
-        self._recover(conn)
+        try:
+            self._recover(conn)
+        except BaseException:
+            conn.close()
+            self._wconn = None
+            self.journal.close(remove=False)  # lets go of the journal's lock
+            raise
         self._stop_checkpoints = threading.Event()
         self._thread = threading.Thread(target=self._writer_loop, name="oeh-store-writer", daemon=True)
         self._thread.start()
@@ -135,6 +141,7 @@ class SQLiteStore(RecordStore):
 
     def _recover(self, conn: sqlite3.Connection) -> None:
         """Index what the journal holds and SQLite lacks (a crash between reply and commit)."""
+        self.journal.acquire()
         recovered = 0
         last = int(conn.execute("SELECT COALESCE(MAX(seq), 0) FROM records").fetchone()[0])
         for seq, payload in self.journal.recover():

@@ -251,3 +251,18 @@ async def test_one_failing_record_in_a_batch_loses_only_itself(tmp_path: Path) -
     finally:
         gate.set()
         store.close()
+
+
+def test_a_second_recorder_on_the_same_store_is_refused(tmp_path: Path) -> None:
+    first = SQLiteStore(tmp_path / "r.db")
+    first.open()
+    seq = asyncio.run(first.append(_rec(0)))
+    second = SQLiteStore(tmp_path / "r.db")
+    with pytest.raises(JournalError, match=rf"in use by another recorder \(pid {os.getpid()}\)"):
+        second.open()
+    assert asyncio.run(first.read_records("s"))[0]["metadata"]["seq"] == seq, "the first one is untouched"
+    first.close()
+    third = SQLiteStore(tmp_path / "r.db")
+    third.open()  # free again once the first has closed
+    assert [e["metadata"]["call_index"] for e in asyncio.run(third.read_records("s"))] == [0]
+    third.close()
