@@ -208,3 +208,53 @@ async def test_bad_urls_and_header_values_are_refused() -> None:
     await engine.start()
     with pytest.raises(ValueError, match="line breaks"):
         await engine.chat({}, session_id="s\r\nX-Evil: 1")
+
+
+async def test_https_engines_are_verified_against_the_trust_store(
+    engine_for, tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import datetime
+    import ipaddress
+    import ssl
+
+    x509 = pytest.importorskip("cryptography.x509")
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "engine.test")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(days=1))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), True)
+            .sign(key, hashes.SHA256()))
+    cert_path, key_path = tmp_path / "engine.pem", tmp_path / "engine.key"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_ctx.load_cert_chain(cert_path, key_path)
+
+    async def handler(reader, writer):
+        if await reader.readuntil(b"\r\n\r\n"):
+            writer.write(ok())
+            await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(handler, "127.0.0.1", 0, ssl=server_ctx)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        untrusted = await engine_for(f"https://127.0.0.1:{port}")
+        with pytest.raises(UpstreamFailure) as failure:
+            await untrusted.chat({"messages": []}, session_id="s")
+        assert failure.value.kind == "connect" and "CERTIFICATE_VERIFY_FAILED" in failure.value.message
+
+        monkeypatch.setenv("SSL_CERT_FILE", str(cert_path))  # how a private CA is trusted
+        trusted = await engine_for(f"https://127.0.0.1:{port}")
+        reply = await trusted.chat({"messages": []}, session_id="s")
+        assert reply.status == 200 and reply.prompt_ids.tolist() == [1, 2, 3]
+    finally:
+        server.close()
