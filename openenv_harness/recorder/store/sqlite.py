@@ -211,6 +211,20 @@ class SQLiteStore(RecordStore):
             raise RuntimeError("store is closed")
         parts = encode_record(record)
         loop = asyncio.get_running_loop()
+        waiter = loop.create_future()
+        if self.journal.fsync:  # an fsync takes milliseconds: not on the event loop
+            seq, waits = await asyncio.to_thread(self._journal_and_queue, record, parts, waiter, loop)
+        else:  # a write to the page cache takes microseconds
+            seq, waits = self._journal_and_queue(record, parts, waiter, loop)
+        if waits:
+            try:
+                await asyncio.shield(waiter)
+            except Exception:  # noqa: BLE001 -- journalled, so durable; the writer logged why
+                pass
+        return seq
+
+    def _journal_and_queue(self, record: PendingRecord, parts: list[bytes], waiter: asyncio.Future,
+                           loop: asyncio.AbstractEventLoop) -> tuple[int, bool]:
         with self._append_lock:  # seq order, journal order and queue order are one order
             seq = self._next_seq
             self.journal.append(seq, parts)
@@ -218,14 +232,9 @@ class SQLiteStore(RecordStore):
             # Behind by more than the backlog limit: this call waits for its own record's commit,
             # as every call did before the journal. Memory stays bounded and, under overload,
             # calls are slowed in arrival order instead of a few of them stalling for everyone.
-            waiter = loop.create_future() if self._queue.qsize() >= _MAX_BACKLOG else None
-            self._queue.put((self._op_append, (seq, record), waiter, loop if waiter is not None else None))
-        if waiter is not None:
-            try:
-                await asyncio.shield(waiter)
-            except Exception:  # noqa: BLE001 -- journalled, so durable; the writer logged why
-                pass
-        return seq
+            waits = self._queue.qsize() >= _MAX_BACKLOG
+            self._queue.put((self._op_append, (seq, record), waiter if waits else None, loop if waits else None))
+        return seq, waits
 
     async def caught_up(self) -> None:
         """Return once every record appended so far is in SQLite (what readers wait for).

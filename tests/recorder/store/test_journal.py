@@ -266,3 +266,28 @@ def test_a_second_recorder_on_the_same_store_is_refused(tmp_path: Path) -> None:
     third.open()  # free again once the first has closed
     assert [e["metadata"]["call_index"] for e in asyncio.run(third.read_records("s"))] == [0]
     third.close()
+
+
+async def test_full_synchronous_fsyncs_each_record_off_the_event_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    synced: list[str] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append(threading.current_thread().name)
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    store = SQLiteStore(tmp_path / "r.db", synchronous="FULL")
+    store.open()
+    try:
+        loop_thread = threading.current_thread().name
+        before = len(synced)
+        seqs = [await store.append(_rec(i)) for i in range(3)]
+        journal_syncs = synced[before:]
+        assert len(journal_syncs) >= 3, "every journalled record is fsync-ed before append returns"
+        assert loop_thread not in journal_syncs, "no fsync on the event loop's thread"
+        assert [e["metadata"]["seq"] for e in await store.read_records("s")] == seqs
+    finally:
+        store.close()
