@@ -27,14 +27,16 @@ def test_the_trimmer_trims_periodically_and_stops() -> None:
 def test_glibc_trim_is_found_here_and_returns_freed_memory() -> None:
     trim = libc_malloc_trim()
     assert trim is not None, "this Linux/glibc machine has malloc_trim"
-    # many mid-sized buffers (below glibc's mmap threshold) freed: resident memory drops only after a trim
+    # glibc set to never give memory back on free() by itself (as after a burst, when free chunks sit
+    # below live ones): only the trim can return what was freed
     script = (
-        "import sys; sys.path.insert(0, %r)\n"
+        "import ctypes, ctypes.util, sys; sys.path.insert(0, %r)\n"
+        "libc = ctypes.CDLL(ctypes.util.find_library('c'))\n"
+        "libc.mallopt(-1, 1 << 30); libc.mallopt(-3, 1 << 24)\n"  # M_TRIM_THRESHOLD, M_MMAP_THRESHOLD
         "from openenv_harness.recorder.heap import libc_malloc_trim\n"
         "def rss():\n"
         "    return int(next(l for l in open('/proc/self/status') if l.startswith('VmRSS')).split()[1])\n"
         "keep = [bytes(100_000) for _ in range(2000)]\n"
-        "pins = [bytearray(64) for _ in range(2000)]\n"  # small objects between them
         "high = rss(); del keep; before = rss(); libc_malloc_trim()(); after = rss()\n"
         "print(high, before, after)\n"
     ) % str(__import__("pathlib").Path(__file__).resolve().parents[2])

@@ -31,7 +31,7 @@ import orjson
 
 from openenv_harness.recorder.upstream.base import Upstream, UpstreamFailure, UpstreamReply
 from openenv_harness.recorder.upstream.http import SESSION_HEADER, normalize_engine_url
-from openenv_harness.recorder.upstream.reply_parse import parse_chat_reply, parse_json_object
+from openenv_harness.recorder.upstream.reply_parse import parse_engine_reply
 
 #: Idle connections older than this are closed instead of reused (seconds).
 IDLE_REUSE_S = 4.0
@@ -210,11 +210,7 @@ class H1Engine(Upstream):
         async with self._slots:
             status, headers, raw = await self._exchange(head, body)
         elapsed_ms = (time.perf_counter() - started) * 1000.0
-        prompt_ids = None
-        if chat and status == 200:
-            parsed, prompt_ids = parse_chat_reply(raw)
-        else:
-            parsed = parse_json_object(raw)
+        parsed, prompt_ids = parse_engine_reply(raw, status=status, chat=chat)
         return UpstreamReply(status=status, json=parsed, prompt_ids=prompt_ids, body=raw, headers=headers,
                              elapsed_ms=elapsed_ms)
 

@@ -13,7 +13,7 @@ import httpx
 import orjson
 
 from openenv_harness.recorder.upstream.base import Upstream, UpstreamFailure, UpstreamReply
-from openenv_harness.recorder.upstream.reply_parse import parse_chat_reply, parse_json_object
+from openenv_harness.recorder.upstream.reply_parse import parse_engine_reply
 
 #: Header carrying the recorder's session id upstream: sticky routing for engines and routers that
 #: honour it, script selection for the reference engine; ignored by vLLM.
@@ -103,11 +103,7 @@ class HTTPEngine(Upstream):
             raise UpstreamFailure("connect", f"engine unreachable: {type(exc).__name__}: {exc}") from exc
         elapsed = (time.perf_counter() - started) * 1000.0
         raw = resp.content
-        prompt_ids = None
-        if chat and resp.status_code == 200:
-            parsed, prompt_ids = parse_chat_reply(raw)
-        else:
-            parsed = parse_json_object(raw)
+        parsed, prompt_ids = parse_engine_reply(raw, status=resp.status_code, chat=chat)
         return UpstreamReply(
             status=resp.status_code,
             json=parsed,

@@ -46,6 +46,13 @@ def parse_json_object(raw: bytes) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
+def parse_engine_reply(raw: bytes, *, status: int, chat: bool) -> tuple[dict[str, Any] | None, array | None]:
+    """What every engine transport does with a reply body: the fast path for a chat success only."""
+    if chat and status == 200:
+        return parse_chat_reply(raw)
+    return parse_json_object(raw), None
+
+
 def parse_chat_reply(raw: bytes) -> tuple[dict[str, Any] | None, array | None]:
     """``(reply, prompt_ids)``. When ``prompt_ids`` is not None, ``reply["prompt_token_ids"]`` is None
     and the array holds the ids; otherwise ``reply`` is exactly the full parse."""
