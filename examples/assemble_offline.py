@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from openenv_harness.assembly import AssemblyError, Transition, assemble_session, compare_strategies
+from openenv_harness.contract import records_by_session
 
 
 class SourceError(RuntimeError):
@@ -36,17 +37,10 @@ class SourceError(RuntimeError):
 def _records_from_jsonl(path: Path) -> dict[str, list[dict[str, Any]]]:
     if not path.is_file():
         raise SourceError(f"no records file at {path}")
-    sessions: dict[str, list[dict[str, Any]]] = {}
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-            session_id = record["metadata"]["session_id"]
-        except (ValueError, KeyError, TypeError) as exc:
-            raise SourceError(f"{path}:{number}: not a record with metadata.session_id ({exc})") from exc
-        sessions.setdefault(session_id, []).append(record)
-    return sessions
+    try:
+        return records_by_session(path.read_text().splitlines(), source=str(path))
+    except ValueError as exc:
+        raise SourceError(str(exc)) from None
 
 
 def _records_from_store(path: Path, wanted: list[str]) -> dict[str, list[dict[str, Any]]]:

@@ -24,7 +24,6 @@ agent itself: see docs/integrations.md.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
@@ -33,6 +32,7 @@ from typing import Any
 import httpx
 
 from openenv_harness.assembly import AssemblyError, assemble_session
+from openenv_harness.contract import records_by_session
 
 #: Traces built per session: (text block, verifiers Trace).
 Converted = tuple[str, Any]
@@ -45,16 +45,10 @@ class SourceError(RuntimeError):
 def _from_jsonl(path: Path) -> dict[str, list[dict[str, Any]]]:
     if not path.is_file():
         raise SourceError(f"no records file at {path}")
-    sessions: dict[str, list[dict[str, Any]]] = {}
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-            sessions.setdefault(record["metadata"]["session_id"], []).append(record)
-        except (ValueError, KeyError, TypeError) as exc:
-            raise SourceError(f"{path}:{number}: not a record with metadata.session_id ({exc})") from exc
-    return sessions
+    try:
+        return records_by_session(path.read_text().splitlines(), source=str(path))
+    except ValueError as exc:
+        raise SourceError(str(exc)) from None
 
 
 def _get(http: httpx.Client, path: str) -> Any:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Iterable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -220,3 +220,19 @@ if __name__ == "__main__":  # python -m openenv_harness.contract  → regenerate
     SCHEMA_PATH.parent.mkdir(parents=True, exist_ok=True)
     SCHEMA_PATH.write_text(render_json_schema())
     print(f"wrote {SCHEMA_PATH}")
+
+
+def records_by_session(lines: Iterable[str], *, source: str = "records") -> dict[str, list[dict[str, Any]]]:
+    """TraceEntry JSONL (``GET .../records?format=jsonl``, ``trace export``) grouped by
+    ``metadata.session_id``, in file order. A line that is not such a record is a ``ValueError``
+    naming ``source`` and the line number; blank lines are skipped."""
+    sessions: dict[str, list[dict[str, Any]]] = {}
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+            sessions.setdefault(record["metadata"]["session_id"], []).append(record)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ValueError(f"{source}:{number}: not a record with metadata.session_id ({exc})") from None
+    return sessions

@@ -67,3 +67,16 @@ def test_record_model_accepts_a_recorded_entry() -> None:
     e = _entry("s/0", [1, 2, 3], [4, 5], [-0.1, -0.2], seq=7)
     rec = contract.TraceRecord.model_validate(e)
     assert rec.metadata.seq == 7 and rec.metadata.call_kind == "agent"
+
+
+def test_records_jsonl_groups_by_session_and_names_a_bad_line() -> None:
+    from openenv_harness.contract import records_by_session
+
+    lines = ['{"metadata": {"session_id": "a", "call_index": 0}}', "",
+             '{"metadata": {"session_id": "b", "call_index": 0}}', '{"metadata": {"session_id": "a", "call_index": 1}}']
+    grouped = records_by_session(lines)
+    assert {k: [r["metadata"]["call_index"] for r in v] for k, v in grouped.items()} == {"a": [0, 1], "b": [0]}
+    with pytest.raises(ValueError, match=r"^run\.jsonl:2: not a record with metadata\.session_id"):
+        records_by_session([lines[0], '{"metadata": {}}'], source="run.jsonl")
+    with pytest.raises(ValueError, match=r"records:1: not a record"):
+        records_by_session(["not json"])
