@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
+from array import array
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -31,6 +32,7 @@ from openenv_harness.recorder.sessions import LiveSession
 from openenv_harness.recorder.sse import synthesize_sse
 from openenv_harness.recorder.store.base import PendingRecord
 from openenv_harness.recorder.upstream.base import UpstreamFailure, UpstreamReply
+from openenv_harness.recorder.upstream.reply_parse import PromptIdsReader, parse_json_object
 from openenv_harness.recorder.validate import Evidence, agent_view, extract_evidence
 
 #: What the recorder adds to every upstream body -- and nothing else (D3).
@@ -57,6 +59,7 @@ class Flow:
     version_end: int = 0
     upstream_body: dict[str, Any] = field(default_factory=dict)
     reply: UpstreamReply | None = None
+    prompt_ids: array | None = None
     evidence: Evidence | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
     agent_reply: dict[str, Any] | None = None
@@ -196,10 +199,29 @@ async def forward(flow: Flow) -> None:
         ctx.fence.inflight -= 1
     flow.version_end = ctx.fence.version
     ctx.metrics.upstream_latency.observe(flow.reply.elapsed_ms / 1000.0)
+    read_prompt_ids(flow)
     if flow.reply.status != 200 or flow.reply.json is None:
         error = relay_upstream_error(flow.reply)
         await record_failure(flow, error)
         raise error
+
+
+def read_prompt_ids(flow: Flow) -> None:
+    """The reply's prompt ids from the span the transport cut out, through the session's reader
+    (which parses only what the previous prompt did not already hold). A span that is not a clean
+    id list sends the reply through the full parse: validation then names the bad values, and a
+    body that is not JSON at all is the engine's error like any other."""
+    reply = flow.reply
+    assert reply is not None
+    if reply.prompt_span is None:
+        return
+    session = flow.session
+    if session.prompt_ids is None:
+        session.prompt_ids = PromptIdsReader()
+    flow.prompt_ids = session.prompt_ids.read(reply.prompt_span)
+    if flow.prompt_ids is None:
+        reply.json = parse_json_object(reply.body)
+    reply.prompt_span = None
 
 
 # -- validate / record -------------------------------------------------------------------------
@@ -207,7 +229,7 @@ async def forward(flow: Flow) -> None:
 
 def validate(flow: Flow) -> None:
     assert flow.reply is not None and flow.reply.json is not None
-    flow.evidence = extract_evidence(flow.reply.json, flow.reply.prompt_ids)
+    flow.evidence = extract_evidence(flow.reply.json, flow.prompt_ids)
 
 
 def _base_metadata(flow: Flow, status: str, trainable: bool) -> dict[str, Any]:

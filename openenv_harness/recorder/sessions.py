@@ -106,6 +106,8 @@ class LiveSession:
     inflight: dict[str, asyncio.Future] = field(default_factory=dict)
     #: shared per-session state of the fidelity classifier (last prompt of each chain tip, bounded)
     fidelity: Any = None
+    #: the session's recent prompts as text and ids, so a prompt's shared history is not parsed again
+    prompt_ids: Any = None
     #: request digests of recent successful calls, for retry replay (bounded by the dedupe window)
     recent_digests: "OrderedDict[str, int]" = field(default_factory=OrderedDict)
     #: the session-constant part of each record's provenance, built on first use
@@ -265,6 +267,7 @@ class SessionRegistry:
             await self.persist(session)
             # a closed session serves no more calls: its bounded caches go (memory follows live sessions)
             session.fidelity = None
+            session.prompt_ids = None
             session.recent_digests.clear()
             session.provenance_cache = None
             await self._store.forget(session.id)

@@ -88,3 +88,47 @@ def test_agent_view_strips_engine_only_fields() -> None:
     assert r["prompt_token_ids"] == [1, 2, 3, 4]  # input untouched
     kept = agent_view(r, keep_logprobs=True)
     assert kept["choices"][0]["logprobs"] == r["choices"][0]["logprobs"]
+
+
+def test_bad_ids_in_a_later_turn_are_named_through_the_whole_recorder(tmp_path) -> None:
+    """The recorder reads each prompt's new part only; a bad id there is still named, and the calls
+    around it keep exact ids (an engine scripted over real HTTP handling in httpx)."""
+    import httpx
+    import orjson
+
+    from openenv_harness.recorder import RecorderClient, RecorderConfig, RecorderServer
+    from openenv_harness.recorder.upstream import HTTPEngine
+
+    prompts = [b"1,2,3", b"1,2,3,7,8,-9", b"1,2,3,7,8,9", b"1,2,3,7,8,9,7,8,", b"1,2,3,7,8,9,7,8,10"]
+    served: list[bytes] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path != "/v1/chat/completions":
+            return httpx.Response(404, json={"error": {"message": "no such route"}})
+        span = prompts[len(served)]
+        served.append(span)
+        body = orjson.dumps(reply(prompt_token_ids=None, usage={"prompt_tokens": span.count(b",") + 1,
+                                                                "completion_tokens": 2, "total_tokens": 0}))
+        return httpx.Response(200, content=body.replace(b'"prompt_token_ids":null', b'"prompt_token_ids":[' + span + b"]"),
+                              headers={"content-type": "application/json"})
+
+    admin_token = "admin-" + "x" * 32
+    config = RecorderConfig(store_path=str(tmp_path / "r.db"), admin_token=admin_token, probe_template=False)
+    engine = HTTPEngine("http://engine", transport=httpx.MockTransport(handler))
+    with RecorderServer(config, upstreams={"default": engine}) as server, RecorderClient(server.url, admin_token) as admin:
+        s = admin.create_session()
+        statuses = []
+        for turn in range(len(prompts)):
+            r = httpx.post(f"{s['base_url']}/chat/completions", headers={"authorization": f"Bearer {s['secret']}"},
+                           json={"model": "m", "messages": [{"role": "user", "content": f"turn {turn}"}]})
+            statuses.append(r.status_code)
+            if r.status_code == 200:
+                assert "prompt_token_ids" not in r.json()
+        assert statuses == [200, 200, 200, 502, 200]  # turn 3 is not JSON at all: the engine's error
+        records = admin.records(s["session_id"])
+    assert [rec["metadata"]["status"] for rec in records] == ["ok", "invalid", "ok", "failed", "ok"]
+    assert any("not a non-negative integer" in why for why in records[1]["metadata"]["invalid_reasons"])
+    assert records[1]["metadata"]["trainable"] is False
+    assert records[0]["prompt_token_ids"] == [1, 2, 3]
+    assert records[2]["prompt_token_ids"] == [1, 2, 3, 7, 8, 9]
+    assert records[4]["prompt_token_ids"] == [1, 2, 3, 7, 8, 9, 7, 8, 10]

@@ -90,6 +90,8 @@ _CHECKPOINT_EVERY_S = 1.0
 #: Records journalled but not yet in SQLite beyond which an ``append`` waits for its own commit:
 #: each holds its prompt and request, so memory stays bounded when the writer falls behind.
 _MAX_BACKLOG = 64
+#: Operations per writer transaction: bounds how long a call waiting on the backlog waits.
+_MAX_BATCH = 512
 
 
 class SQLiteStore(RecordStore):
@@ -277,7 +279,7 @@ class SQLiteStore(RecordStore):
                 return
             batch = [item]
             stop = False
-            while len(batch) < 512:
+            while len(batch) < _MAX_BATCH:
                 try:
                     nxt = self._queue.get_nowait()
                 except queue.Empty:

@@ -10,7 +10,6 @@ reply in vLLM's OpenAI shape (top-level ``prompt_token_ids``, ``choices[i].token
 from __future__ import annotations
 
 import abc
-from array import array
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,13 +27,14 @@ class UpstreamFailure(Exception):
 class UpstreamReply:
     """What the engine answered. ``json`` is the parsed body when it was a JSON object.
 
-    ``prompt_ids``, when set, holds the reply's ``prompt_token_ids`` (then ``None`` in ``json``),
-    read straight from the bytes without a Python int per id (``reply_parse.py``).
+    ``prompt_span``, when set, is the raw text of the reply's ``prompt_token_ids`` list (then ``None``
+    in ``json``): the flow reads it into ids with its session's ``PromptIdsReader``
+    (``reply_parse.py``), without a Python int per id and without parsing the shared history again.
     """
 
     status: int
     json: dict[str, Any] | None
-    prompt_ids: array | None = None
+    prompt_span: bytes | None = None
     body: bytes = b""
     headers: dict[str, str] = field(default_factory=dict)
     elapsed_ms: float = 0.0

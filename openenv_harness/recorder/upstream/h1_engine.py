@@ -210,8 +210,8 @@ class H1Engine(Upstream):
         async with self._slots:
             status, headers, raw = await self._exchange(head, body)
         elapsed_ms = (time.perf_counter() - started) * 1000.0
-        parsed, prompt_ids = parse_engine_reply(raw, status=status, chat=chat)
-        return UpstreamReply(status=status, json=parsed, prompt_ids=prompt_ids, body=raw, headers=headers,
+        parsed, span = parse_engine_reply(raw, status=status, chat=chat)
+        return UpstreamReply(status=status, json=parsed, prompt_span=span, body=raw, headers=headers,
                              elapsed_ms=elapsed_ms)
 
     async def _exchange(self, head: bytes, body: bytes | None) -> tuple[int, dict[str, str], bytes]:

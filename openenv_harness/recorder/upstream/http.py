@@ -103,11 +103,11 @@ class HTTPEngine(Upstream):
             raise UpstreamFailure("connect", f"engine unreachable: {type(exc).__name__}: {exc}") from exc
         elapsed = (time.perf_counter() - started) * 1000.0
         raw = resp.content
-        parsed, prompt_ids = parse_engine_reply(raw, status=resp.status_code, chat=chat)
+        parsed, span = parse_engine_reply(raw, status=resp.status_code, chat=chat)
         return UpstreamReply(
             status=resp.status_code,
             json=parsed,
-            prompt_ids=prompt_ids,
+            prompt_span=span,
             body=raw,
             headers={k.lower(): v for k, v in resp.headers.items()},
             elapsed_ms=elapsed,

@@ -15,6 +15,10 @@ The fast path is taken only when it is certainly right, and the full parse decid
   so the span was the top-level field, not one nested deeper.
 Anything else (negative ids, floats, an id too large, a malformed list) goes through the full
 parse, so ``validate.py`` sees the original values and rejects them with its usual reasons.
+
+A transport only cuts the span out (``split_chat_reply``); the flow reads it with the session's
+``PromptIdsReader``, which reuses the ids of the session's previous prompt for the text the two
+share: an agent's prompt repeats its whole history, so only the new turn's ids are parsed.
 """
 
 from __future__ import annotations
@@ -46,16 +50,18 @@ def parse_json_object(raw: bytes) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
-def parse_engine_reply(raw: bytes, *, status: int, chat: bool) -> tuple[dict[str, Any] | None, array | None]:
-    """What every engine transport does with a reply body: the fast path for a chat success only."""
+def parse_engine_reply(raw: bytes, *, status: int, chat: bool) -> tuple[dict[str, Any] | None, bytes | None]:
+    """What every engine transport does with a reply body: the span is cut out of a chat success only."""
     if chat and status == 200:
-        return parse_chat_reply(raw)
+        return split_chat_reply(raw)
     return parse_json_object(raw), None
 
 
-def parse_chat_reply(raw: bytes) -> tuple[dict[str, Any] | None, array | None]:
-    """``(reply, prompt_ids)``. When ``prompt_ids`` is not None, ``reply["prompt_token_ids"]`` is None
-    and the array holds the ids; otherwise ``reply`` is exactly the full parse."""
+def split_chat_reply(raw: bytes) -> tuple[dict[str, Any] | None, bytes | None]:
+    """``(reply, span)``. When ``span`` is not None it is the raw text between the brackets of the
+    top-level ``prompt_token_ids`` and ``reply["prompt_token_ids"]`` is None; otherwise ``reply`` is
+    exactly the full parse. The span is not checked here: ``read_ids`` (or the full parse, when it
+    refuses) decides what it holds."""
     start = raw.find(_KEY)
     if start < 0 or raw.find(_KEY, start + 1) >= 0:
         return parse_json_object(raw), None
@@ -63,16 +69,26 @@ def parse_chat_reply(raw: bytes) -> tuple[dict[str, Any] | None, array | None]:
     end = raw.find(b"]", first)
     if end < 0:
         return parse_json_object(raw), None
-    ids = _ids(raw[first:end])
-    if ids is None:
-        return parse_json_object(raw), None
     rest = parse_json_object(raw[:start] + b'"prompt_token_ids":null' + raw[end + 1 :])
     if rest is None or "prompt_token_ids" not in rest or rest["prompt_token_ids"] is not None:
         return parse_json_object(raw), None
-    return rest, ids
+    return rest, raw[first:end]
 
 
-def _ids(span: bytes) -> array | None:
+def parse_chat_reply(raw: bytes) -> tuple[dict[str, Any] | None, array | None]:
+    """``(reply, prompt_ids)``: ``split_chat_reply`` and ``read_ids`` in one, for a reply on its own.
+    When the span is not a clean id list, ``reply`` is the full parse and ``prompt_ids`` None."""
+    reply, span = split_chat_reply(raw)
+    if span is None:
+        return reply, None
+    ids = read_ids(span)
+    if ids is None:
+        return parse_json_object(raw), None
+    return reply, ids
+
+
+def read_ids(span: bytes) -> array | None:
+    """The ids of a span of comma-separated decimal ids, or None unless every field is one id < 2**32."""
     out = array("I")
     if not span.strip():
         return out
@@ -88,3 +104,50 @@ def _ids(span: bytes) -> array | None:
         return None  # an empty field, or an id beyond uint32 (numpy saturates on overflow)
     out.frombytes(values.astype(np.uintc).tobytes())  # np.uintc is C unsigned int, array("I")
     return out
+
+
+class PromptIdsReader:
+    """One session's prompt spans read into ids, reusing the ids of a recent prompt it extends.
+
+    Why: each call of an agent's conversation sends the whole history again, so its prompt's text
+    starts with the previous prompt's text followed by a comma. Those ids are already known and
+    checked; only the rest is parsed -- about one turn's ids instead of the whole context. A span
+    that extends no recent one is parsed whole. Held state is the last few spans and their ids:
+    it follows the context length, not the number of calls.
+    """
+
+    __slots__ = ("_recent",)
+
+    #: prompts remembered: the main chain, plus room for an auxiliary call (a title, a sub-agent)
+    KEEP = 3
+
+    def __init__(self) -> None:
+        self._recent: list[tuple[bytes, array]] = []
+
+    def read(self, span: bytes) -> array | None:
+        """The span's ids, or None unless it is a clean list of uint32 ids (see ``read_ids``)."""
+        base = self._base(span)
+        if base is None:
+            ids = read_ids(span)
+        elif len(base[0]) == len(span):
+            ids = base[1]  # the same prompt again (a retry that was not a twin): arrays are never mutated
+        else:
+            suffix = span[len(base[0]) + 1 :]
+            tail = read_ids(suffix) if suffix.strip() else None  # a trailing comma is not JSON
+            ids = base[1] + tail if tail is not None else None
+        if ids is None:
+            return None
+        # the prompt it extends is superseded by this one; the others stay, most recent first
+        self._recent = [(span, ids), *(r for r in self._recent if r is not base)][: self.KEEP]
+        return ids
+
+    def _base(self, span: bytes) -> tuple[bytes, array] | None:
+        """The longest remembered span that ``span`` equals or extends by ``,<more ids>``."""
+        best: tuple[bytes, array] | None = None
+        for entry in self._recent:
+            known = entry[0]
+            if best is not None and len(known) <= len(best[0]):
+                continue
+            if known == span or (len(span) > len(known) and span[len(known)] == 0x2C and span.startswith(known)):
+                best = entry
+        return best

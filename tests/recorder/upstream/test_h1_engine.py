@@ -102,10 +102,10 @@ async def test_requests_are_framed_exactly_and_connections_kept_alive(engine_for
         engine = await engine_for(server.url + "/prefix/v1", api_key="sk-engine")
         for _ in range(3):
             reply = await engine.chat({"model": "m", "messages": []}, session_id="r-1")
-            assert reply.status == 200 and reply.prompt_ids is not None and reply.prompt_ids.tolist() == [1, 2, 3]
+            assert reply.status == 200 and reply.prompt_span == b"1,2,3"
             assert reply.json is not None and reply.json["choices"][0]["token_ids"] == [5]
         version = await engine.request("POST", "/pause", params={"mode": "keep"})
-        assert version.status == 200 and version.prompt_ids is None and version.json["prompt_token_ids"] == [1, 2, 3]
+        assert version.status == 200 and version.prompt_span is None and version.json["prompt_token_ids"] == [1, 2, 3]
     assert server.connections == 1, "one keep-alive connection served every call"
     head, body = server.requests[0].split(b"\r\n\r\n", 1)
     lines = head.decode().split("\r\n")
@@ -132,7 +132,7 @@ async def test_chunked_close_delimited_and_connection_close_replies(engine_for) 
         engine = await engine_for(server.url)
         for _ in range(2):
             reply = await engine.chat({"messages": []}, session_id="s")
-            assert reply.status == 200 and reply.body == REPLY and reply.prompt_ids.tolist() == [1, 2, 3]
+            assert reply.status == 200 and reply.body == REPLY and reply.prompt_span == b"1,2,3"
     assert server.connections == 2, "a connection the server closes is not reused"
 
 
@@ -148,7 +148,7 @@ async def test_error_statuses_are_replies_with_their_headers(engine_for) -> None
     async with RawServer(handler) as server:
         reply = await (await engine_for(server.url)).chat({"messages": []}, session_id="s")
     assert reply.status == 429 and reply.headers["retry-after"] == "7"
-    assert reply.json == orjson.loads(error) and reply.prompt_ids is None
+    assert reply.json == orjson.loads(error) and reply.prompt_span is None
 
 
 async def test_a_dropped_call_is_a_connect_failure_and_an_idle_timeout_is_retried(
@@ -255,6 +255,6 @@ async def test_https_engines_are_verified_against_the_trust_store(
         monkeypatch.setenv("SSL_CERT_FILE", str(cert_path))  # how a private CA is trusted
         trusted = await engine_for(f"https://127.0.0.1:{port}")
         reply = await trusted.chat({"messages": []}, session_id="s")
-        assert reply.status == 200 and reply.prompt_ids.tolist() == [1, 2, 3]
+        assert reply.status == 200 and reply.prompt_span == b"1,2,3"
     finally:
         server.close()

@@ -8,7 +8,13 @@ from array import array
 import orjson
 import pytest
 
-from openenv_harness.recorder.upstream.reply_parse import parse_chat_reply, parse_json_object
+from openenv_harness.recorder.upstream.reply_parse import (
+    PromptIdsReader,
+    parse_chat_reply,
+    parse_json_object,
+    read_ids,
+    split_chat_reply,
+)
 from openenv_harness.recorder.validate import extract_evidence
 
 
@@ -86,3 +92,60 @@ def test_python_json_engines_keep_their_nan_for_validation() -> None:
     assert any("not a non-negative integer" in r for r in extract_evidence(reply, ids).reasons)
     assert parse_json_object(b"[1, 2]") is None and parse_json_object(b"") is None
     assert parse_json_object(b"not json") is None
+
+
+def _span(ids: list[int], sep: bytes = b",") -> bytes:
+    return sep.join(str(i).encode() for i in ids)
+
+
+def test_the_reader_reuses_a_prompt_it_extends_and_matches_a_whole_parse_every_time() -> None:
+    reader = PromptIdsReader()
+    history = [151644, 8948, 198, *range(1000, 3000)]
+    first = reader.read(_span(history))
+    assert first is not None and first.tolist() == history
+    for turn in range(5):  # each call repeats the history and adds a turn, as agents do
+        history += [7 * turn + 1, 4294967295, 0, 42]
+        got = reader.read(_span(history))
+        assert got is not None and got.typecode == "I" and got.tolist() == history
+        assert got.tolist() == read_ids(_span(history)).tolist()
+    assert reader.read(_span(history)).tolist() == history  # the same prompt again
+    # ", "-separated lists (Python-json engines) extend the same way
+    spaced = PromptIdsReader()
+    assert spaced.read(_span([1, 2, 3], b", ")).tolist() == [1, 2, 3]
+    assert spaced.read(_span([1, 2, 3, 4, 5], b", ")).tolist() == [1, 2, 3, 4, 5]
+
+
+@pytest.mark.parametrize("span", [
+    b"1,2,3,",  # a trailing comma after the known prompt
+    b"1,2,3,-4",  # a negative id in the new part
+    b"1,2,3,4.5",
+    b"1,2,3,4294967296",  # beyond uint32
+    b"1,2,3,,4",  # an empty field
+    b'1,2,3,"4"',
+])
+def test_a_bad_new_part_is_refused_and_the_reader_keeps_what_it_knew(span: bytes) -> None:
+    reader = PromptIdsReader()
+    assert reader.read(b"1,2,3").tolist() == [1, 2, 3]
+    assert reader.read(span) is None
+    assert reader.read(b"1,2,3,9").tolist() == [1, 2, 3, 9]  # still extends the last good prompt
+
+
+def test_the_reader_only_reuses_at_an_id_boundary_and_keeps_an_auxiliary_prompt_apart() -> None:
+    reader = PromptIdsReader()
+    assert reader.read(b"1,2,3").tolist() == [1, 2, 3]
+    assert reader.read(b"1,2,34,5").tolist() == [1, 2, 34, 5]  # "1,2,3" is a text prefix, not an id prefix
+    assert reader.read(b"1,2,3,6").tolist() == [1, 2, 3, 6]
+    assert reader.read(b"9,9").tolist() == [9, 9]  # an auxiliary call (a title) in the same session
+    assert reader.read(b"1,2,3,6,7,8").tolist() == [1, 2, 3, 6, 7, 8]  # the main chain goes on
+    assert reader.read(b"9,9,1").tolist() == [9, 9, 1]
+    assert reader.read(b"").tolist() == []
+
+
+def test_split_leaves_the_span_unread_for_the_reader() -> None:
+    raw = orjson.dumps(_reply([5, 6, 7]))
+    reply, span = split_chat_reply(raw)
+    assert span == b"5,6,7" and reply is not None and reply["prompt_token_ids"] is None
+    odd = raw.replace(b"[5,6,7]", b"[5,-6,7]")
+    reply, span = split_chat_reply(odd)  # not checked here: the reader refuses it, the full parse keeps it
+    assert span == b"5,-6,7" and PromptIdsReader().read(span) is None
+    assert parse_chat_reply(odd)[0]["prompt_token_ids"] == [5, -6, 7]
