@@ -11,7 +11,7 @@ from typing import Any
 import report
 
 METHOD = """\
-Three targets are measured in one run, alternated per setting (A, B, C, A, B, C, ...):
+Three targets (four at one session) are measured in one run, alternated per setting (A, B, C, A, B, C, ...):
 
 - **A, direct**: load generator → engine. The load generator asks the engine itself for the token
   evidence a proxy would ask for (`logprobs`, `top_logprobs: 0`, `return_token_ids`), so the engine
@@ -25,6 +25,8 @@ Three targets are measured in one run, alternated per setting (A, B, C, A, B, C,
   --model fake-model --host 127.0.0.1 --port $CP`), which probes the engine at start and must reach
   `capture_level=tokens`. Each conversation is one capture session (`POST /sessions`, the session id as
   API key); sessions are never deleted during a run (capture has no TTL).
+- **D, floor** (settings with one session only): load generator → `benchmarks/floor_proxy.py` → engine,
+  a baseline proxy that does per call only the work recording cannot skip (see "The hop itself").
 
 **Engine** (`benchmarks/lean_engine.py`): uvicorn (uvloop, httptools), one process, orjson, no model
 work. It answers in vLLM's chat wire format: top-level `prompt_token_ids`, `choices[0].token_ids`,
@@ -107,6 +109,14 @@ def _run_sections(results: list[dict[str, Any]], level: str) -> list[str]:
         f"{level} Resources", "",
         report.resource_table(results), "",
     ]
+    floor = report.floor_table(results)
+    if floor:
+        parts += [f"{level} The hop itself", "",
+                  "The baseline proxy (`benchmarks/floor_proxy.py`) does per call only what recording token evidence "
+                  "cannot skip: httptools request parsing, the recorder's engine client and id reader, one `writev` "
+                  "of the call, the reply without engine-only fields. Its added latency is what a proxy hop in "
+                  "Python costs on this machine; the recorder's excess over it is its own bookkeeping.", "",
+                  floor, ""]
     if report.cells(results, long_session=True):
         parts += [f"{level} One long session", "", report.long_session_table(results)]
     parts += [f"{level} Targets", "", report.targets_table(results), ""]

@@ -13,6 +13,7 @@ Targets differ only in how a conversation gets its key:
 - ``recorder``: ``POST /admin/sessions`` per conversation, the secret as Bearer key on the session's
   ``base_url``, ``POST /admin/sessions/{id}/close`` at the end (what a trainer does).
 - ``capture``: OpenEnv's capture server, ``POST /sessions`` per conversation, session id as key.
+- ``floor``: ``floor_proxy.py``, the baseline proxy; sessions as for capture.
 
 Timing: latency runs from sending a request to having read its whole body (the client's JSON parse
 is not timed). The deadline is checked only between conversations, so every conversation runs all
@@ -71,7 +72,7 @@ def text_pool(seed: int, size: int = 1 << 20) -> str:
 
 @dataclass
 class Target:
-    kind: str  # direct | recorder | capture
+    kind: str  # direct | recorder | capture | floor
     url: str
     admin_token: str | None = None
 
@@ -210,7 +211,7 @@ class LoadGen:
                 if r.status != 201:
                     raise ReplyError(f"POST /admin/sessions -> {r.status}: {str(data)[:200]}")
             return data["base_url"].rstrip("/") + "/chat/completions", data["secret"], data["session_id"]
-        if kind == "capture":
+        if kind in ("capture", "floor"):
             async with http.post(f"{base}/sessions", json={}) as r:
                 data = await r.json(loads=orjson.loads)
                 if r.status != 200 or data.get("capture_level") != "tokens":
@@ -325,7 +326,7 @@ def _cpu_s() -> float:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description="Agent-shaped load against an engine, the recorder or OpenEnv capture")
     p.add_argument("--url", required=True, help="server root, e.g. http://127.0.0.1:8011")
-    p.add_argument("--target", choices=("direct", "recorder", "capture"), required=True)
+    p.add_argument("--target", choices=("direct", "recorder", "capture", "floor"), required=True)
     p.add_argument("--admin-token", default=None)
     p.add_argument("--sessions", type=int, default=1, help="concurrent agents")
     p.add_argument("--turns", type=int, default=20, help="calls per conversation")

@@ -107,6 +107,8 @@ def _proxy(target: str, engine_url: str, store: Path, admin: str, logs: Path) ->
         return procs.recorder_proc(engine_url, store, admin, logs)
     if target == "capture":
         return procs.capture_proc(engine_url, logs)
+    if target == "floor":
+        return procs.floor_proc(engine_url, store.with_suffix(".floor"), logs)
     return None
 
 

@@ -171,6 +171,14 @@ def capture_proc(engine_url: str, logs: Path) -> Proc:
     return Proc("capture", argv, port, "/health", logs / f"capture-{port}.log")
 
 
+def floor_proc(engine_url: str, journal: Path, logs: Path) -> Proc:
+    """The baseline proxy (``floor_proxy.py``): the per-call work no recording proxy can skip."""
+    port = free_port()
+    argv = [PYTHON, str(BENCH / "floor_proxy.py"), "--engine-url", engine_url, "--port", str(port),
+            "--journal", str(journal)]
+    return Proc("floor", argv, port, "/health", logs / f"floor-{port}.log")
+
+
 def run_json(argv: list[str], timeout_s: float) -> dict:
     """Run a helper process (the load generator) and parse the JSON line it prints."""
     import json

@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 import orjson
 
-TARGETS = ("direct", "recorder", "capture")
+TARGETS = ("direct", "recorder", "capture", "floor")
 MB = 1024 * 1024
 
 
@@ -116,6 +116,24 @@ def resource_table(results: list[dict[str, Any]]) -> str:
         errors = sum(x["errors"] for x in (d, r, c) if x)
         lines.append(f"| {label} | {rcpu} | {ccpu} | {ecpu} | {rrss} | {crss} | {store} | {bg} | {errors} |")
     return "\n".join(lines)
+
+
+def floor_table(results: list[dict[str, Any]]) -> str:
+    """Settings where the baseline proxy ran: how much of the recorder's added latency is the hop."""
+    head = ("| setting | direct p50 / p99 ms | floor proxy p50 / p99 ms (added) | recorder p50 / p99 ms (added) "
+            "| recorder over the floor p50 / p99 ms | CPU ms/call floor / recorder |\n|---|---|---|---|---|---|")
+    lines = [head]
+    for label, by_target in cells(results).items():
+        row = summary_row(by_target)
+        d, f, r = row["direct"], row["floor"], row["recorder"]
+        if not (d and f and r):
+            continue
+        lines.append(
+            f"| {label} | {_f(d['p50'])} / {_f(d['p99'])} | {_f(f['p50'])} / {_f(f['p99'])} "
+            f"(+{_f(f['p50'] - d['p50'])} / +{_f(f['p99'] - d['p99'])}) | {_f(r['p50'])} / {_f(r['p99'])} "
+            f"(+{_f(r['p50'] - d['p50'])} / +{_f(r['p99'] - d['p99'])}) | +{_f(r['p50'] - f['p50'])} / "
+            f"+{_f(r['p99'] - f['p99'])} | {_f(f['cpu'])} / {_f(r['cpu'])} |")
+    return "\n".join(lines) if len(lines) > 1 else ""
 
 
 def _window_p50(per_call: list[list[float]], lo: int, hi: int) -> float | None:

@@ -42,6 +42,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--long", default=None, help="long-session settings (one conversation each); '' for none")
     p.add_argument("--profile", default=None, help="settings to profile with py-spy after the matrix; '' for none")
     p.add_argument("--targets", default="direct,recorder,capture")
+    p.add_argument("--no-floor", action="store_true",
+                   help="leave out the baseline proxy (floor_proxy.py), which otherwise joins every N=1 setting")
     p.add_argument("--out", type=Path, default=None, help="results JSONL (default: benchmarks/results/ or a temp file)")
     p.add_argument("--docs", type=Path, default=None, help="page to write (default: docs/benchmarks.md unless --quick)")
     p.add_argument("--no-docs", action="store_true")
@@ -92,8 +94,11 @@ def run(a: argparse.Namespace, command: str) -> list[dict[str, Any]]:
     t0 = time.monotonic()
     for text in a.settings:
         setting = measure.Setting.parse(text)
+        targets = a.targets
+        if not a.no_floor and "floor" not in targets and setting.sessions == 1 and not setting.stream:
+            targets = [*targets, "floor"]
         for rep in range(1, a.reps + 1):
-            for target in a.targets:
+            for target in targets:
                 procs.wait_for_quiet(a.quiet_wait)
                 r = measure.run_cell(setting, target, duration=a.duration, logs=logs, rep=rep)
                 keep(r)
@@ -129,6 +134,7 @@ def main(argv: list[str] | None = None) -> None:
     print(report.resource_table(results))
     print()
     print(report.long_session_table(results))
+    print(report.floor_table(results))
     print(report.targets_table(results))
     if a.docs:
         from docs_page import render_page

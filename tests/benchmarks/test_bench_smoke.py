@@ -15,6 +15,7 @@ import httpx
 import orjson
 import pytest
 
+import floor_proxy
 import loadgen
 import procs
 from lean_engine import EOS, ROLE_ASSISTANT
@@ -111,3 +112,41 @@ def test_quick_path_drives_openenv_capture(tmp_path: Path) -> None:
     assert len(results) == 1 and results[0]["target"] == "capture"
     assert results[0]["load"]["calls"] > 0 and results[0]["load"]["errors"] == 0
     assert "| fixed P=1k N=2 |" in page
+
+
+@pytest.mark.slow
+def test_the_floor_proxy_joins_one_session_settings_and_its_table_is_rendered(tmp_path: Path) -> None:
+    results, stdout, page = _run_quick(tmp_path, "direct,recorder", "chain:1024:1,fixed:1024:2", "")
+    assert [(r["label"], r["target"]) for r in results] == [
+        ("chain P=1k N=1", "direct"), ("chain P=1k N=1", "recorder"), ("chain P=1k N=1", "floor"),
+        ("fixed P=1k N=2", "direct"), ("fixed P=1k N=2", "recorder"),
+    ]
+    floor = results[2]
+    assert floor["load"]["calls"] > 0 and floor["load"]["errors"] == 0  # checked replies, like every target
+    assert "## The hop itself" in page and "| chain P=1k N=1 |" in stdout
+
+
+def test_the_floor_proxy_records_exact_ids_and_answers_without_engine_fields(tmp_path: Path) -> None:
+    with procs.engine_proc("chain", 300, tmp_path) as engine, \
+            procs.floor_proc(engine.url, tmp_path / "floor.log", tmp_path) as floor:
+        key = httpx.post(f"{floor.url}/sessions", timeout=10).json()["session_id"]
+        messages = [{"role": "user", "content": "go"}]
+        prompts = []
+        for _ in range(3):
+            r = httpx.post(f"{floor.url}/v1/chat/completions", headers={"authorization": f"Bearer {key}"},
+                           json={"model": "fake-model", "messages": messages}, timeout=10)
+            assert r.status_code == 200, r.text
+            reply = r.json()
+            assert "prompt_token_ids" not in reply and "token_ids" not in reply["choices"][0]
+            call = reply["choices"][0]["message"]["tool_calls"][0]
+            messages += [{"role": "assistant", "content": None, "tool_calls": [call]},
+                         {"role": "tool", "tool_call_id": call["id"], "content": "ok"}]
+            direct = _chat(engine.url, messages[:-2]).json()  # the same prompt, asked of the engine itself
+            prompts.append(direct["prompt_token_ids"])
+        assert httpx.post(f"{floor.url}/v1/chat/completions", json={"stream": True, "messages": messages},
+                          timeout=10).status_code == 400
+        assert httpx.get(f"{floor.url}/nowhere", timeout=10).status_code == 404
+    frames = floor_proxy.read_frames(str(tmp_path / "floor.log"))
+    assert [ids.tolist() for _, _, ids in frames] == prompts  # exactly the engine's prompt ids
+    assert all(head["valid"] and head["key"] == f"Bearer {key}" for head, _, _ in frames)
+    assert [orjson.loads(body)["messages"] for _, body, _ in frames][-1] == messages[:-2]
