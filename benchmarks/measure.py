@@ -52,8 +52,10 @@ class Setting:
 
 
 def thread_cpu(pid: int) -> dict[str, float]:
-    """CPU seconds per thread: the main (event-loop) thread vs all others (store writer, pools)."""
+    """CPU seconds: the main (event-loop) thread, all other threads, and child processes (the
+    recorder's index process)."""
     main, other = 0.0, 0.0
+    children = procs.tree_cpu_seconds(pid) - procs.cpu_seconds(pid)
     for tid in os.listdir(f"/proc/{pid}/task"):
         try:
             raw = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
@@ -65,7 +67,7 @@ def thread_cpu(pid: int) -> dict[str, float]:
             main += cpu
         else:
             other += cpu
-    return {"main": main, "other": other}
+    return {"main": main, "other": other, "children": children}
 
 
 def _table_bytes(conn: sqlite3.Connection, table: str) -> tuple[int, int]:
@@ -132,7 +134,8 @@ def run_cell(setting: Setting, target: str, *, duration: float, logs: Path, rep:
                 server = proxy if proxy is not None else engine
                 if not long_session:
                     procs.run_json(_loadgen(url, target, setting, admin, PREWARM), 300)
-                rss0, cpu0, eng0 = procs.rss_bytes(server.pid), procs.cpu_seconds(server.pid), procs.cpu_seconds(engine.pid)
+                rss0, cpu0 = procs.tree_rss_bytes(server.pid), procs.tree_cpu_seconds(server.pid)
+                eng0 = procs.cpu_seconds(engine.pid)
                 threads0 = thread_cpu(server.pid)
                 sys0, wall0 = procs.system_busy_seconds(), time.perf_counter()
                 extra = ["--sessions", str(setting.sessions), "--duration", str(duration)]
@@ -141,7 +144,8 @@ def run_cell(setting: Setting, target: str, *, duration: float, logs: Path, rep:
                     extra = ["--sessions", "1", "--max-conversations", "1", "--duration", "1e9", "--keep-calls"]
                 load = procs.run_json(_loadgen(url, target, setting, admin, extra), duration + 900)
                 calls = max(1, load["calls"])
-                rss1, cpu1, eng1 = procs.rss_bytes(server.pid), procs.cpu_seconds(server.pid), procs.cpu_seconds(engine.pid)
+                rss1, cpu1 = procs.tree_rss_bytes(server.pid), procs.tree_cpu_seconds(server.pid)
+                eng1 = procs.cpu_seconds(engine.pid)
                 threads1 = thread_cpu(server.pid)
                 wall = time.perf_counter() - wall0
                 ours = (cpu1 - cpu0) + ((eng1 - eng0) if server is not engine else 0.0)
@@ -153,6 +157,7 @@ def run_cell(setting: Setting, target: str, *, duration: float, logs: Path, rep:
                     "cpu_ms_per_call": (cpu1 - cpu0) * 1000.0 / calls,
                     "main_thread_cpu_ms_per_call": (threads1["main"] - threads0["main"]) * 1000.0 / calls,
                     "other_threads_cpu_ms_per_call": (threads1["other"] - threads0["other"]) * 1000.0 / calls,
+                    "child_processes_cpu_ms_per_call": (threads1["children"] - threads0["children"]) * 1000.0 / calls,
                     "engine_cpu_ms_per_call": (eng1 - eng0) * 1000.0 / calls,
                 }
                 if long_session and target == "recorder" and load["session_ids"]:

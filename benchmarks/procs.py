@@ -39,6 +39,45 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / _TICKS
 
 
+def descendants(pid: int) -> list[int]:
+    """Live child processes of ``pid``, their children, ... (the recorder's index process)."""
+    out: list[int] = []
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except FileNotFoundError:
+        return out
+    for tid in tids:
+        try:
+            kids = [int(x) for x in Path(f"/proc/{pid}/task/{tid}/children").read_text().split()]
+        except FileNotFoundError:
+            continue
+        for kid in kids:
+            out += [kid, *descendants(kid)]
+    return out
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """``cpu_seconds`` of a process and its live descendants together."""
+    total = cpu_seconds(pid)
+    for kid in descendants(pid):
+        try:
+            total += cpu_seconds(kid)
+        except FileNotFoundError:
+            pass
+    return total
+
+
+def tree_rss_bytes(pid: int) -> int:
+    """``rss_bytes`` of a process and its live descendants together (shared pages counted twice)."""
+    total = rss_bytes(pid)
+    for kid in descendants(pid):
+        try:
+            total += rss_bytes(kid)
+        except (FileNotFoundError, RuntimeError):
+            pass
+    return total
+
+
 def rss_bytes(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):

@@ -26,22 +26,24 @@ from pathlib import Path
 import procs
 
 def _writer_wait_frame() -> str:
-    """The store writer's blocking ``queue.get()`` as py-spy names it (its line moves as the code changes)."""
+    """A thread indexer's blocking ``queue.get()`` as py-spy names it (its line moves as the code changes)."""
     try:
-        from openenv_harness.recorder.store import sqlite as store_sqlite
+        from openenv_harness.recorder.store import indexer
 
-        lines = Path(store_sqlite.__file__).read_text().splitlines()
+        lines = Path(indexer.__file__).read_text().splitlines()
         number = next(i for i, line in enumerate(lines, 1) if "item = self._queue.get()" in line)
     except (ImportError, OSError, StopIteration):
-        return "SQLiteStore._writer_loop (blocking get not found)"
-    return f"SQLiteStore._writer_loop (openenv_harness/recorder/store/sqlite.py:{number})"  # leaf frame
+        return "ThreadIndexer._run (blocking get not found)"
+    return f"ThreadIndexer._run (openenv_harness/recorder/store/indexer.py:{number})"  # leaf frame
 
 
 #: Leaf frames that mean "waiting", which py-spy's idle filter lets through here: left out of shares.
 #: ``Runner.run`` as the leaf is uvloop's C loop with no Python frame above it; a ``--native``
 #: profile of the recorder showed those samples are ~85 % ``epoll_pwait``.
 IDLE_FRAMES = ("Runner.run (asyncio/runners.py", _writer_wait_frame(), "Condition.wait (threading.py",
-               "epoll_wait", "epoll_pwait", "_worker (concurrent/futures/thread.py", "SimpleQueue.get")
+               "epoll_wait", "epoll_pwait", "_worker (concurrent/futures/thread.py", "SimpleQueue.get",
+               "_recv (multiprocessing/connection.py", "_poll (multiprocessing/connection.py",
+               "wait (multiprocessing/connection.py", "select (selectors.py")
 
 #: (frame substring, category). Stacks are walked from the innermost frame outwards and the first
 #: frame matching a rule names the sample's category, so C work done "inside" a Python line (orjson,
@@ -57,13 +59,17 @@ FRAME_RULES: list[tuple[str, str]] = [
     ("_put_blobs (openenv_harness/recorder/store/sqlite.py", "store writer: INSERT OR IGNORE of blobs"),
     ("_op_put_session (openenv_harness/recorder/store/sqlite.py", "store writer: session rows"),
     ("_run_batch (openenv_harness/recorder/store/sqlite.py", "store writer: BEGIN/COMMIT"),
-    ("_writer_loop (openenv_harness/recorder/store/sqlite.py", "store writer: queue hand-off"),
+    ("ThreadIndexer._run (openenv_harness/recorder/store/indexer.py", "store writer: queue hand-off"),
+    ("serve (openenv_harness/recorder/store/index_child.py", "store writer: journal read + decode, acks"),
+    ("ProcessIndexer", "store: index process hand-off (send, acks)"),
     ("SQLiteStore._submit (openenv_harness/recorder/store/sqlite.py", "flow.record: store hand-off (queue put, future)"),
     ("HTTPEngine.chat (openenv_harness/recorder/upstream/http.py", "upstream: orjson.dumps of the engine body"),
     ("H1Engine.chat (openenv_harness/recorder/upstream/h1_engine.py", "upstream: orjson.dumps of the engine body"),
     ("parse_chat_reply (openenv_harness/recorder/upstream/reply_parse.py", "upstream: reply parse (ids span + orjson)"),
     ("parse_json_object (openenv_harness/recorder/upstream/reply_parse.py", "upstream: reply parse (ids span + orjson)"),
-    ("_ids (openenv_harness/recorder/upstream/reply_parse.py", "upstream: reply parse (ids span + orjson)"),
+    ("split_chat_reply (openenv_harness/recorder/upstream/reply_parse.py", "upstream: reply parse (ids span + orjson)"),
+    ("PromptIdsReader", "flow: prompt ids (only what the previous prompt lacks)"),
+    ("read_ids (openenv_harness/recorder/upstream/reply_parse.py", "flow: prompt ids (only what the previous prompt lacks)"),
     ("openenv_harness/recorder/upstream/h1_engine.py", "upstream: engine client (httptools)"),
     ("httptools/", "upstream: engine client (httptools)"),
     ("HTTPEngine._send (openenv_harness/recorder/upstream/http.py", "upstream: orjson.loads of the engine reply + headers dict"),
@@ -132,7 +138,9 @@ def summarize(raw: Path, top: int = 15) -> str:
     inclusive: Counter[str] = Counter()
     for stack, count in samples:
         frames = stack.split(";")
-        threads["store writer thread" if "oeh-store-writer" in frames[0] else
+        child = any(f.startswith("process ") and "index_child" in f for f in frames)
+        frames = [f for f in frames if not f.startswith("process ")]  # --subprocesses prefixes each process
+        threads["index process" if child else "store writer thread" if "oeh-store-writer" in frames[0] else
                  "event-loop thread" if "MainThread" in frames[0] else frames[0].split(":")[-1].strip()] += count
         cats[categorize(frames)] += count
         selfs[frames[-1]] += count
@@ -162,7 +170,7 @@ def profile(mode: str, prompt_tokens: int, sessions: int, duration: float, out_d
                   f"--admin-token={token}", "--prompt-tokens", str(prompt_tokens), "--turns", "20"]
             procs.run_json(lg + ["--sessions", "4", "--turns", "3", "--max-conversations", "4", "--duration", "5"], 120)
             sampler = subprocess.Popen(
-                [spy, "record", "--pid", str(rec.pid), "--rate", str(rate), "--format", "raw", "--threads",
+                [spy, "record", "--pid", str(rec.pid), "--rate", str(rate), "--format", "raw", "--threads", "--subprocesses",
                  "--nonblocking", "--output", str(raw)],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             )

@@ -68,6 +68,7 @@ def summary_row(by_target: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
             "cpu": _median(runs, lambda r: r["server"]["cpu_ms_per_call"]),
             "main_cpu": _median(runs, lambda r: r["server"]["main_thread_cpu_ms_per_call"]),
             "other_cpu": _median(runs, lambda r: r["server"]["other_threads_cpu_ms_per_call"]),
+            "child_cpu": _median(runs, lambda r: r["server"].get("child_processes_cpu_ms_per_call", 0.0)),
             "engine_cpu": _median(runs, lambda r: r["server"]["engine_cpu_ms_per_call"]),
             "rss0": _median(runs, lambda r: r["server"]["rss_start"]),
             "rss1": _median(runs, lambda r: r["server"]["rss_end"]),
@@ -99,14 +100,15 @@ def main_table(results: list[dict[str, Any]]) -> str:
 
 
 def resource_table(results: list[dict[str, Any]]) -> str:
-    head = ("| setting | recorder CPU ms/call (event loop + other threads) | capture CPU ms/call | engine CPU ms/call "
-            "(direct / behind recorder) | recorder RSS start → end MB | capture RSS start → end MB | "
+    head = ("| setting | recorder CPU ms/call (event loop + other threads + index process) | capture CPU ms/call "
+            "| engine CPU ms/call (direct / behind recorder) | recorder RSS start → end MB (with its index process) "
+            "| capture RSS start → end MB | "
             "recorder store bytes/call | background cores A / B / C | errors |\n|---|---|---|---|---|---|---|---|---|")
     lines = [head]
     for label, by_target in cells(results).items():
         row = summary_row(by_target)
         d, r, c = row["direct"], row["recorder"], row["capture"]
-        rcpu = f"{_f(r['cpu'])} ({_f(r['main_cpu'])} + {_f(r['other_cpu'])})" if r else "–"
+        rcpu = f"{_f(r['cpu'])} ({_f(r['main_cpu'])} + {_f(r['other_cpu'])} + {_f(r['child_cpu'])})" if r else "–"
         ccpu = _f(c["cpu"]) if c else "–"
         ecpu = f"{_f(d['engine_cpu'] if d else None)} / {_f(r['engine_cpu'] if r else None)}"
         rrss = f"{_f(r['rss0'] / MB, 0)} → {_f(r['rss1'] / MB, 0)}" if r else "–"

@@ -152,7 +152,8 @@ def create_recorder_app(
             config.engine_url, timeout_s=config.upstream_timeout_s, api_key=config.engine_api_key
         )
     admin_token = config.admin_token or new_admin_token()
-    the_store = store or SQLiteStore(config.store_path, synchronous=config.sqlite_synchronous)
+    the_store = store or SQLiteStore(config.store_path, synchronous=config.sqlite_synchronous,
+                                     indexer=config.store_indexer)
     ctx = RecorderContext(
         config=config,
         store=the_store,

@@ -6,7 +6,7 @@ The ASGI app, the admin routes and every flow receive this context; tests build 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -33,6 +33,9 @@ class RecorderConfig(BaseModel):
     max_body_bytes: int = Field(32 * 1024 * 1024, gt=0, description="Larger request bodies get 413")
     upstream_timeout_s: float = Field(600.0, gt=0)
     sqlite_synchronous: str = Field("NORMAL", description="NORMAL survives process kill; FULL survives power loss")
+    store_indexer: Literal["process", "thread"] = Field(
+        "process", description="where records are indexed into SQLite after the reply: a child process "
+        "(its own interpreter lock, so the event loop never waits on it) or a thread")
     pause_wait_s: float = Field(30.0, ge=0, description="How long a call waits for a paused engine before 503")
     retry_after_s: int = Field(2, ge=1, description="Retry-After sent with recorder-made 503s")
     dedupe_window: int = Field(64, ge=0, description="Recent request digests per session kept for retry replay")

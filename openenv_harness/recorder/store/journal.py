@@ -112,16 +112,20 @@ class Journal:
             path.unlink()
         self._open_segment(next_seq)
 
+    def _segment_path(self, first_seq: int) -> Path:
+        return self.directory / f"records-{first_seq:020d}.log"
+
     def _open_segment(self, first_seq: int) -> None:
-        path = self.directory / f"records-{first_seq:020d}.log"
+        path = self._segment_path(first_seq)
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         self._current = _Segment(path, first_seq)
         self._size = 0
 
     # -- the hot path ------------------------------------------------------------------------------
 
-    def append(self, seq: int, parts: list[bytes]) -> None:
-        """Write one frame; returns once it is durable (see the module docstring)."""
+    def append(self, seq: int, parts: list[bytes]) -> tuple[int, int, int]:
+        """Write one frame; returns once it is durable (see the module docstring), with where its
+        payload lies: ``(segment's first seq, offset, length)`` for ``read_payload``."""
         length = sum(len(p) for p in parts)
         frame = [_HEAD.pack(_MAGIC, seq, length), *parts, _TRAILER]
         with self._lock:
@@ -142,6 +146,19 @@ class Journal:
                 raise JournalError(f"cannot write the record journal: {exc}") from exc
             self._size = start + _HEAD.size + length + len(_TRAILER)
             self._current.last_seq = seq
+            return self._current.first_seq, start + _HEAD.size, length
+
+    def read_payload(self, where: tuple[int, int, int]) -> bytes:
+        """A frame's payload by ``append``'s answer; segments go only once their records are indexed."""
+        first_seq, offset, length = where
+        fd = os.open(self._segment_path(first_seq), os.O_RDONLY)
+        try:
+            data = os.pread(fd, length, offset)
+        finally:
+            os.close(fd)
+        if len(data) != length:
+            raise ValueError(f"journal segment {first_seq} ends {length - len(data)} bytes short of the frame")
+        return data
 
     def _rotate(self, next_seq: int) -> None:
         assert self._current is not None

@@ -1,4 +1,4 @@
-"""The default store: one SQLite file in WAL mode, fed by a record journal and one writer thread.
+"""The default store: one SQLite file in WAL mode, fed by a record journal and one indexer.
 
 Why this shape:
 - *Durable before reply* (D14): ``append`` writes the record to the journal (``journal.py``) and
@@ -6,8 +6,9 @@ Why this shape:
   (SIGKILL), as a WAL commit with ``synchronous=NORMAL`` would be; with ``synchronous=FULL`` the
   journal is fsync-ed too, so it also survives power loss. On open, every journalled record that
   SQLite lacks is indexed before anything is served.
-- *Off the reply path*: deltas, compression and SQLite I/O run on the writer thread after the
-  reply has gone, so neither a commit nor a WAL checkpoint ever delays an agent.
+- *Off the reply path*: deltas, compression and SQLite I/O run in the indexer -- a child process
+  in the recorder, a thread in library use (``indexer.py``) -- after the reply has gone, so neither a
+  commit nor a WAL checkpoint ever delays an agent.
 - *Group commit*: everything queued while a commit was running goes into the next transaction,
   so throughput rises with concurrency instead of paying one commit per call. Reads first wait
   for the writer to catch up, so they always see every acknowledged record.
@@ -20,19 +21,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import queue
 import sqlite3
 import threading
 from array import array
 from collections import OrderedDict
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import orjson
 
 from openenv_harness.recorder.fidelity import common_prefix_len
 from openenv_harness.recorder.store import blocks
 from openenv_harness.recorder.store.base import PendingRecord, RecordStore, SessionRow
+from openenv_harness.recorder.store.indexer import IndexerFailed, ProcessIndexer, ThreadIndexer, make_indexer
 from openenv_harness.recorder.store.journal import Journal, decode_record, encode_record
 
 log = logging.getLogger(__name__)
@@ -90,20 +91,27 @@ _CHECKPOINT_EVERY_S = 1.0
 #: Records journalled but not yet in SQLite beyond which an ``append`` waits for its own commit:
 #: each holds its prompt and request, so memory stays bounded when the writer falls behind.
 _MAX_BACKLOG = 64
-#: Operations per writer transaction: bounds how long a call waiting on the backlog waits.
-_MAX_BATCH = 512
+#: What the indexer runs, by the name an operation travels under (to a child process too).
+_OPS = {"append": "_op_append", "session": "_op_put_session", "forget": "_op_forget", "nothing": "_op_nothing"}
 
 
 class SQLiteStore(RecordStore):
-    """SQLite-backed ``RecordStore``. ``path`` may be ``":memory:"``-like only via a temp file."""
+    """SQLite-backed ``RecordStore``. ``path`` may be ``":memory:"``-like only via a temp file.
 
-    def __init__(self, path: str | Path, *, synchronous: str = "NORMAL") -> None:
+    ``indexer``: ``"thread"`` (default) or ``"process"`` -- where records are indexed into SQLite
+    (``indexer.py``; the recorder uses a process).
+    """
+
+    def __init__(self, path: str | Path, *, synchronous: str = "NORMAL", indexer: str = "thread") -> None:
         if synchronous.upper() not in {"NORMAL", "FULL", "EXTRA"}:
             raise ValueError("synchronous must be NORMAL, FULL or EXTRA")
+        if indexer not in {"thread", "process"}:
+            raise ValueError(f"indexer must be 'thread' or 'process', not {indexer!r}")
         self.path = str(path)
         self.synchronous = synchronous.upper()
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
+        # another process cannot open this process's in-memory database
+        self.indexer_kind = "thread" if self.path in {":memory:", ""} else indexer
+        self._indexer: ThreadIndexer | ProcessIndexer | None = None
         self._wconn: sqlite3.Connection | None = None
         self._local = threading.local()
         # session id -> what its latest record stored (delta base for the next one; a cache, not state)
@@ -136,8 +144,8 @@ class SQLiteStore(RecordStore):
             self.journal.close(remove=False)  # lets go of the journal's lock
             raise
         self._stop_checkpoints = threading.Event()
-        self._thread = threading.Thread(target=self._writer_loop, name="oeh-store-writer", daemon=True)
-        self._thread.start()
+        self._indexer = make_indexer(self.indexer_kind, self)
+        self._indexer.start()
         self._checkpointer = threading.Thread(target=self._checkpoint_loop, name="oeh-store-checkpoint", daemon=True)
         self._checkpointer.start()
 
@@ -150,7 +158,7 @@ class SQLiteStore(RecordStore):
             last = max(last, seq)
             if conn.execute("SELECT 1 FROM records WHERE seq = ?", (seq,)).fetchone() is not None:
                 continue
-            results = self._run_batch(conn, [(self._op_append, (seq, decode_record(payload)), None, None)])
+            results = self._run_batch(conn, [("append", (seq, decode_record(payload)))])
             if results[0][1] is not None:
                 raise RuntimeError(f"cannot index journalled record {seq}: {results[0][1]}") from results[0][1]
             recovered += 1
@@ -182,13 +190,12 @@ class SQLiteStore(RecordStore):
         if self._closed:
             return
         self._closed = True
-        if self._thread is not None:
-            self._queue.put(None)
-            self._thread.join(timeout=30)
+        if self._indexer is not None:
+            finished = self._indexer.stop(timeout_s=30)
             self._stop_checkpoints.set()
             self._checkpointer.join(timeout=30)
-            # every record reached SQLite unless the writer failed one: then the journal keeps it
-            self.journal.close(remove=not self._thread.is_alive() and not self._unindexed)
+            # every record reached SQLite unless the indexer failed one: then the journal keeps it
+            self.journal.close(remove=finished and not self._unindexed)
         if self._wconn is not None:
             try:
                 self._wconn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
@@ -198,18 +205,18 @@ class SQLiteStore(RecordStore):
 
     # -- writes (event loop side) ----------------------------------------------------------------
 
-    async def _submit(self, op: Callable[[sqlite3.Connection, Any], Any], arg: Any) -> Any:
-        if self._closed or self._thread is None:
+    async def _submit(self, name: str, arg: Any) -> Any:
+        if self._closed or self._indexer is None:
             raise RuntimeError("store is closed")
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
-        self._queue.put((op, arg, fut, loop))
+        self._indexer.submit((name, arg, fut, loop))
         # shield: a cancelled caller (agent hung up) must not un-write a record
         return await asyncio.shield(fut)
 
     async def append(self, record: PendingRecord) -> int:
-        """Journal the record (durable when this returns) and hand it to the writer to index."""
-        if self._closed or self._thread is None:
+        """Journal the record (durable when this returns) and hand it to the indexer."""
+        if self._closed or self._indexer is None:
             raise RuntimeError("store is closed")
         parts = encode_record(record)
         loop = asyncio.get_running_loop()
@@ -227,15 +234,18 @@ class SQLiteStore(RecordStore):
 
     def _journal_and_queue(self, record: PendingRecord, parts: list[bytes], waiter: asyncio.Future,
                            loop: asyncio.AbstractEventLoop) -> tuple[int, bool]:
+        assert self._indexer is not None
         with self._append_lock:  # seq order, journal order and queue order are one order
+            if self._indexer.failed:  # refuse before journalling: the agent's retry must not be a twin
+                raise IndexerFailed(self._indexer.failed)
             seq = self._next_seq
-            self.journal.append(seq, parts)
+            where = self.journal.append(seq, parts)
             self._next_seq = seq + 1
             # Behind by more than the backlog limit: this call waits for its own record's commit,
             # as every call did before the journal. Memory stays bounded and, under overload,
             # calls are slowed in arrival order instead of a few of them stalling for everyone.
-            waits = self._queue.qsize() >= _MAX_BACKLOG
-            self._queue.put((self._op_append, (seq, record), waiter if waits else None, loop if waits else None))
+            waits = self._indexer.backlog() >= _MAX_BACKLOG
+            self._indexer.submit(("append", (seq, record, where), waiter if waits else None, loop if waits else None))
         return seq, waits
 
     async def caught_up(self) -> None:
@@ -245,70 +255,44 @@ class SQLiteStore(RecordStore):
         there is nothing of ours to wait for. Records a crashed recorder left in its journal
         appear once a recorder opens the store again.
         """
-        if self._thread is None or self._closed:
+        if self._indexer is None or self._closed:
             return
-        await self._submit(_op_nothing, None)
+        await self._submit("nothing", None)
 
     def caught_up_sync(self, timeout_s: float = 60.0) -> None:
         """``caught_up`` for synchronous readers (blocks the calling thread)."""
-        if self._closed or self._thread is None or threading.current_thread() is self._thread:
+        if self._closed or self._indexer is None or self._indexer.on_own_thread():
             return
         done = threading.Event()
-        self._queue.put((_op_nothing, None, done, None))
+        self._indexer.submit(("nothing", None, done, None))
         if not done.wait(timeout_s):
             raise TimeoutError(f"the store writer did not catch up in {timeout_s}s")
 
     async def put_session(self, row: SessionRow) -> None:
-        await self._submit(self._op_put_session, row)
+        await self._submit("session", row)
 
     async def forget(self, session_id: str) -> None:
         """Drop what the writer caches for a finished session (it only speeds up later appends)."""
-        await self._submit(self._op_forget, session_id)
+        await self._submit("forget", session_id)
 
     def _op_forget(self, conn: sqlite3.Connection, session_id: str) -> None:
         self._recent.pop(session_id, None)
 
-    # -- writer thread ---------------------------------------------------------------------------
+    # -- the indexer's side (a thread here, or the child process's copy of this store) -----------
 
-    def _writer_loop(self) -> None:
-        conn = self._wconn
-        assert conn is not None
-        while True:
-            item = self._queue.get()
-            if item is None:
-                return
-            batch = [item]
-            stop = False
-            while len(batch) < _MAX_BATCH:
-                try:
-                    nxt = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if nxt is None:
-                    stop = True
-                    break
-                batch.append(nxt)
-            results = self._run_batch(conn, batch)
-            self._after_commit(batch, results)
-            for (_, _, fut, loop), (value, error) in zip(batch, results):
-                if loop is not None:
-                    loop.call_soon_threadsafe(_resolve, fut, value, error)
-                elif fut is not None:
-                    fut.set()  # a synchronous caller's threading.Event
-            if stop:
-                return
-
-    def _run_batch(self, conn: sqlite3.Connection, batch: list) -> list[tuple[Any, BaseException | None]]:
-        """All of ``batch`` in one transaction; if anything fails, each op again in its own.
+    def _run_batch(self, conn: sqlite3.Connection, batch: list[tuple[str, Any]]) -> list[tuple[Any, BaseException | None]]:
+        """All of ``batch`` (``(operation name, argument)``) in one transaction; if anything fails,
+        each op again in its own.
 
         The common case pays one BEGIN and one COMMIT for the whole batch. A failure is rare (a
         disk error, a bug), and then only the op that fails is lost: the batch is rolled back and
-        redone op by op, with the writer's caches dropped first -- they may describe rows that the
+        redone op by op, with the indexer's caches dropped first -- they may describe rows that the
         rollback removed, and they are only an optimisation.
         """
         try:
             conn.execute("BEGIN IMMEDIATE")
-            results: list[tuple[Any, BaseException | None]] = [(op(conn, arg), None) for op, arg, _, _ in batch]
+            results: list[tuple[Any, BaseException | None]] = [
+                (getattr(self, _OPS[name])(conn, arg), None) for name, arg in batch]
             conn.execute("COMMIT")
         except Exception as exc:
             try:
@@ -320,19 +304,30 @@ class SQLiteStore(RecordStore):
                 return [result for item in batch for result in self._run_batch(conn, [item])]
             log.exception("store operation failed")
             return [(None, exc)]
-        self._records_written += sum(1 for op, *_ in batch if op == self._op_append)
         return results
 
-    def _after_commit(self, batch: list, results: list[tuple[Any, BaseException | None]]) -> None:
-        """Advance the indexed mark and let the journal drop what SQLite now holds."""
-        for (op, arg, _, _), (_, error) in zip(batch, results):
-            if op == self._op_append:
+    def _committed(self, done: list[tuple[str, Any, Any, Any, Any, BaseException | None]]) -> None:
+        """After each indexer transaction, on the indexer's thread: advance the indexed mark, let
+        the journal drop what SQLite now holds, wake whoever waits. ``done`` holds
+        ``(name, argument, waiter, loop, value, error)`` per operation, in submission order."""
+        for name, arg, _, _, _, error in done:
+            if name == "append":
                 seq = arg[0]
                 if error is not None:
                     self._unindexed.add(seq)  # stays journalled: the next open indexes it again
+                else:
+                    self._records_written += 1
                 self._indexed_through = max(self._indexed_through, seq)
         floor = min(self._unindexed) - 1 if self._unindexed else self._indexed_through
         self.journal.release(floor)
+        for _, _, waiter, loop, value, error in done:
+            if loop is not None:
+                loop.call_soon_threadsafe(_resolve, waiter, value, error)
+            elif waiter is not None:
+                waiter.set()  # a synchronous caller's threading.Event
+
+    def _op_nothing(self, conn: sqlite3.Connection, arg: None) -> None:
+        """A barrier: the indexer reaches it only after everything submitted before it is committed."""
 
     def _recent_for(self, session_id: str) -> "_Tail":
         tail = self._recent.get(session_id)
@@ -352,8 +347,8 @@ class SQLiteStore(RecordStore):
         if fresh:
             conn.executemany("INSERT OR IGNORE INTO blobs(hash, data) VALUES (?, ?)", fresh)
 
-    def _op_append(self, conn: sqlite3.Connection, item: tuple[int, PendingRecord]) -> int:
-        seq, rec = item
+    def _op_append(self, conn: sqlite3.Connection, item: tuple) -> int:
+        seq, rec = item[0], item[1]  # (seq, record[, where in the journal])
         tail = self._recent_for(rec.session_id)
         known = tail.known
         written: set[bytes] = set()
@@ -568,7 +563,7 @@ class SQLiteStore(RecordStore):
             "records_written": self._records_written,
             "db_bytes": page_count * page_size,
             "wal_bytes": wal.stat().st_size if wal.exists() else 0,
-            "queue_depth": self._queue.qsize(),
+            "queue_depth": self._indexer.backlog() if self._indexer is not None else 0,
             "journal_backlog": max(0, self._next_seq - 1 - self._indexed_through),
             "journal_unindexed": len(self._unindexed),
         }
@@ -701,10 +696,6 @@ class _Lists:
 
     def messages(self, seq: int) -> list[bytes] | None:
         return self._resolve(seq, 3, self._msgs)
-
-
-def _op_nothing(conn: sqlite3.Connection, arg: None) -> None:
-    """A barrier: the writer reaches it only after everything queued before it is committed."""
 
 
 def _resolve(fut: asyncio.Future, value: Any, error: BaseException | None) -> None:

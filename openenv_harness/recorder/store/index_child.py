@@ -1,0 +1,93 @@
+"""The index process: ``python -m openenv_harness.recorder.store.index_child FD DB SYNCHRONOUS``.
+
+Started by ``indexer.ProcessIndexer``; runs the store's own operations on its own SQLite
+connection and reads each record from the journal frame the recorder wrote. It exits when told to
+stop or when the recorder's end of the socket closes (the recorder died: nothing is left to do,
+and the journal keeps every record for the next open).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from multiprocessing.connection import Connection
+
+from openenv_harness.recorder.store.indexer import MAX_BATCH
+from openenv_harness.recorder.store.journal import decode_record
+from openenv_harness.recorder.store.sqlite import SQLiteStore
+
+log = logging.getLogger("openenv_harness.recorder.store.index_child")
+
+
+#: Acknowledge at least this often (appends, seconds) when nobody waits: the recorder's backlog count
+#: and journal clean-up follow the acks, but each one costs the recorder a wake-up and its lock.
+ACK_EVERY = 16
+ACK_AFTER_S = 0.2
+
+
+def serve(conn: Connection, store: SQLiteStore) -> None:
+    """Batches of operations in arrival order, one transaction each.
+
+    Acknowledgements are cumulative -- ``(every token up to T is done, {token: error})`` -- and sent
+    at once when someone waits (a barrier, a session write, an append held back by the backlog) or
+    an operation failed, otherwise every ``ACK_EVERY`` operations or ``ACK_AFTER_S`` seconds.
+    """
+    db = store._connect()
+    db.execute("PRAGMA wal_autocheckpoint=0")  # the recorder's checkpointer does it, never blocking us
+    done_through, unacked, last_ack = 0, 0, time.monotonic()
+    try:
+        while True:
+            try:
+                if not conn.poll(ACK_AFTER_S if unacked else None):
+                    conn.send((done_through, {}))
+                    unacked, last_ack = 0, time.monotonic()
+                    continue
+                messages = [conn.recv()]
+                while len(messages) < MAX_BATCH and conn.poll():
+                    messages.append(conn.recv())
+            except (EOFError, OSError):
+                return
+            stop = any(m[1] == "stop" for m in messages)
+            ops, tokens, errors, urgent = [], [], {}, False
+            for token, name, payload, resent, waited in messages:
+                if name == "stop":
+                    continue
+                urgent = urgent or waited
+                done_through = max(done_through, token)
+                if name == "append":
+                    seq, where = payload
+                    if resent and db.execute("SELECT 1 FROM records WHERE seq = ?", (seq,)).fetchone():
+                        continue  # committed before the previous child died
+                    try:
+                        payload = (seq, decode_record(store.journal.read_payload(where)))
+                    except (OSError, ValueError) as exc:
+                        errors[token] = f"cannot read record {seq} from the journal: {exc}"
+                        continue
+                ops.append((name, payload))
+                tokens.append(token)
+            results = store._run_batch(db, ops) if ops else []
+            errors.update({token: f"{type(error).__name__}: {error}"
+                           for token, (_, error) in zip(tokens, results) if error is not None})
+            unacked += len(messages)
+            if urgent or errors or stop or unacked >= ACK_EVERY or time.monotonic() - last_ack >= ACK_AFTER_S:
+                conn.send((done_through, errors))
+                unacked, last_ack = 0, time.monotonic()
+            if stop:
+                return
+    finally:
+        db.close()
+
+
+def main(argv: list[str]) -> None:
+    fd, path, synchronous = int(argv[0]), argv[1], argv[2]
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    conn = Connection(fd)
+    try:
+        serve(conn, SQLiteStore(path, synchronous=synchronous))  # never opened here: no journal lock
+    finally:
+        conn.close()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,266 @@
+"""Who moves journalled records into SQLite: a thread of the recorder, or a child process.
+
+Why two: indexing (deltas, hashing, compression, SQLite) runs after each reply, but in a thread it
+shares the interpreter lock with the event loop. Measured at one 8k-token session, that sharing
+alone added ~2 ms to the p99 of every call (``docs/benchmarks.md``): the loop, woken by the next
+request, waits for the writer's Python to let go. A child process has its own interpreter, so the
+event loop only writes the journal and sends the child a few bytes per record saying where it is.
+
+Both run the store's own operations (``SQLiteStore._run_batch``) in one transaction per batch, in
+submission order, and report each batch back through ``SQLiteStore._committed`` -- the same path,
+whichever runs it. The thread variant stays for library use where a child process is unwanted,
+and for tests that replace the store's operations in-process.
+
+The child reads each record from the journal itself (a ``pread`` of the frame the recorder wrote),
+so nothing large crosses the pipe. If the child dies, every operation it had not acknowledged is
+sent again to a new one, which skips records SQLite already has: nothing acknowledged to an agent
+is lost, and nothing is indexed twice. A child that keeps dying fails the store loudly instead.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import queue
+import socket
+import subprocess
+import sys
+import threading
+import time
+from multiprocessing.connection import Connection
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from openenv_harness.recorder.store.sqlite import SQLiteStore
+
+log = logging.getLogger(__name__)
+
+#: An operation as the store submits it: (name, argument, waiter, loop) -- see ``SQLiteStore._committed``.
+Item = tuple[str, Any, Any, Any]
+#: Operations per transaction: bounds how long a call waiting on the backlog waits.
+MAX_BATCH = 512
+#: Child restarts allowed within ``RESTART_WINDOW_S`` before the store gives up.
+MAX_RESTARTS = 3
+RESTART_WINDOW_S = 60.0
+
+
+class IndexerFailed(RuntimeError):
+    """The indexer cannot go on: appends fail (agents get a retryable 503), the journal keeps all."""
+
+
+class ThreadIndexer:
+    """The store's operations on one thread of this process."""
+
+    def __init__(self, store: "SQLiteStore") -> None:
+        self.store = store
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="oeh-store-writer", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def submit(self, item: Item) -> None:
+        self._queue.put(item)
+
+    def backlog(self) -> int:
+        return self._queue.qsize()
+
+    @property
+    def failed(self) -> str | None:
+        return None
+
+    def on_own_thread(self) -> bool:
+        return threading.current_thread() is self._thread
+
+    def stop(self, timeout_s: float) -> bool:
+        """Finish what was submitted, then stop. True if everything submitted was run."""
+        self._queue.put(None)
+        self._thread.join(timeout=timeout_s)
+        return not self._thread.is_alive()
+
+    def _run(self) -> None:
+        conn = self.store._wconn
+        assert conn is not None
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            batch = [item]
+            stop = False
+            while len(batch) < MAX_BATCH:
+                try:
+                    nxt = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if nxt is None:
+                    stop = True
+                    break
+                batch.append(nxt)
+            results = self.store._run_batch(conn, [(name, arg) for name, arg, _, _ in batch])
+            self.store._committed([(*item, *result) for item, result in zip(batch, results)])
+            if stop:
+                return
+
+
+class ProcessIndexer:
+    """The store's operations in a child process, fed through a socket pair.
+
+    Messages to the child: ``(token, name, payload, resent, waited)``; ``payload`` for an append is
+    ``(seq, where)`` -- where its frame lies in the journal -- and the operation's argument
+    otherwise; ``waited`` says someone waits for it, so the child acknowledges at once. Replies
+    are cumulative: ``(every token up to T is done, {token: error text})`` (``index_child.py``).
+    """
+
+    def __init__(self, store: "SQLiteStore", *, python: str = sys.executable) -> None:
+        self.store = store
+        self.python = python
+        self._lock = threading.Lock()
+        self._tokens = itertools.count(1)
+        #: token -> (item, message): sent and not yet acknowledged, in submission order
+        self._pending: dict[int, tuple[Item, tuple]] = {}
+        self._appends_pending = 0
+        self._conn: Connection | None = None
+        self._child: subprocess.Popen | None = None
+        self._reader: threading.Thread | None = None
+        self._stopping = False
+        self._failed: str | None = None
+        self._restarts: list[float] = []
+
+    @property
+    def failed(self) -> str | None:
+        return self._failed
+
+    @property
+    def pid(self) -> int | None:
+        return self._child.pid if self._child is not None else None
+
+    def start(self) -> None:
+        with self._lock:
+            self._spawn()
+
+    def _spawn(self) -> None:
+        ours, theirs = socket.socketpair()
+        argv = [self.python, "-m", "openenv_harness.recorder.store.index_child", str(theirs.fileno()),
+                self.store.path, self.store.synchronous]
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        self._child = subprocess.Popen(argv, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, env=env)
+        theirs.close()
+        self._conn = Connection(ours.detach())
+        self._reader = threading.Thread(target=self._read_acks, args=(self._conn, self._child),
+                                        name="oeh-store-indexer", daemon=True)
+        self._reader.start()
+
+    def submit(self, item: Item) -> None:
+        name, arg = item[0], item[1]
+        payload = (arg[0], arg[2]) if name == "append" else arg  # (seq, where): the child reads the frame
+        with self._lock:
+            if self._failed is not None:
+                raise IndexerFailed(self._failed)
+            token = next(self._tokens)
+            message = (token, name, payload, False, item[2] is not None)
+            self._pending[token] = (item, message)
+            self._appends_pending += name == "append"
+            self._send(message)
+
+    def _send(self, message: tuple) -> None:
+        assert self._conn is not None
+        try:
+            self._conn.send(message)
+        except OSError:
+            pass  # the child is gone: the reader thread restarts it and sends everything pending again
+
+    def backlog(self) -> int:
+        return self._appends_pending
+
+    def on_own_thread(self) -> bool:
+        return threading.current_thread() is self._reader
+
+    def stop(self, timeout_s: float) -> bool:
+        with self._lock:
+            self._stopping = True
+            if self._failed is None:
+                self._send((0, "stop", None, False, True))
+        reader, child = self._reader, self._child
+        if reader is not None:
+            reader.join(timeout=timeout_s)
+        clean = child is not None and _wait(child, timeout_s) == 0 and not self._pending
+        if self._conn is not None:
+            self._conn.close()
+        return clean
+
+    # -- the reader thread ---------------------------------------------------------------------------
+
+    def _read_acks(self, conn: Connection, child: subprocess.Popen) -> None:
+        while True:
+            try:
+                acks = conn.recv()
+            except (EOFError, OSError):
+                break
+            self._acknowledge(acks)
+        if self._stopping:
+            return
+        code = _wait(child, 5.0)
+        log.error("store: the index process exited (%s) with %d operation(s) unacknowledged",
+                  code, len(self._pending))
+        self._restart()
+
+    def _acknowledge(self, acks: tuple[int, dict[int, str]]) -> None:
+        through, errors = acks
+        done: list[tuple] = []
+        with self._lock:
+            finished = list(itertools.takewhile(lambda token: token <= through, self._pending))
+            for token in finished:
+                item = self._pending.pop(token)[0]
+                error = errors.get(token)
+                self._appends_pending -= item[0] == "append"
+                failure = RuntimeError(f"store operation {item[0]!r} failed: {error}") if error else None
+                value = item[1][0] if item[0] == "append" else None
+                done.append((*item, value, failure))
+        if done:
+            self.store._committed(done)
+
+    def _restart(self) -> None:
+        now = time.monotonic()
+        self._restarts = [t for t in self._restarts if now - t < RESTART_WINDOW_S] + [now]
+        with self._lock:
+            if self._stopping:
+                return
+            if len(self._restarts) > MAX_RESTARTS:
+                self._fail(f"the index process died {len(self._restarts)} times in {RESTART_WINDOW_S:.0f}s")
+                return
+            try:
+                self._spawn()
+            except OSError as exc:
+                self._fail(f"cannot start the index process: {exc}")
+                return
+            for token, (item, message) in self._pending.items():
+                self._send((token, message[1], message[2], True, message[4]))  # the child skips what SQLite has
+
+    def _fail(self, why: str) -> None:
+        """Called with the lock held: nothing more can be indexed until the store is opened again."""
+        log.error("store: %s; records stay in the journal and are indexed when the store opens again", why)
+        self._failed = why
+        pending, self._pending = list(self._pending.values()), {}
+        self._appends_pending = 0
+        error = IndexerFailed(why)
+        done = [(*item, None, error) for item, _ in pending]
+        if done:
+            threading.Thread(target=self.store._committed, args=(done,), daemon=True).start()
+
+
+def _wait(child: subprocess.Popen, timeout_s: float) -> int | None:
+    try:
+        return child.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        return child.wait(timeout=timeout_s)
+
+
+def make_indexer(kind: str, store: "SQLiteStore") -> ThreadIndexer | ProcessIndexer:
+    if kind == "thread":
+        return ThreadIndexer(store)
+    if kind == "process":
+        return ProcessIndexer(store)
+    raise ValueError(f"indexer must be 'thread' or 'process', not {kind!r}")
+

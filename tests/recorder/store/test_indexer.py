@@ -1,0 +1,125 @@
+"""Where records are indexed: a child process gives the same store as a thread, and survives its
+own death without losing or doubling a record."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from openenv_harness.recorder.store import SQLiteStore
+from openenv_harness.recorder.store import indexer as indexer_module
+from openenv_harness.recorder.store.base import SessionRow
+from openenv_harness.recorder.store.indexer import IndexerFailed
+
+from test_journal import _rec
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
+
+
+async def _fill(store: SQLiteStore, first: int, count: int) -> list[int]:
+    return list(await asyncio.gather(*(store.append(_rec(i, session=f"s{i % 3}")) for i in range(first, first + count))))
+
+
+async def test_a_process_indexer_stores_exactly_what_a_thread_indexer_stores(tmp_path: Path) -> None:
+    got = {}
+    for kind in ("thread", "process"):
+        store = SQLiteStore(tmp_path / f"{kind}.db", indexer=kind)
+        store.open()
+        await store.put_session(SessionRow(session_id="s0", secret_digest="d0", status="open", created_at=1.0,
+                                           spec={"harness": "pi"}))
+        await _fill(store, 0, 30)
+        await store.forget("s1")
+        await _fill(store, 30, 10)
+        got[kind] = ([await store.read_records(f"s{n}") for n in range(3)], store.load_sessions(),
+                     store.stats()["records_written"])
+        store.close()
+        assert store.journal.segments() == [], "everything indexed: the journal is gone"
+    assert got["process"] == got["thread"]
+    records, sessions, written = got["process"]
+    assert sum(len(r) for r in records) == 40 == written
+    assert [(s.session_id, s.next_call_index) for s in sessions] == [("s0", 40)]  # s0's last call is 39
+    assert records[0][0]["prompt_token_ids"] == _rec(0).prompt_ids.tolist()
+
+
+async def test_a_killed_index_process_is_replaced_and_nothing_is_lost_or_doubled(tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path / "r.db", indexer="process")
+    store.open()
+    try:
+        await _fill(store, 0, 20)
+        first = store._indexer.pid
+        assert first is not None and _alive(first)
+        os.kill(first, signal.SIGKILL)
+        await _fill(store, 20, 40)  # appends go on while the child is gone and while it is replaced
+        got = [e for n in range(3) for e in await store.read_records(f"s{n}")]
+        assert sorted(e["metadata"]["call_index"] for e in got) == list(range(60))
+        assert store._indexer.pid not in (None, first) and _alive(store._indexer.pid)
+        assert store.stats()["journal_unindexed"] == 0
+    finally:
+        store.close()
+
+
+async def test_an_index_process_that_keeps_dying_fails_the_store_and_the_journal_keeps_all(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(indexer_module, "MAX_RESTARTS", 1)
+    path = tmp_path / "r.db"
+    store = SQLiteStore(path, indexer="process")
+    store.open()
+    await _fill(store, 0, 5)
+    await store.caught_up()
+    store._indexer.python = "/bin/false"  # every replacement exits at once
+    os.kill(store._indexer.pid, signal.SIGKILL)
+    await _fill(store, 5, 5)  # journalled (durable) before the failure is known
+    deadline = time.monotonic() + 20
+    while store._indexer.failed is None and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    assert store._indexer.failed and "died" in store._indexer.failed
+    with pytest.raises(IndexerFailed):
+        await store.append(_rec(99))  # refused before it is journalled: the agent's retry is no twin
+    store.close()
+    assert store.journal.segments(), "what was not indexed stays in the journal"
+
+    again = SQLiteStore(path, indexer="process")
+    again.open()
+    try:
+        got = [e for n in range(3) for e in await again.read_records(f"s{n}")]
+        assert sorted(e["metadata"]["call_index"] for e in got) == list(range(10))
+    finally:
+        again.close()
+
+
+def test_the_index_process_ends_with_its_recorder(tmp_path: Path) -> None:
+    script = textwrap.dedent(f"""
+        import sys, time
+        sys.path.insert(0, {str(Path(__file__).resolve().parents[3])!r})
+        from openenv_harness.recorder.store import SQLiteStore
+        store = SQLiteStore({str(tmp_path / "r.db")!r}, indexer="process")
+        store.open()
+        print(store._indexer.pid, flush=True)
+        time.sleep(60)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        child = int(proc.stdout.readline())
+        assert _alive(child)
+        proc.kill()
+        proc.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while _alive(child) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(child), "the index process outlived its recorder"
+    finally:
+        proc.kill()
