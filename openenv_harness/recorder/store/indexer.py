@@ -40,6 +40,10 @@ log = logging.getLogger(__name__)
 Item = tuple[str, Any, Any, Any]
 #: Operations per transaction: bounds how long a call waiting on the backlog waits.
 MAX_BATCH = 512
+#: The index process's batches are smaller: it decodes every record of a batch from the journal
+#: before the transaction, and its memory follows the largest batch (measured at 64 sessions of 8k
+#: prompts: 512 → ~90 MB resident, 32 → ~60 MB), while commits stay cheap (WAL, no fsync).
+CHILD_MAX_BATCH = 32
 #: Child restarts allowed within ``RESTART_WINDOW_S`` before the store gives up.
 MAX_RESTARTS = 3
 RESTART_WINDOW_S = 60.0

@@ -366,10 +366,9 @@ class SQLiteStore(RecordStore):
         new_msgs: list[bytes] | None = None
         messages = request.get("messages")
         if isinstance(messages, list):
-            pairs = blocks.message_blobs(messages, tail.msg_datas, tail.msgs)
+            pairs = blocks.message_blobs(messages)
             self._put_blobs(conn, pairs, known)
             new_msgs = [h for h, _ in pairs]
-            tail.msg_datas = [d for _, d in pairs]
             written.update(new_msgs)
             msgs_delta = _delta(tail.msgs_seq, tail.msgs, new_msgs)
             request["messages"] = {_REF_MESSAGES: True}
@@ -603,15 +602,14 @@ class SQLiteStore(RecordStore):
 class _Tail:
     """What a session's latest record stored: the base of the next record's deltas."""
 
-    __slots__ = ("prompts", "msgs_seq", "msgs", "msg_datas", "known")
+    __slots__ = ("prompts", "msgs_seq", "msgs", "known")
 
     def __init__(self) -> None:
         #: (seq, prompt bytes) of the session's latest records: candidate bases, newest first
         self.prompts: list[tuple[int, bytes]] = []
         self.msgs_seq: int | None = None
         self.msgs: list[bytes] = []
-        #: the JSON of those messages: an equal message is recognised by a byte compare, not a hash
-        self.msg_datas: list[bytes] = []
+        #: blob hashes the latest record stored: not inserted again by the next one
         self.known: set[bytes] = set()
 
 
