@@ -36,13 +36,13 @@ import httptools
 import orjson
 import uvloop
 
+from openenv_harness.recorder.flow import upstream_body
 from openenv_harness.recorder.upstream.h1_engine import H1Engine
 from openenv_harness.recorder.upstream.reply_parse import PromptIdsReader, parse_json_object
 from openenv_harness.recorder.validate import agent_view, extract_evidence
 
 #: A frame: three little-endian lengths (head JSON, request body, prompt ids), then those bytes.
 _FRAME = struct.Struct("<III")
-_CAPTURE_FIELDS = {"return_token_ids": True, "logprobs": True, "top_logprobs": 0, "stream": False}
 
 
 class FloorProxy:
@@ -64,9 +64,7 @@ class FloorProxy:
         request = orjson.loads(body)
         if request.get("stream"):
             return 400, b'{"error":{"message":"the floor proxy does not stream"}}'
-        upstream = {k: v for k, v in request.items() if k != "stream_options"}
-        upstream.update(_CAPTURE_FIELDS)
-        reply = await self.engine.chat(upstream, session_id="floor")
+        reply = await self.engine.chat(upstream_body(request), session_id="floor")  # the recorder's own body
         if reply.status != 200 or reply.json is None:
             return 502, reply.body
         ids = None
