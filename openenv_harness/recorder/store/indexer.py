@@ -150,6 +150,8 @@ class ProcessIndexer:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
         self._child = subprocess.Popen(argv, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, env=env)
         theirs.close()
+        if self._conn is not None:
+            self._conn.close()  # a dead child's socket: its reader thread is the one replacing it
         self._conn = Connection(ours.detach())
         self._reader = threading.Thread(target=self._read_acks, args=(self._conn, self._child),
                                         name="oeh-store-indexer", daemon=True)
