@@ -38,42 +38,61 @@ def start_recorder(store: Path, engine_url: str, port: int) -> subprocess.Popen:
     raise RuntimeError("recorder did not start: " + proc.stderr.read().decode()[-2000:])
 
 
-def test_sigkill_mid_session_loses_no_acknowledged_call(tmp_path: Path, engine: EngineServer) -> None:
-    store = tmp_path / "records.db"
-    port = free_port()
-    admin = {"authorization": f"Bearer {ADMIN}"}
-    proc = start_recorder(store, engine.url, port)
-    base = f"http://127.0.0.1:{port}"
-    sessions = [httpx.post(base + "/admin/sessions", json={}, headers=admin).json() for _ in range(4)]
-    for s in sessions:
-        engine.set_script(s["session_id"], tool_script(200))
-    acked: dict[str, list[int]] = {s["session_id"]: [] for s in sessions}
-    stop = threading.Event()
+class Agents:
+    """Agents calling back to back on their sessions; ``acked`` holds the history length of every
+    call that got a 200, ``refused`` every other status. A dropped connection ends an agent."""
 
-    def hammer(s: dict) -> None:
+    def __init__(self, sessions: list[dict]) -> None:
+        self.acked: dict[str, list[int]] = {s["session_id"]: [] for s in sessions}
+        self.refused: list[int] = []
+        self.stop = threading.Event()
+        self.threads = [threading.Thread(target=self._run, args=(s,)) for s in sessions]
+        for t in self.threads:
+            t.start()
+
+    def _run(self, s: dict) -> None:
         messages = [{"role": "user", "content": "go"}]
         client = httpx.Client(timeout=10)
-        while not stop.is_set():
+        while not self.stop.is_set():
             try:
                 r = client.post(f"{s['base_url']}/chat/completions", headers={"authorization": f"Bearer {s['secret']}"},
                                 json={"model": "reference-model", "messages": messages, "tools": TOOLS})
             except httpx.HTTPError:
                 return  # the recorder died under us: this call was never acknowledged
             if r.status_code != 200:
+                self.refused.append(r.status_code)
                 return
-            acked[s["session_id"]].append(len(messages))
+            self.acked[s["session_id"]].append(len(messages))
             msg = r.json()["choices"][0]["message"]
             messages = messages + [msg, {"role": "tool", "tool_call_id": msg["tool_calls"][0]["id"], "content": "ok"}]
 
-    threads = [threading.Thread(target=hammer, args=(s,)) for s in sessions]
-    for t in threads:
-        t.start()
+    def finish(self) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join()
+
+
+def _sessions(base: str, engine: EngineServer, count: int) -> list[dict]:
+    admin = {"authorization": f"Bearer {ADMIN}"}
+    sessions = [httpx.post(base + "/admin/sessions", json={}, headers=admin).json() for _ in range(count)]
+    for s in sessions:
+        engine.set_script(s["session_id"], tool_script(200))
+    return sessions
+
+
+def test_sigkill_mid_session_loses_no_acknowledged_call(tmp_path: Path, engine: EngineServer) -> None:
+    store = tmp_path / "records.db"
+    port = free_port()
+    admin = {"authorization": f"Bearer {ADMIN}"}
+    proc = start_recorder(store, engine.url, port)
+    base = f"http://127.0.0.1:{port}"
+    sessions = _sessions(base, engine, 4)
+    agents = Agents(sessions)
     time.sleep(2.5)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
-    stop.set()
-    for t in threads:
-        t.join()
+    agents.finish()
+    acked = agents.acked
     assert sum(len(v) for v in acked.values()) >= 8, acked
 
     proc = start_recorder(store, engine.url, port)
@@ -94,6 +113,32 @@ def test_sigkill_mid_session_loses_no_acknowledged_call(tmp_path: Path, engine: 
             assert info["agent_calls"] == len(ok) + 1  # budgets keep counting across the restart
             indexes = [x["metadata"]["call_index"] for x in after]
             assert indexes == sorted(set(indexes)) and len(after) == len(records) + 1
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def test_a_killed_index_process_costs_agents_nothing(tmp_path: Path, engine: EngineServer) -> None:
+    """SIGKILL the recorder's index process while agents run: no call fails, every one is recorded once."""
+    store = tmp_path / "records.db"
+    port = free_port()
+    proc = start_recorder(store, engine.url, port)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        sessions = _sessions(base, engine, 4)
+        agents = Agents(sessions)
+        time.sleep(1.0)
+        (child,) = [int(pid) for task in Path(f"/proc/{proc.pid}/task").iterdir()
+                    for pid in (task / "children").read_text().split()]
+        os.kill(child, signal.SIGKILL)
+        time.sleep(1.5)
+        agents.finish()
+        assert agents.refused == [] and sum(len(v) for v in agents.acked.values()) >= 8, agents.acked
+        with RecorderClient(base, ADMIN) as admin:
+            for s in sessions:
+                records = admin.records(s["session_id"])
+                assert [len(r["request"]["messages"]) for r in records] == agents.acked[s["session_id"]]
+                assert [r["metadata"]["call_index"] for r in records] == list(range(len(records)))
     finally:
         proc.terminate()
         proc.wait(timeout=10)
