@@ -18,9 +18,6 @@ from openenv_harness.recorder.store.indexer import CHILD_MAX_BATCH
 from openenv_harness.recorder.store.journal import decode_record
 from openenv_harness.recorder.store.sqlite import SQLiteStore
 
-log = logging.getLogger("openenv_harness.recorder.store.index_child")
-
-
 #: Acknowledge at least this often (appends, seconds) when nobody waits: the recorder's backlog count
 #: and journal clean-up follow the acks, but each one costs the recorder a wake-up and its lock.
 ACK_EVERY = 16
