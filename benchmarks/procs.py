@@ -18,7 +18,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, Callable
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "benchmarks"
@@ -56,26 +56,25 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
-def tree_cpu_seconds(pid: int) -> float:
-    """``cpu_seconds`` of a process and its live descendants together."""
-    total = cpu_seconds(pid)
+def _over_tree(pid: int, read: Callable[[int], float]) -> float:
+    """``read`` of a process plus that of each live descendant (one that exits meanwhile counts 0)."""
+    total = read(pid)
     for kid in descendants(pid):
         try:
-            total += cpu_seconds(kid)
-        except FileNotFoundError:
+            total += read(kid)
+        except (FileNotFoundError, RuntimeError):
             pass
     return total
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """``cpu_seconds`` of a process and its live descendants together."""
+    return _over_tree(pid, cpu_seconds)
 
 
 def tree_rss_bytes(pid: int) -> int:
     """``rss_bytes`` of a process and its live descendants together (shared pages counted twice)."""
-    total = rss_bytes(pid)
-    for kid in descendants(pid):
-        try:
-            total += rss_bytes(kid)
-        except (FileNotFoundError, RuntimeError):
-            pass
-    return total
+    return int(_over_tree(pid, rss_bytes))
 
 
 def rss_bytes(pid: int) -> int:
