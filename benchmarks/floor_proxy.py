@@ -38,7 +38,7 @@ import uvloop
 
 from openenv_harness.recorder.flow import upstream_body
 from openenv_harness.recorder.upstream.h1_engine import H1Engine
-from openenv_harness.recorder.upstream.reply_parse import PromptIdsReader, parse_json_object
+from openenv_harness.recorder.upstream.reply_parse import PromptIdsReader
 from openenv_harness.recorder.validate import agent_view, extract_evidence
 
 #: A frame: three little-endian lengths (head JSON, request body, prompt ids), then those bytes.
@@ -67,11 +67,9 @@ class FloorProxy:
         reply = await self.engine.chat(upstream_body(request), session_id="floor")  # the recorder's own body
         if reply.status != 200 or reply.json is None:
             return 502, reply.body
-        ids = None
-        if reply.prompt_span is not None:
-            ids = self.readers.setdefault(key, PromptIdsReader()).read(reply.prompt_span)
-            if ids is None:
-                reply.json = parse_json_object(reply.body)
+        ids = self.readers.setdefault(key, PromptIdsReader()).take(reply)
+        if reply.json is None:
+            return 502, reply.body
         evidence = extract_evidence(reply.json, ids)
         head = orjson.dumps({"key": key.decode("latin-1"), "valid": evidence.valid, "reply": reply.json})
         ids = evidence.prompt_ids if evidence.prompt_ids is not None else array("I")

@@ -32,7 +32,7 @@ from openenv_harness.recorder.sessions import LiveSession
 from openenv_harness.recorder.sse import synthesize_sse
 from openenv_harness.recorder.store.base import PendingRecord
 from openenv_harness.recorder.upstream.base import UpstreamFailure, UpstreamReply
-from openenv_harness.recorder.upstream.reply_parse import PromptIdsReader, parse_json_object
+from openenv_harness.recorder.upstream.reply_parse import PromptIdsReader
 from openenv_harness.recorder.validate import Evidence, agent_view, extract_evidence
 
 #: What the recorder adds to every upstream body -- and nothing else (D3).
@@ -207,21 +207,14 @@ async def forward(flow: Flow) -> None:
 
 
 def read_prompt_ids(flow: Flow) -> None:
-    """The reply's prompt ids from the span the transport cut out, through the session's reader
-    (which parses only what the previous prompt did not already hold). A span that is not a clean
-    id list sends the reply through the full parse: validation then names the bad values, and a
-    body that is not JSON at all is the engine's error like any other."""
-    reply = flow.reply
-    assert reply is not None
-    if reply.prompt_span is None:
+    """The reply's prompt ids, through the session's reader (which parses only what the previous
+    prompt did not already hold; ``PromptIdsReader.take``)."""
+    assert flow.reply is not None
+    if flow.reply.prompt_span is None:
         return
-    session = flow.session
-    if session.prompt_ids is None:
-        session.prompt_ids = PromptIdsReader()
-    flow.prompt_ids = session.prompt_ids.read(reply.prompt_span)
-    if flow.prompt_ids is None:
-        reply.json = parse_json_object(reply.body)
-    reply.prompt_span = None
+    if flow.session.prompt_ids is None:
+        flow.session.prompt_ids = PromptIdsReader()
+    flow.prompt_ids = flow.session.prompt_ids.take(flow.reply)
 
 
 # -- validate / record -------------------------------------------------------------------------

@@ -26,10 +26,13 @@ from __future__ import annotations
 import json
 import warnings
 from array import array
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import orjson
+
+if TYPE_CHECKING:
+    from openenv_harness.recorder.upstream.base import UpstreamReply
 
 _KEY = b'"prompt_token_ids":['
 _ALLOWED = b"0123456789, "
@@ -123,6 +126,19 @@ class PromptIdsReader:
 
     def __init__(self) -> None:
         self._recent: list[tuple[bytes, array]] = []
+
+    def take(self, reply: "UpstreamReply") -> array | None:
+        """The prompt ids of a reply whose transport cut out their span (None when it did not).
+        A span that is not a clean id list sends the reply through the full parse instead:
+        validation then names the bad values, and a body that is not JSON at all stays the
+        engine's error like any other."""
+        span, reply.prompt_span = reply.prompt_span, None
+        if span is None:
+            return None
+        ids = self.read(span)
+        if ids is None:
+            reply.json = parse_json_object(reply.body)
+        return ids
 
     def read(self, span: bytes) -> array | None:
         """The span's ids, or None unless it is a clean list of uint32 ids (see ``read_ids``)."""
