@@ -41,9 +41,9 @@ def serve(conn: Connection, store: SQLiteStore) -> None:
                     conn.send((done_through, {}))
                     unacked, last_ack = 0, time.monotonic()
                     continue
-                messages = [conn.recv()]
+                messages = list(conn.recv())  # the recorder sends lists of at most CHILD_MAX_BATCH
                 while len(messages) < CHILD_MAX_BATCH and conn.poll():
-                    messages.append(conn.recv())
+                    messages.extend(conn.recv())
             except (EOFError, OSError):
                 return
             stop = any(m[1] == "stop" for m in messages)

@@ -19,6 +19,7 @@ is lost, and nothing is indexed twice. A child that keeps dying fails the store 
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
 import os
@@ -110,10 +111,16 @@ class ThreadIndexer:
 class ProcessIndexer:
     """The store's operations in a child process, fed through a socket pair.
 
-    Messages to the child: ``(token, name, payload, resent, waited)``; ``payload`` for an append is
-    ``(seq, where)`` -- where its frame lies in the journal -- and the operation's argument
-    otherwise; ``waited`` says someone waits for it, so the child acknowledges at once. Replies
-    are cumulative: ``(every token up to T is done, {token: error text})`` (``index_child.py``).
+    Messages to the child: ``(token, name, payload, resent, waited)``, sent as lists of up to
+    ``CHILD_MAX_BATCH``; ``payload`` for an append is ``(seq, where)`` -- where its frame lies in
+    the journal -- and the operation's argument otherwise; ``waited`` says someone waits for it, so
+    the child acknowledges at once. Replies are cumulative: ``(every token up to T is done,
+    {token: error text})`` (``index_child.py``).
+
+    An operation nobody waits for, submitted on an event loop, is not sent at once but on the
+    loop's next turn: the call that journalled it has handed its reply to the kernel by then, so
+    the send (a pickle and a syscall that wakes the child) is not in the agent's latency, and the
+    records of every call finishing in the same turn go to the child in one message.
     """
 
     def __init__(self, store: "SQLiteStore", *, python: str = sys.executable) -> None:
@@ -123,6 +130,8 @@ class ProcessIndexer:
         self._tokens = itertools.count(1)
         #: token -> (item, message): sent and not yet acknowledged, in submission order
         self._pending: dict[int, tuple[Item, tuple]] = {}
+        #: messages not sent yet, waiting for the event loop's next turn (see the class docstring)
+        self._outbox: list[tuple] = []
         self._appends_pending = 0
         self._conn: Connection | None = None
         self._child: subprocess.Popen | None = None
@@ -164,15 +173,31 @@ class ProcessIndexer:
             if self._failed is not None:
                 raise IndexerFailed(self._failed)
             token = next(self._tokens)
-            message = (token, name, payload, False, item[2] is not None)
+            waited = item[2] is not None
+            message = (token, name, payload, False, waited)
             self._pending[token] = (item, message)
             self._appends_pending += name == "append"
-            self._send(message)
+            self._outbox.append(message)
+            loop = None if waited else _running_loop()
+            if loop is None:  # someone waits for it, or no event loop will turn: now
+                self._flush_locked()
+            elif len(self._outbox) == 1:  # otherwise a flush is already due
+                loop.call_soon(self.flush)
 
-    def _send(self, message: tuple) -> None:
+    def flush(self) -> None:
+        """Send what waits in the outbox."""
+        with self._lock:
+            self._flush_locked()
+
+    def _flush_locked(self) -> None:
+        out, self._outbox = self._outbox, []
+        for i in range(0, len(out), CHILD_MAX_BATCH):
+            self._send(out[i : i + CHILD_MAX_BATCH])
+
+    def _send(self, messages: list[tuple]) -> None:
         assert self._conn is not None
         try:
-            self._conn.send(message)
+            self._conn.send(messages)
         except OSError:
             pass  # the child is gone: the reader thread restarts it and sends everything pending again
 
@@ -186,7 +211,8 @@ class ProcessIndexer:
         with self._lock:
             self._stopping = True
             if self._failed is None:
-                self._send((0, "stop", None, False, True))
+                self._outbox.append((0, "stop", None, False, True))
+                self._flush_locked()
         reader, child = self._reader, self._child
         if reader is not None:
             reader.join(timeout=timeout_s)
@@ -240,19 +266,29 @@ class ProcessIndexer:
             except OSError as exc:
                 self._fail(f"cannot start the index process: {exc}")
                 return
-            for token, (item, message) in self._pending.items():
-                self._send((token, message[1], message[2], True, message[4]))  # the child skips what SQLite has
+            # everything unacknowledged, the outbox included, goes again: the child skips what SQLite has
+            self._outbox = [(token, message[1], message[2], True, message[4])
+                            for token, (item, message) in self._pending.items()]
+            self._flush_locked()
 
     def _fail(self, why: str) -> None:
         """Called with the lock held: nothing more can be indexed until the store is opened again."""
         log.error("store: %s; records stay in the journal and are indexed when the store opens again", why)
         self._failed = why
+        self._outbox = []
         pending, self._pending = list(self._pending.values()), {}
         self._appends_pending = 0
         error = IndexerFailed(why)
         done = [(*item, None, error) for item, _ in pending]
         if done:
             threading.Thread(target=self.store._committed, args=(done,), daemon=True).start()
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
 
 
 def _wait(child: subprocess.Popen, timeout_s: float) -> int | None:

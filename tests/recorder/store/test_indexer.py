@@ -123,3 +123,43 @@ def test_the_index_process_ends_with_its_recorder(tmp_path: Path) -> None:
         assert not _alive(child), "the index process outlived its recorder"
     finally:
         proc.kill()
+
+
+async def test_appends_reach_the_index_process_on_the_loops_next_turn_in_one_message(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = SQLiteStore(tmp_path / "r.db", indexer="process")
+    store.open()
+    sent: list[list[tuple]] = []
+    real_send = store._indexer._send
+    monkeypatch.setattr(store._indexer, "_send", lambda messages: (sent.append(messages), real_send(messages)))
+    try:
+        for i in range(5):  # no await suspends here: the loop does not turn between these appends
+            await store.append(_rec(i))
+        assert sent == [], "nothing crosses to the child while the calls that journalled are still running"
+        await asyncio.sleep(0)
+        assert [[m[0] for m in batch] for batch in sent] == [[1, 2, 3, 4, 5]], "one message, in order"
+        sent.clear()
+        await store.append(_rec(5))
+        await store.caught_up()  # someone waits: sent at once, behind the append queued before it
+        assert [[m[1] for m in batch] for batch in sent] == [["append", "nothing"]]
+        assert [e["metadata"]["call_index"] for e in await store.read_records("s")] == list(range(6))
+    finally:
+        store.close()
+
+
+async def test_a_child_killed_with_appends_still_in_the_outbox_gets_them_once(tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path / "r.db", indexer="process")
+    store.open()
+    try:
+        await _fill(store, 0, 10)
+        await store.caught_up()
+        first = store._indexer.pid
+        for i in range(10, 20):
+            await store.append(_rec(i, session=f"s{i % 3}"))  # queued for the next turn
+        os.kill(first, signal.SIGKILL)
+        await asyncio.sleep(0)  # the flush may hit the dead child's socket; the restart resends
+        got = [e for n in range(3) for e in await store.read_records(f"s{n}")]
+        assert sorted(e["metadata"]["call_index"] for e in got) == list(range(20))
+        assert store.stats()["journal_unindexed"] == 0
+    finally:
+        store.close()
