@@ -134,7 +134,7 @@ def render_page(results: list[dict[str, Any]], *, command: str, earlier: list[di
                 earlier_title: str = "", earlier_command: str = "", notes: str = "") -> str:
     """The page for one run; ``earlier`` adds a complete earlier run (e.g. a previous recorder revision)."""
     checks = report.target_checks(results)
-    met = sum(1 for _, _, ok in checks if ok)
+    met = sum(1 for _, _, ok, _ in checks if ok)
     machine, versions = report.machine(), report.versions()
     started = min((r.get("started_at", 0) for r in results if r.get("started_at")), default=time.time())
     measured = next((r["commit"] for r in results if r.get("commit")), machine["commit"])

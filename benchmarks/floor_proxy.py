@@ -30,6 +30,7 @@ import os
 import signal
 import struct
 from array import array
+from collections import OrderedDict
 from typing import Any
 
 import httptools
@@ -41,6 +42,10 @@ from openenv_harness.recorder.upstream.h1_engine import H1Engine
 from openenv_harness.recorder.upstream.reply_parse import PromptIdsReader
 from openenv_harness.recorder.validate import agent_view, extract_evidence
 
+#: Id readers kept, least recently used dropped first: capture-style sessions are never closed, and
+#: a 64-session run starts thousands of conversations (the recorder drops a reader at session close).
+KEEP_READERS = 256
+
 #: A frame: three little-endian lengths (head JSON, request body, prompt ids), then those bytes.
 _FRAME = struct.Struct("<III")
 
@@ -51,7 +56,7 @@ class FloorProxy:
     def __init__(self, engine: H1Engine, journal_fd: int) -> None:
         self.engine = engine
         self.fd = journal_fd
-        self.readers: dict[bytes, PromptIdsReader] = {}
+        self.readers: OrderedDict[bytes, PromptIdsReader] = OrderedDict()
         self.numbers = itertools.count(1)
 
     async def handle(self, method: bytes, path: bytes, key: bytes, body: bytes) -> tuple[int, bytes]:
@@ -67,7 +72,7 @@ class FloorProxy:
         reply = await self.engine.chat(upstream_body(request), session_id="floor")  # the recorder's own body
         if reply.status != 200 or reply.json is None:
             return 502, reply.body
-        ids = self.readers.setdefault(key, PromptIdsReader()).take(reply)
+        ids = self._reader(key).take(reply)
         if reply.json is None:
             return 502, reply.body
         evidence = extract_evidence(reply.json, ids)
@@ -75,6 +80,16 @@ class FloorProxy:
         ids = evidence.prompt_ids if evidence.prompt_ids is not None else array("I")
         os.writev(self.fd, [_FRAME.pack(len(head), len(body), len(ids) * ids.itemsize), head, body, ids])
         return 200, orjson.dumps(agent_view(reply.json, keep_logprobs=request.get("logprobs") is True))
+
+    def _reader(self, key: bytes) -> PromptIdsReader:
+        reader = self.readers.get(key)
+        if reader is None:
+            reader = self.readers[key] = PromptIdsReader()
+            if len(self.readers) > KEEP_READERS:
+                self.readers.popitem(last=False)
+        else:
+            self.readers.move_to_end(key)
+        return reader
 
 
 def read_frames(path: str) -> list[tuple[dict[str, Any], bytes, array]]:

@@ -43,7 +43,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--profile", default=None, help="settings to profile with py-spy after the matrix; '' for none")
     p.add_argument("--targets", default="direct,recorder,capture")
     p.add_argument("--no-floor", action="store_true",
-                   help="leave out the baseline proxy (floor_proxy.py), which otherwise joins every N=1 setting")
+                   help="leave out the baseline proxy (floor_proxy.py), which otherwise joins every non-streaming "
+                        "setting the recorder runs")
     p.add_argument("--out", type=Path, default=None, help="results JSONL (default: benchmarks/results/ or a temp file)")
     p.add_argument("--docs", type=Path, default=None, help="page to write (default: docs/benchmarks.md unless --quick)")
     p.add_argument("--no-docs", action="store_true")
@@ -95,7 +96,7 @@ def run(a: argparse.Namespace, command: str) -> list[dict[str, Any]]:
     for text in a.settings:
         setting = measure.Setting.parse(text)
         targets = a.targets
-        if not a.no_floor and "floor" not in targets and setting.sessions == 1 and not setting.stream:
+        if not a.no_floor and "recorder" in targets and "floor" not in targets and not setting.stream:
             targets = [*targets, "floor"]
         for rep in range(1, a.reps + 1):
             for target in targets:

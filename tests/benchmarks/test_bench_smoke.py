@@ -89,15 +89,15 @@ def _run_quick(tmp_path: Path, targets: str, settings: str, long: str) -> tuple[
 def test_quick_path_measures_direct_and_recorder(tmp_path: Path) -> None:
     results, stdout, page = _run_quick(tmp_path, "direct,recorder", "chain:1024:2", "chain:1024:1:4")
     assert [(r["label"], r["target"]) for r in results] == [
-        ("chain P=1k N=2", "direct"), ("chain P=1k N=2", "recorder"),
+        ("chain P=1k N=2", "direct"), ("chain P=1k N=2", "recorder"), ("chain P=1k N=2", "floor"),
         ("chain P=1k N=1 T=4", "direct"), ("chain P=1k N=1 T=4", "recorder"),
-    ]
+    ]  # the baseline proxy joins the matrix, not the long session
     for r in results:
         assert r["load"]["calls"] > 0 and r["load"]["errors"] == 0, r["load"]
         assert r["server"]["rss_end"] > 0 and r["server"]["cpu_ms_per_call"] >= 0
     recorder_cell = results[1]
     assert recorder_cell["store"]["records"] >= recorder_cell["load"]["calls"]  # pre-warm calls are stored too
-    long = results[3]
+    long = results[4]
     assert long["load"]["calls"] == 4 and len(long["load"]["per_call"]) == 4
     assert long["readback"]["records"] == 4 and long["readback"]["fidelity"] == {"root": 1, "exact": 3}
     stored = long["store"]["session"]
@@ -115,15 +115,18 @@ def test_quick_path_drives_openenv_capture(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_the_floor_proxy_joins_one_session_settings_and_its_table_is_rendered(tmp_path: Path) -> None:
-    results, stdout, page = _run_quick(tmp_path, "direct,recorder", "chain:1024:1,fixed:1024:2", "")
+def test_the_floor_proxy_joins_non_streaming_settings_and_its_table_is_rendered(tmp_path: Path) -> None:
+    results, stdout, page = _run_quick(tmp_path, "direct,recorder", "chain:1024:1,fixed:1024:2,chain:1024:2:20:stream", "")
     assert [(r["label"], r["target"]) for r in results] == [
         ("chain P=1k N=1", "direct"), ("chain P=1k N=1", "recorder"), ("chain P=1k N=1", "floor"),
-        ("fixed P=1k N=2", "direct"), ("fixed P=1k N=2", "recorder"),
+        ("fixed P=1k N=2", "direct"), ("fixed P=1k N=2", "recorder"), ("fixed P=1k N=2", "floor"),
+        ("chain P=1k N=2 stream", "direct"), ("chain P=1k N=2 stream", "recorder"),
     ]
-    floor = results[2]
-    assert floor["load"]["calls"] > 0 and floor["load"]["errors"] == 0  # checked replies, like every target
-    assert "## The hop itself" in page and "| chain P=1k N=1 |" in stdout
+    for floor in (results[2], results[5]):
+        assert floor["load"]["calls"] > 0 and floor["load"]["errors"] == 0  # checked replies, like every target
+    assert "## The hop itself" in page
+    hop = page.split("## The hop itself", 1)[1].split("##", 1)[0]
+    assert "| chain P=1k N=1 |" in hop and "| fixed P=1k N=2 |" in hop and "stream" not in hop
 
 
 def test_the_floor_proxy_records_exact_ids_and_answers_without_engine_fields(tmp_path: Path) -> None:
