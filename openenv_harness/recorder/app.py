@@ -17,7 +17,7 @@ from starlette.responses import Response
 from openenv_harness.recorder import admin
 from openenv_harness.recorder.auth import AdminAuth, new_admin_token
 from openenv_harness.recorder.context import RecorderConfig, RecorderContext
-from openenv_harness.recorder.errors import AgentError, error_response
+from openenv_harness.recorder.errors import AgentError, body_too_large, error_response
 from openenv_harness.recorder.fence import Fence
 from openenv_harness.recorder.flow import authenticate, handle_chat
 from openenv_harness.recorder.metrics import RecorderMetrics
@@ -35,13 +35,13 @@ log = logging.getLogger(__name__)
 async def _read_body(request: Request, limit: int) -> bytes:
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise AgentError(413, f"request body exceeds {limit} bytes", code="body_too_large")
+        raise body_too_large(limit)
     chunks: list[bytes] = []
     size = 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > limit:
-            raise AgentError(413, f"request body exceeds {limit} bytes", code="body_too_large")
+            raise body_too_large(limit)
         chunks.append(chunk)
     return b"".join(chunks)
 
@@ -84,7 +84,7 @@ async def healthz(request: Request) -> Response:
 _CHAT_SUFFIX = "/v1/chat/completions"
 
 
-def _chat_target(path: str) -> tuple[bool, str | None]:
+def chat_target(path: str) -> tuple[bool, str | None]:
     """Whether ``path`` is an agent chat route, and its session id (None on the bare route)."""
     if path == _CHAT_SUFFIX:
         return True, None
@@ -100,7 +100,9 @@ class RecorderApp:
     (admin API, viewer, models, lifespan) is the FastAPI app behind it.
 
     Why: the chat route is the only hot path, and Starlette's routing and middleware stack cost more
-    per call than the rest of the recorder's own work. ``state`` is the inner app's state.
+    per call than the rest of the recorder's own work. ``state`` is the inner app's state. Under
+    the recorder's own server, chat calls skip ASGI altogether (``chat_protocol.py``); this path
+    serves them under any other ASGI server, and the requests that protocol leaves to uvicorn.
     """
 
     def __init__(self, inner: FastAPI) -> None:
@@ -109,7 +111,7 @@ class RecorderApp:
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] == "http" and scope["method"] == "POST":
-            matched, session_id = _chat_target(scope["path"])
+            matched, session_id = chat_target(scope["path"])
             if matched:
                 response = await self._chat(scope, receive, session_id)
                 await response(scope, receive, send)
@@ -122,7 +124,7 @@ class RecorderApp:
         limit = ctx.config.max_body_bytes
         declared = headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
-            return AgentError(413, f"request body exceeds {limit} bytes", code="body_too_large").to_response()
+            return body_too_large(limit).to_response()
         chunks: list[bytes] = []
         size = 0
         while True:
@@ -132,7 +134,7 @@ class RecorderApp:
             body = message.get("body", b"")
             size += len(body)
             if size > limit:
-                return AgentError(413, f"request body exceeds {limit} bytes", code="body_too_large").to_response()
+                return body_too_large(limit).to_response()
             chunks.append(body)
             if not message.get("more_body", False):
                 break

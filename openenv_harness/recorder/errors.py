@@ -52,3 +52,8 @@ def error_response(
         media_type="application/json",
         headers=headers,
     )
+
+
+def body_too_large(limit: int) -> AgentError:
+    """A request body over ``RecorderConfig.max_body_bytes`` (every route that reads one says the same)."""
+    return AgentError(413, f"request body exceeds {limit} bytes", code="body_too_large")

@@ -1,7 +1,9 @@
 """Run a recorder: in a background thread (trainers, tests, white-box runs) or as a process.
 
 uvicorn with uvloop and httptools when available (they are part of ``uvicorn[standard]``): the
-pure-Python HTTP stack is where a proxy's per-call time goes.
+pure-Python HTTP stack is where a proxy's per-call time goes. Its httptools protocol is replaced by
+``chat_protocol.ChatProtocol``, which answers agent chat calls without an ASGI cycle and leaves
+every other request to uvicorn.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 import uvicorn
 
 from openenv_harness.recorder.app import create_recorder_app
+from openenv_harness.recorder.chat_protocol import chat_protocol_class
 from openenv_harness.recorder.context import RecorderConfig, RecorderContext
 from openenv_harness.recorder.heap import HeapTrimmer, freeze_startup_heap
 from openenv_harness.recorder.upstream.base import Upstream
@@ -35,7 +38,7 @@ class ThreadedServer:
         self.port = port or free_port(host)
         self._config = uvicorn.Config(
             app, host=host, port=self.port, log_level=log_level, access_log=False, lifespan="on",
-            timeout_keep_alive=75, loop="asyncio",
+            timeout_keep_alive=75, loop="asyncio", http=chat_protocol_class() or "auto",
             # an in-process server must not reconfigure the host process's logging
             log_config=None,
         )
@@ -110,6 +113,7 @@ def serve(config: RecorderConfig, *, host: str = "127.0.0.1", port: int = 8765, 
     freeze_startup_heap()
     trimmer = HeapTrimmer().start()
     try:
-        uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False)
+        uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False,
+                    http=chat_protocol_class() or "auto")
     finally:
         trimmer.stop()
