@@ -287,7 +287,9 @@ def machine() -> dict[str, str]:
     root = Path(__file__).resolve().parent.parent
     try:
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=root, capture_output=True, text=True).stdout.strip()
+        # the run's own outputs (results, the page) do not make the measured code "changed"
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", ".", ":!benchmarks/results", ":!docs/benchmarks.md"],
+                               cwd=root, capture_output=True, text=True).stdout.strip()
     except OSError:
         head, dirty = "unknown", ""
     return {"cpu": cpu, "cores": str(os.cpu_count()), "memory": f"{int(mem) / 1024 / 1024:.0f} GiB",
