@@ -60,9 +60,12 @@ lengths) after the recorder stopped. "Background cores" is the rest of the machi
 the run (system busy time minus the three processes), since the machine is shared.
 
 **The long session**: one conversation of 100 turns, chain and fixed mode, P=8k, for each target,
-with per-call latencies. For the recorder, the session's stored bytes (`SQLiteStore.session_bytes`:
-its rows plus every blob it references) are compared with its final prompt+completion ids at
-4 bytes per id, and its records are read back through the admin API."""
+after the same pre-warm, with per-call latencies. RSS is read before it, right after it, and
+"settled" after 2.5 s idle: the last calls' buffers (a 64k-id prompt's body, reply and ids) are
+freed by then and the recorder's heap trimmer (every second) has handed them back, so the settled
+reading is what the session left held. For the recorder, the session's stored bytes
+(`SQLiteStore.session_bytes`: its rows plus every blob it references) are compared with its final
+prompt+completion ids at 4 bytes per id, and its records are read back through the admin API."""
 
 CAVEATS = """\
 - **The machine is shared and has 2 cores.** Load generator, engine and proxy share them with other

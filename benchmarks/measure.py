@@ -23,6 +23,8 @@ import orjson
 
 import procs
 
+#: Idle time before a long session's settled RSS is read (longer than the heap trimmer's period).
+SETTLE_S = 2.5
 PREWARM = ["--sessions", "4", "--turns", "3", "--max-conversations", "4", "--duration", "30"]
 
 
@@ -132,8 +134,8 @@ def run_cell(setting: Setting, target: str, *, duration: float, logs: Path, rep:
             try:
                 url = proxy.url if proxy is not None else engine.url
                 server = proxy if proxy is not None else engine
-                if not long_session:
-                    procs.run_json(_loadgen(url, target, setting, admin, PREWARM), 300)
+                # the long session too: its memory growth is then the session's, not first-call warm-up
+                procs.run_json(_loadgen(url, target, setting, admin, PREWARM), 300)
                 rss0, cpu0 = procs.tree_rss_bytes(server.pid), procs.tree_cpu_seconds(server.pid)
                 eng0 = procs.cpu_seconds(engine.pid)
                 threads0 = thread_cpu(server.pid)
@@ -147,6 +149,11 @@ def run_cell(setting: Setting, target: str, *, duration: float, logs: Path, rep:
                 rss1, cpu1 = procs.tree_rss_bytes(server.pid), procs.tree_cpu_seconds(server.pid)
                 eng1 = procs.cpu_seconds(engine.pid)
                 threads1 = thread_cpu(server.pid)
+                if long_session:
+                    # what stays held once the last call's buffers are freed and handed back (the
+                    # recorder's heap trimmer runs every second): growth with history, not working set
+                    time.sleep(SETTLE_S)
+                    result["rss_settled"] = procs.tree_rss_bytes(server.pid)
                 wall = time.perf_counter() - wall0
                 ours = (cpu1 - cpu0) + ((eng1 - eng0) if server is not engine else 0.0)
                 ours += (load.get("lg_cpu_ms_per_call") or 0.0) * load["calls"] / 1000.0

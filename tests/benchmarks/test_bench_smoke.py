@@ -99,6 +99,7 @@ def test_quick_path_measures_direct_and_recorder(tmp_path: Path) -> None:
     assert recorder_cell["store"]["records"] >= recorder_cell["load"]["calls"]  # pre-warm calls are stored too
     long = results[4]
     assert long["load"]["calls"] == 4 and len(long["load"]["per_call"]) == 4
+    assert long["rss_settled"] > 0 and "settled" in page  # held memory, read after the trimmer ran
     assert long["readback"]["records"] == 4 and long["readback"]["fidelity"] == {"root": 1, "exact": 3}
     stored = long["store"]["session"]
     assert stored["total"] == stored["row_bytes"] + stored["blob_bytes"] > 0
