@@ -43,7 +43,9 @@ def admin_authorized(request: Request) -> bool:
     return ctx.admin_auth.check({"authorization": f"Bearer {cookie}"})
 
 
-def require_admin(request: Request) -> RecorderContext:
+async def require_admin(request: Request) -> RecorderContext:
+    """Every control-plane route's guard. A coroutine on purpose: FastAPI runs a plain function
+    dependency in its thread pool, a thread hand-off per admin request for a few microseconds of work."""
     ctx = _ctx(request)
     if not admin_authorized(request):
         raise HTTPException(status_code=401, detail="admin token required (Authorization: Bearer <admin token>)")

@@ -68,13 +68,15 @@ def account(session: LiveSession, call_kind: str, evidence: "Evidence | None", *
 
 def limits_state(session: LiveSession) -> dict[str, Any]:
     c = session.counters
-    b = session.spec.budgets
+    caps = session.caps_cache
+    if caps is None:  # a pydantic dump per call cost more than the rest of this function
+        caps = session.caps_cache = session.spec.budgets.model_dump(exclude_none=True)
     return {
         "agent_calls": c.agent_calls,
         "calls": c.calls,
         "prompt_tokens": c.prompt_tokens,
         "completion_tokens": c.completion_tokens,
         "elapsed_s": round(time.time() - session.created_at, 3),
-        **b.model_dump(exclude_none=True),
+        **caps,
         "stop": session.stop_reason,
     }

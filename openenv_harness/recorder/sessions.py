@@ -112,6 +112,8 @@ class LiveSession:
     recent_digests: "OrderedDict[str, int]" = field(default_factory=OrderedDict)
     #: the session-constant part of each record's provenance, built on first use
     provenance_cache: dict[str, Any] | None = None
+    #: the session's caps as each record's ``limits`` shows them (the spec does not change), built on first use
+    caps_cache: dict[str, Any] | None = None
     _changed: asyncio.Event | None = None
 
     def take_call_index(self) -> int:
