@@ -88,8 +88,9 @@ _PROMPT_BASES = 2
 _HASH_CACHE_SESSIONS = 512
 #: The checkpointer copies the WAL into the database this often (seconds), off the writer thread.
 _CHECKPOINT_EVERY_S = 1.0
-#: Records journalled but not yet in SQLite beyond which an ``append`` waits for its own commit:
-#: each holds its prompt and request, so memory stays bounded when the writer falls behind.
+#: Records journalled but not yet in SQLite beyond which an ``append`` waits until the indexer has
+#: brought the backlog back under this: each holds its prompt and request until indexed, so memory
+#: stays bounded when the indexer falls behind.
 _MAX_BACKLOG = 64
 #: What the indexer runs, by the name an operation travels under (to a child process too).
 _OPS = {"append": "_op_append", "session": "_op_put_session", "forget": "_op_forget", "nothing": "_op_nothing"}
@@ -124,6 +125,9 @@ class SQLiteStore(RecordStore):
         #: every record with a lower seq is in SQLite, except ``_unindexed`` (kept in the journal)
         self._indexed_through = 0
         self._unindexed: set[int] = set()
+        #: appends held back by the backlog: (loop, future), woken together once it is under the limit
+        self._drain_lock = threading.Lock()
+        self._drain_waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future]] = []
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -192,6 +196,7 @@ class SQLiteStore(RecordStore):
         self._closed = True
         if self._indexer is not None:
             finished = self._indexer.stop(timeout_s=30)
+            self._wake_drained(always=True)  # whatever is left is in the journal: nobody waits on a closed store
             self._stop_checkpoints.set()
             self._checkpointer.join(timeout=30)
             # every record reached SQLite unless the indexer failed one: then the journal keeps it
@@ -215,25 +220,26 @@ class SQLiteStore(RecordStore):
         return await asyncio.shield(fut)
 
     async def append(self, record: PendingRecord) -> int:
-        """Journal the record (durable when this returns) and hand it to the indexer."""
+        """Journal the record (durable when this returns) and hand it to the indexer.
+
+        When the indexer is behind by more than ``_MAX_BACKLOG`` records, the call then waits until
+        it is back within that -- the next acknowledgement that brings the backlog down, not this
+        record's own commit: under overload every call is slowed a little, in arrival order,
+        instead of a few calls each waiting for the whole backlog ahead of them.
+        """
         if self._closed or self._indexer is None:
             raise RuntimeError("store is closed")
         parts = encode_record(record)
-        loop = asyncio.get_running_loop()
-        waiter = loop.create_future()
         if self.journal.fsync:  # an fsync takes milliseconds: not on the event loop
-            seq, waits = await asyncio.to_thread(self._journal_and_queue, record, parts, waiter, loop)
+            seq = await asyncio.to_thread(self._journal_and_queue, record, parts)
         else:  # a write to the page cache takes microseconds
-            seq, waits = self._journal_and_queue(record, parts, waiter, loop)
-        if waits:
-            try:
-                await asyncio.shield(waiter)
-            except Exception:  # noqa: BLE001 -- journalled, so durable; the writer logged why
-                pass
+            seq = self._journal_and_queue(record, parts)
+        drained = self._hold_if_behind()
+        if drained is not None:
+            await asyncio.shield(drained)
         return seq
 
-    def _journal_and_queue(self, record: PendingRecord, parts: list[bytes], waiter: asyncio.Future,
-                           loop: asyncio.AbstractEventLoop) -> tuple[int, bool]:
+    def _journal_and_queue(self, record: PendingRecord, parts: list[bytes]) -> int:
         assert self._indexer is not None
         with self._append_lock:  # seq order, journal order and queue order are one order
             if self._indexer.failed:  # refuse before journalling: the agent's retry must not be a twin
@@ -241,12 +247,32 @@ class SQLiteStore(RecordStore):
             seq = self._next_seq
             where = self.journal.append(seq, parts)
             self._next_seq = seq + 1
-            # Behind by more than the backlog limit: this call waits for its own record's commit,
-            # as every call did before the journal. Memory stays bounded and, under overload,
-            # calls are slowed in arrival order instead of a few of them stalling for everyone.
-            waits = self._indexer.backlog() >= _MAX_BACKLOG
-            self._indexer.submit(("append", (seq, record, where), waiter if waits else None, loop if waits else None))
-        return seq, waits
+            self._indexer.submit(("append", (seq, record, where), None, None))
+        return seq
+
+    def _hold_if_behind(self) -> asyncio.Future | None:
+        """A future resolved once the backlog is down to ``_MAX_BACKLOG`` again, or None if it is now.
+        Checked and registered under the lock ``_committed`` wakes under, so no wake-up is missed."""
+        assert self._indexer is not None
+        with self._drain_lock:
+            if self._indexer.backlog() <= _MAX_BACKLOG:  # this record included
+                return None
+            loop = asyncio.get_running_loop()
+            fut = loop.create_future()
+            self._drain_waiters.append((loop, fut))
+            return fut
+
+    def _wake_drained(self, *, always: bool = False) -> None:
+        with self._drain_lock:
+            if not self._drain_waiters or not (always or self._indexer is None
+                                               or self._indexer.backlog() <= _MAX_BACKLOG):
+                return
+            waiters, self._drain_waiters = self._drain_waiters, []
+        for loop, fut in waiters:
+            try:
+                loop.call_soon_threadsafe(_resolve, fut, None, None)
+            except RuntimeError:
+                pass  # that event loop is closed: nobody is waiting any more
 
     async def caught_up(self) -> None:
         """Return once every record appended so far is in SQLite (what readers wait for).
@@ -320,6 +346,7 @@ class SQLiteStore(RecordStore):
                 self._indexed_through = max(self._indexed_through, seq)
         floor = min(self._unindexed) - 1 if self._unindexed else self._indexed_through
         self.journal.release(floor)
+        self._wake_drained()
         for _, _, waiter, loop, value, error in done:
             if loop is not None:
                 loop.call_soon_threadsafe(_resolve, waiter, value, error)

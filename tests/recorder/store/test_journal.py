@@ -211,9 +211,12 @@ async def test_appends_wait_while_the_writer_is_far_behind(tmp_path: Path, monke
         await asyncio.sleep(0.3)
         assert first.done(), "journalled: durable without waiting for the writer"
         assert [task.done() for task in appends] == [True] * 4 + [False] * 8, \
-            "past a backlog of 4, each append waits for its own commit"
+            "past a backlog of 4, appends wait for the writer to catch up"
+        assert store.stats()["journal_backlog"] == 13, \
+            "the held ones are journalled all the same: durable, only their replies wait"
         gate.set()
-        await asyncio.wait_for(asyncio.gather(*appends), 30)
+        seqs = await asyncio.wait_for(asyncio.gather(*appends), 30)
+        assert seqs == list(range(2, 14))
         assert len(await store.read_records("s")) == 13
     finally:
         gate.set()
