@@ -11,7 +11,7 @@ from typing import Any
 import report
 
 METHOD = """\
-Three targets (four at one session) are measured in one run, alternated per setting (A, B, C, A, B, C, ...):
+Four targets (three with streaming) are measured in one run, alternated per setting (A, B, C, D, A, B, ...):
 
 - **A, direct**: load generator → engine. The load generator asks the engine itself for the token
   evidence a proxy would ask for (`logprobs`, `top_logprobs: 0`, `return_token_ids`), so the engine
@@ -25,8 +25,9 @@ Three targets (four at one session) are measured in one run, alternated per sett
   --model fake-model --host 127.0.0.1 --port $CP`), which probes the engine at start and must reach
   `capture_level=tokens`. Each conversation is one capture session (`POST /sessions`, the session id as
   API key); sessions are never deleted during a run (capture has no TTL).
-- **D, floor** (settings with one session only): load generator → `benchmarks/floor_proxy.py` → engine,
-  a baseline proxy that does per call only the work recording cannot skip (see "The hop itself").
+- **D, floor** (every setting without streaming): load generator → `benchmarks/floor_proxy.py` →
+  engine, a baseline proxy that does per call only the work recording cannot skip (see "The hop
+  itself"). Sessions follow capture's wire; it keeps the id readers of its 256 most recent ones.
 
 **Engine** (`benchmarks/lean_engine.py`): uvicorn (uvloop, httptools), one process, orjson, no model
 work. It answers in vLLM's chat wire format: top-level `prompt_token_ids`, `choices[0].token_ids`,
