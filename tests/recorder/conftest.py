@@ -26,6 +26,15 @@ def recorder(tmp_path: Path, engine: EngineServer) -> Iterator[RecorderServer]:
 
 
 @pytest.fixture
+def small_recorder(tmp_path: Path, engine: EngineServer) -> Iterator[RecorderServer]:
+    """A recorder with a 64 KiB request body limit, for the size-limit tests."""
+    config = RecorderConfig(store_path=str(tmp_path / "r.db"), engine_url=engine.url, admin_token=ADMIN,
+                            max_body_bytes=64 * 1024)
+    with RecorderServer(config) as server:
+        yield server
+
+
+@pytest.fixture
 def admin(recorder: RecorderServer) -> Iterator[RecorderClient]:
     with RecorderClient(recorder.url, ADMIN) as client:
         yield client

@@ -3,20 +3,12 @@
 from __future__ import annotations
 
 import httpx
-import pytest
 
-from openenv_harness.recorder import RecorderClient, RecorderConfig, RecorderServer
+from openenv_harness.recorder import RecorderClient, RecorderServer
 from openenv_harness.testing.engine import EngineServer
 
 from agentloop import ADMIN, tool_script
 
-
-@pytest.fixture
-def small_recorder(tmp_path, engine: EngineServer):
-    config = RecorderConfig(store_path=str(tmp_path / "r.db"), engine_url=engine.url, admin_token=ADMIN,
-                            max_body_bytes=64 * 1024)
-    with RecorderServer(config) as server:
-        yield server
 
 
 def test_malformed_requests(small_recorder: RecorderServer, engine: EngineServer) -> None:

@@ -13,20 +13,13 @@ import httpx
 import orjson
 import pytest
 
-from openenv_harness.recorder import RecorderClient, RecorderConfig, RecorderServer
+from openenv_harness.recorder import RecorderClient, RecorderServer
 from openenv_harness.recorder.app import RecorderApp
 from openenv_harness.recorder.chat_protocol import ChatProtocol, chat_protocol_class
 from openenv_harness.testing.engine import EngineServer, Fault, Script, Turn
 
 from agentloop import ADMIN
 
-
-@pytest.fixture
-def small_recorder(tmp_path, engine: EngineServer):
-    config = RecorderConfig(store_path=str(tmp_path / "r.db"), engine_url=engine.url, admin_token=ADMIN,
-                            max_body_bytes=64 * 1024)
-    with RecorderServer(config) as server:
-        yield server
 
 
 def _session(recorder: RecorderServer, engine: EngineServer, turns: int = 6) -> dict[str, Any]:
