@@ -9,6 +9,7 @@ and the journal keeps every record for the next open).
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import time
 from multiprocessing.connection import Connection
@@ -22,6 +23,12 @@ from openenv_harness.recorder.store.sqlite import SQLiteStore
 #: and journal clean-up follow the acks, but each one costs the recorder a wake-up and its lock.
 ACK_EVERY = 16
 ACK_AFTER_S = 0.2
+#: How much lower than the recorder the index process runs (``nice(2)``). Indexing is background
+#: work with a backlog that absorbs delay; the calls it overlaps are not. On a machine whose cores
+#: the engine, the agents and the recorder already share, the scheduler then lets a waking
+#: recorder, engine or agent run before the indexer's batch (its backlog limit stops it from
+#: falling behind for good: appends wait once it is ``_MAX_BACKLOG`` records behind).
+NICENESS = 10
 
 
 def serve(conn: Connection, store: SQLiteStore) -> None:
@@ -81,6 +88,10 @@ def main(argv: list[str]) -> None:
     fd, path, synchronous = int(argv[0]), argv[1], argv[2]
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     conn = Connection(fd)
+    try:
+        os.nice(NICENESS)
+    except OSError:  # not allowed here (a restricted container): run at the recorder's priority
+        pass
     # each batch allocates and frees requests and prompts of every size: without handing freed
     # memory back, glibc keeps the high-water mark of the busiest second (measured: ~100 MB at 64 sessions)
     trimmer = HeapTrimmer().start()

@@ -168,7 +168,15 @@ class ProcessIndexer:
 
     def submit(self, item: Item) -> None:
         name, arg = item[0], item[1]
-        payload = (arg[0], arg[2]) if name == "append" else arg  # (seq, where): the child reads the frame
+        if name == "append":
+            # The child reads the frame from the journal, so the record itself is not kept here: held
+            # until acknowledged, each record's parsed request and reply would stay alive for a dozen
+            # calls, and the garbage collector's young generations would walk them again and again.
+            seq, _, where = arg
+            payload = (seq, where)
+            item = (name, (seq, None, where), item[2], item[3])
+        else:
+            payload = arg
         with self._lock:
             if self._failed is not None:
                 raise IndexerFailed(self._failed)

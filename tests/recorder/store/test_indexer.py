@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from openenv_harness.recorder.store import SQLiteStore
+from openenv_harness.recorder.store import index_child
 from openenv_harness.recorder.store import indexer as indexer_module
 from openenv_harness.recorder.store.base import SessionRow
 from openenv_harness.recorder.store.indexer import IndexerFailed
@@ -161,5 +162,31 @@ async def test_a_child_killed_with_appends_still_in_the_outbox_gets_them_once(tm
         got = [e for n in range(3) for e in await store.read_records(f"s{n}")]
         assert sorted(e["metadata"]["call_index"] for e in got) == list(range(20))
         assert store.stats()["journal_unindexed"] == 0
+    finally:
+        store.close()
+
+
+async def test_the_index_process_runs_below_the_recorder_and_holds_no_record_while_it_works(
+        tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path / "r.db", indexer="process")
+    store.open()
+    try:
+        pid = store._indexer.pid
+        assert pid is not None
+        deadline = time.monotonic() + 10
+        while (child_nice := os.getpriority(os.PRIO_PROCESS, pid)) == os.getpriority(os.PRIO_PROCESS, 0):
+            assert time.monotonic() < deadline, "the index process never lowered its priority"
+            await asyncio.sleep(0.05)
+        assert child_nice == min(19, os.getpriority(os.PRIO_PROCESS, 0) + index_child.NICENESS)
+        records = [_rec(i) for i in range(5)]
+        for record in records:
+            await store.append(record)
+        # still unacknowledged (the child acknowledges every ACK_EVERY appends unless someone waits)
+        held = [entry[0] for entry in store._indexer._pending.values()]
+        assert [item[1][0] for item in held] == [1, 2, 3, 4, 5]  # their sequence numbers
+        assert all(item[1][1] is None for item in held), "the child reads the journal: no record is kept"
+        assert all(not any(part is record for part in item[1]) for item in held for record in records)
+        await store.caught_up()
+        assert [e["metadata"]["call_index"] for e in await store.read_records("s")] == list(range(5))
     finally:
         store.close()

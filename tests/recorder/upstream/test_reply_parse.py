@@ -122,6 +122,10 @@ def test_the_reader_reuses_a_prompt_it_extends_and_matches_a_whole_parse_every_t
     b"1,2,3,4294967296",  # beyond uint32
     b"1,2,3,,4",  # an empty field
     b'1,2,3,"4"',
+    b"1,2,3,04",  # a leading zero is not a JSON number
+    b"1,2,3,[4",  # a nested list (its "]" ended the span)
+    b"1,2,3,null",
+    b"1,2,3,18446744073709551616",  # beyond uint64
 ])
 def test_a_bad_new_part_is_refused_and_the_reader_keeps_what_it_knew(span: bytes) -> None:
     reader = PromptIdsReader()
