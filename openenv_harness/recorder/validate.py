@@ -94,20 +94,22 @@ def extract_evidence(reply: dict[str, Any], prompt_ids: array | None = None) -> 
             ev.logprobs = array("d", [entry["logprob"] for entry in content])
         except (TypeError, KeyError):
             reasons.append("logprobs.content entries lack a numeric logprob")
-        tokens = [entry.get("token") for entry in content if isinstance(entry, dict)]
-        if len(tokens) == len(content) and all(isinstance(t, str) for t in tokens):
-            ev.completion_tokens = tokens  # type: ignore[assignment]
     else:
         reasons.append("engine returned no logprobs")
 
     ev.completion_ids = _ids(choice.get("token_ids"), "choices[0].token_ids", reasons)
-    if ev.completion_ids is None and "token_ids" not in choice:
-        if ev.completion_tokens is not None:
-            ev.completion_ids = _ids_from_tokens(ev.completion_tokens)
-        if ev.completion_ids is None:
-            reasons.append("engine returned no completion token ids")
-    if ev.completion_ids is not None and "token_ids" in choice:
-        ev.completion_tokens = None  # ids present: the string fallback is not needed
+    if ev.completion_ids is None:
+        # no usable ids: the sampled tokens' strings are kept as evidence (and give the ids when
+        # they are "token_id:N"); read only here -- with ids they would be one more pass per token
+        if isinstance(content, list):
+            tokens = [entry.get("token") for entry in content if isinstance(entry, dict)]
+            if len(tokens) == len(content) and all(isinstance(t, str) for t in tokens):
+                ev.completion_tokens = tokens  # type: ignore[assignment]
+        if "token_ids" not in choice:
+            if ev.completion_tokens is not None:
+                ev.completion_ids = _ids_from_tokens(ev.completion_tokens)
+            if ev.completion_ids is None:
+                reasons.append("engine returned no completion token ids")
 
     if ev.logprobs is not None and len(ev.logprobs):
         total = math.fsum(ev.logprobs)

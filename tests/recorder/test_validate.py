@@ -46,6 +46,13 @@ def test_ids_recovered_from_token_id_strings_when_absent() -> None:
     assert ev.completion_tokens == ["token_id:7", "token_id:8"]
 
 
+def test_bad_sampled_ids_keep_the_token_strings_as_evidence_and_are_not_replaced_by_them() -> None:
+    ev = extract_evidence(reply(choices=choice(token_ids=[7, -8])))
+    assert not ev.valid and ev.completion_ids is None
+    assert "choices[0].token_ids contains a value that is not a non-negative integer id" in ev.reasons
+    assert ev.completion_tokens == ["token_id:7", "token_id:8"]  # kept, but never turned into ids
+
+
 def test_missing_everything_is_named() -> None:
     c = choice()
     del c[0]["token_ids"]
