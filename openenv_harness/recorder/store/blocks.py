@@ -11,21 +11,31 @@ from __future__ import annotations
 
 import hashlib
 import sys
+import threading
 import zlib
 from array import array
 from typing import Iterable
 
 import orjson
+import zstandard
 
 HASH_BYTES = 16
-#: Blobs at least this large are zlib-compressed (text compresses ~3-5x; ids ~1.5-2x).
+#: Blobs at least this large are compressed (text compresses ~3-5x).
 COMPRESS_MIN = 192
+#: zstd level 1: zlib's ratio at level 1 or better on this data, at half its CPU for a message and
+#: a fifth for a small blob -- zlib builds a fresh 256 KB state on every call, a reused zstd context
+#: does not (measured in ``docs/benchmarks.md``; the index process compresses every new message and
+#: each record's request, reply and metadata).
+ZSTD_LEVEL = 1
 
 _LITTLE = sys.byteorder == "little"
 
-# One-byte tags: 0x00 raw, 0x01 zlib.
+# One-byte tags: 0x00 raw, 0x01 zlib (written by earlier versions; still read), 0x02 zstd.
 _RAW = b"\x00"
 _ZLIB = b"\x01"
+_ZSTD = b"\x02"
+
+_local = threading.local()
 
 
 def digest(data: bytes) -> bytes:
@@ -36,9 +46,9 @@ def digest(data: bytes) -> bytes:
 
 def pack_blob(data: bytes) -> bytes:
     if len(data) >= COMPRESS_MIN:
-        packed = zlib.compress(data, 1)
+        packed = _codec().compress(data)
         if len(packed) < len(data):
-            return _ZLIB + packed
+            return _ZSTD + packed
     return _RAW + data
 
 
@@ -49,11 +59,35 @@ def raw_blob(data: bytes) -> bytes:
 
 def unpack_blob(stored: bytes) -> bytes:
     tag, body = stored[:1], stored[1:]
-    if tag == _ZLIB:
-        return zlib.decompress(body)
+    if tag == _ZSTD:
+        return _codec().decompress(body)
     if tag == _RAW:
         return body
+    if tag == _ZLIB:
+        return zlib.decompress(body)
     raise ValueError(f"unknown blob tag {tag!r}")
+
+
+class _Codec:
+    """One thread's zstd contexts: reused across blobs (their set-up is most of a small blob's
+    cost), and not shareable between threads."""
+
+    def __init__(self) -> None:
+        self._compressor = zstandard.ZstdCompressor(level=ZSTD_LEVEL)  # frames carry their size
+        self._decompressor = zstandard.ZstdDecompressor()
+
+    def compress(self, data: bytes) -> bytes:
+        return self._compressor.compress(data)
+
+    def decompress(self, data: bytes) -> bytes:
+        return self._decompressor.decompress(data)
+
+
+def _codec() -> _Codec:
+    codec = getattr(_local, "codec", None)
+    if codec is None:
+        codec = _local.codec = _Codec()
+    return codec
 
 
 def ids_to_bytes(ids: array) -> bytes:
