@@ -22,13 +22,16 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--pause-wait-s", type=float, default=30.0,
                    help="how long a call waits for a paused engine (a weight sync) before 503")
     p.add_argument("--no-probe", action="store_true", help="do not probe the engine's template via /tokenize")
+    p.add_argument("--index-priority", choices=("normal", "low", "idle"), default="low",
+                   help="CPU priority of the index process: 'low'/'idle' put the calls first; use 'normal' "
+                        "on a machine kept busy by other processes")
     a = p.parse_args(argv)
     if a.host not in ("127.0.0.1", "localhost", "::1") and not a.admin_token:
         sys.exit("refusing to listen on a non-loopback address without --admin-token")
     config = RecorderConfig(
         store_path=a.store, engine_url=a.engine_url, admin_token=a.admin_token,
         public_base_url=a.public_base_url, probe_template=not a.no_probe,
-        pause_wait_s=a.pause_wait_s,
+        pause_wait_s=a.pause_wait_s, index_priority=a.index_priority,
     )
     if not a.admin_token:
         from openenv_harness.recorder.auth import new_admin_token

@@ -155,7 +155,7 @@ def create_recorder_app(
         )
     admin_token = config.admin_token or new_admin_token()
     the_store = store or SQLiteStore(config.store_path, synchronous=config.sqlite_synchronous,
-                                     indexer=config.store_indexer)
+                                     indexer=config.store_indexer, index_priority=config.index_priority)
     ctx = RecorderContext(
         config=config,
         store=the_store,

@@ -21,10 +21,10 @@ from openenv_harness.testing.engine import EngineServer
 from agentloop import ADMIN, TOOLS, tool_script
 
 
-def start_recorder(store: Path, engine_url: str, port: int) -> subprocess.Popen:
+def start_recorder(store: Path, engine_url: str, port: int, *extra: str) -> subprocess.Popen:
     proc = subprocess.Popen(
         [sys.executable, "-m", "openenv_harness.recorder", "--engine-url", engine_url, "--port", str(port),
-         "--store", str(store), "--admin-token", ADMIN, "--log-level", "error"],
+         "--store", str(store), "--admin-token", ADMIN, "--log-level", "error", *extra],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
     )
     deadline = time.monotonic() + 60
@@ -119,20 +119,29 @@ def test_sigkill_mid_session_loses_no_acknowledged_call(tmp_path: Path, engine: 
 
 
 def test_a_killed_index_process_costs_agents_nothing(tmp_path: Path, engine: EngineServer) -> None:
-    """SIGKILL the recorder's index process while agents run: no call fails, every one is recorded once."""
+    """SIGKILL the recorder's index process while agents run: no call fails, every one is recorded once,
+    and its replacement runs at the priority the recorder was started with."""
     store = tmp_path / "records.db"
     port = free_port()
-    proc = start_recorder(store, engine.url, port)
+    proc = start_recorder(store, engine.url, port, "--index-priority", "idle")
     base = f"http://127.0.0.1:{port}"
+
+    def child_pid() -> int:
+        (child,) = [int(pid) for task in Path(f"/proc/{proc.pid}/task").iterdir()
+                    for pid in (task / "children").read_text().split()]
+        return child
+
     try:
         sessions = _sessions(base, engine, 4)
         agents = Agents(sessions)
         time.sleep(1.0)
-        (child,) = [int(pid) for task in Path(f"/proc/{proc.pid}/task").iterdir()
-                    for pid in (task / "children").read_text().split()]
+        child = child_pid()
+        assert os.sched_getscheduler(child) == os.SCHED_IDLE
         os.kill(child, signal.SIGKILL)
         time.sleep(1.5)
         agents.finish()
+        replacement = child_pid()
+        assert replacement != child and os.sched_getscheduler(replacement) == os.SCHED_IDLE
         assert agents.refused == [] and sum(len(v) for v in agents.acked.values()) >= 8, agents.acked
         with RecorderClient(base, ADMIN) as admin:
             for s in sessions:

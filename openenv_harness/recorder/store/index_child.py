@@ -1,4 +1,4 @@
-"""The index process: ``python -m openenv_harness.recorder.store.index_child FD DB SYNCHRONOUS``.
+"""The index process: ``python -m openenv_harness.recorder.store.index_child FD DB SYNCHRONOUS [PRIORITY]``.
 
 Started by ``indexer.ProcessIndexer``; runs the store's own operations on its own SQLite
 connection and reads each record from the journal frame the recorder wrote. It exits when told to
@@ -19,16 +19,35 @@ from openenv_harness.recorder.store.indexer import CHILD_MAX_BATCH
 from openenv_harness.recorder.store.journal import decode_record
 from openenv_harness.recorder.store.sqlite import SQLiteStore
 
+log = logging.getLogger(__name__)
+
 #: Acknowledge at least this often (appends, seconds) when nobody waits: the recorder's backlog count
 #: and journal clean-up follow the acks, but each one costs the recorder a wake-up and its lock.
 ACK_EVERY = 16
 ACK_AFTER_S = 0.2
-#: How much lower than the recorder the index process runs (``nice(2)``). Indexing is background
-#: work with a backlog that absorbs delay; the calls it overlaps are not. On a machine whose cores
-#: the engine, the agents and the recorder already share, the scheduler then lets a waking
-#: recorder, engine or agent run before the indexer's batch (its backlog limit stops it from
-#: falling behind for good: appends wait once it is ``_MAX_BACKLOG`` records behind).
+#: How much lower than the recorder the index process runs at priority ``low`` (``nice(2)``).
 NICENESS = 10
+#: ``--priority`` values (``RecorderConfig.index_priority``). Indexing is background work with a
+#: backlog that absorbs delay; the calls it overlaps are not. On cores that the engine, the agents
+#: and the recorder already share, a lower priority lets a waking recorder, engine or agent run
+#: before the indexer's batch (measured at one 8k session: the recorder's p99 falls, more so with
+#: ``idle``). The cost is on a machine kept busy by *other* processes: the indexer then gets only
+#: a small share of a core (``low``: ~1/10 of a normal process's; ``idle``: ~1/300), and once it is
+#: ``_MAX_BACKLOG`` records behind, the recorder's appends wait for it. ``normal`` never lags that way.
+PRIORITIES = ("normal", "low", "idle")
+
+
+def lower_priority(priority: str) -> None:
+    """Apply ``priority`` to this process; a setting the system refuses leaves it as it was."""
+    if priority not in PRIORITIES:
+        raise ValueError(f"priority must be one of {PRIORITIES}, not {priority!r}")
+    try:
+        if priority == "low":
+            os.nice(NICENESS)
+        elif priority == "idle":
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    except (OSError, AttributeError):  # not allowed here, or not Linux: run at the recorder's priority
+        log.warning("index process: could not lower its priority to %r", priority)
 
 
 def serve(conn: Connection, store: SQLiteStore) -> None:
@@ -86,12 +105,10 @@ def serve(conn: Connection, store: SQLiteStore) -> None:
 
 def main(argv: list[str]) -> None:
     fd, path, synchronous = int(argv[0]), argv[1], argv[2]
+    priority = argv[3] if len(argv) > 3 else "low"
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     conn = Connection(fd)
-    try:
-        os.nice(NICENESS)
-    except OSError:  # not allowed here (a restricted container): run at the recorder's priority
-        pass
+    lower_priority(priority)
     # each batch allocates and frees requests and prompts of every size: without handing freed
     # memory back, glibc keeps the high-water mark of the busiest second (measured: ~100 MB at 64 sessions)
     trimmer = HeapTrimmer().start()

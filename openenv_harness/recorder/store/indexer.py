@@ -155,7 +155,7 @@ class ProcessIndexer:
     def _spawn(self) -> None:
         ours, theirs = socket.socketpair()
         argv = [self.python, "-m", "openenv_harness.recorder.store.index_child", str(theirs.fileno()),
-                self.store.path, self.store.synchronous]
+                self.store.path, self.store.synchronous, self.store.index_priority]
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
         self._child = subprocess.Popen(argv, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, env=env)
         theirs.close()

@@ -103,11 +103,16 @@ class SQLiteStore(RecordStore):
     (``indexer.py``; the recorder uses a process).
     """
 
-    def __init__(self, path: str | Path, *, synchronous: str = "NORMAL", indexer: str = "thread") -> None:
+    def __init__(self, path: str | Path, *, synchronous: str = "NORMAL", indexer: str = "thread",
+                 index_priority: str = "low") -> None:
         if synchronous.upper() not in {"NORMAL", "FULL", "EXTRA"}:
             raise ValueError("synchronous must be NORMAL, FULL or EXTRA")
         if indexer not in {"thread", "process"}:
             raise ValueError(f"indexer must be 'thread' or 'process', not {indexer!r}")
+        if index_priority not in {"normal", "low", "idle"}:
+            raise ValueError(f"index_priority must be 'normal', 'low' or 'idle', not {index_priority!r}")
+        #: the index process's scheduling priority (``index_child.PRIORITIES``); a thread indexer's is the recorder's
+        self.index_priority = index_priority
         self.path = str(path)
         self.synchronous = synchronous.upper()
         # another process cannot open this process's in-memory database

@@ -166,18 +166,41 @@ async def test_a_child_killed_with_appends_still_in_the_outbox_gets_them_once(tm
         store.close()
 
 
-async def test_the_index_process_runs_below_the_recorder_and_holds_no_record_while_it_works(
-        tmp_path: Path) -> None:
+def _scheduling(pid: int) -> tuple[int, int]:
+    return os.sched_getscheduler(pid), os.getpriority(os.PRIO_PROCESS, pid)
+
+
+async def _settled(pid: int, expected: tuple[int, int]) -> tuple[int, int]:
+    """The child applies its priority as it starts: wait for it (or time out with what it has)."""
+    deadline = time.monotonic() + 10
+    while (got := _scheduling(pid)) != expected and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    return got
+
+
+@pytest.mark.parametrize("priority", ["normal", "low", "idle"])
+async def test_the_index_process_runs_at_the_priority_asked_for(tmp_path: Path, priority: str) -> None:
+    ours = os.getpriority(os.PRIO_PROCESS, 0)
+    expected = {"normal": (os.SCHED_OTHER, ours), "low": (os.SCHED_OTHER, min(19, ours + index_child.NICENESS)),
+                "idle": (os.SCHED_IDLE, ours)}[priority]
+    store = SQLiteStore(tmp_path / "r.db", indexer="process", index_priority=priority)
+    store.open()
+    try:
+        assert await _settled(store._indexer.pid, expected) == expected
+        await store.append(_rec(0))
+        await store.caught_up()
+        assert len(await store.read_records("s")) == 1
+    finally:
+        store.close()
+    assert _scheduling(os.getpid()) == (os.SCHED_OTHER, ours), "the recorder itself is untouched"
+    with pytest.raises(ValueError, match="index_priority"):
+        SQLiteStore(tmp_path / "x.db", indexer="process", index_priority="realtime")
+
+
+async def test_pending_appends_hold_no_record_while_the_index_process_works(tmp_path: Path) -> None:
     store = SQLiteStore(tmp_path / "r.db", indexer="process")
     store.open()
     try:
-        pid = store._indexer.pid
-        assert pid is not None
-        deadline = time.monotonic() + 10
-        while (child_nice := os.getpriority(os.PRIO_PROCESS, pid)) == os.getpriority(os.PRIO_PROCESS, 0):
-            assert time.monotonic() < deadline, "the index process never lowered its priority"
-            await asyncio.sleep(0.05)
-        assert child_nice == min(19, os.getpriority(os.PRIO_PROCESS, 0) + index_child.NICENESS)
         records = [_rec(i) for i in range(5)]
         for record in records:
             await store.append(record)
