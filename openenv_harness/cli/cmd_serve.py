@@ -19,6 +19,9 @@ def serve(
     public_base_url: str = typer.Option(None, help="How agents reach this recorder, if not host:port"),
     max_body_mb: int = typer.Option(32, help="Largest accepted request body, in MiB"),
     pause_wait_s: float = typer.Option(30.0, help="How long a call waits on a paused engine before 503"),
+    index_priority: str = typer.Option(
+        "low", help="CPU priority of the index process: low (nice +10) or idle put the agents' calls first; "
+        "normal on a machine kept busy by other processes"),
     log_level: str = typer.Option("info", help="uvicorn log level"),
 ) -> None:
     from openenv_harness.recorder.auth import new_admin_token
@@ -28,6 +31,8 @@ def serve(
     if host not in ("127.0.0.1", "localhost", "::1") and not admin_token:
         raise CLIError(f"refusing to listen on {host} with a generated admin token",
                        "pass --admin-token (or OEH_ADMIN_TOKEN) when binding a non-loopback address")
+    if index_priority not in ("normal", "low", "idle"):
+        raise CLIError(f"unknown --index-priority {index_priority!r}", "use normal, low or idle")
     if not engine_url:
         typer.echo("warning: no --engine-url: agent calls will get 503 until an engine is configured", err=True)
     token = admin_token or new_admin_token()
@@ -36,7 +41,7 @@ def serve(
     os.makedirs(os.path.dirname(os.path.abspath(store)), exist_ok=True)
     config = RecorderConfig(store_path=store, engine_url=engine_url, admin_token=token,
                             public_base_url=public_base_url, max_body_bytes=max_body_mb * 1024 * 1024,
-                            pause_wait_s=pause_wait_s)
+                            pause_wait_s=pause_wait_s, index_priority=index_priority)
     typer.echo(f"recorder on http://{host}:{port}  store={store}  engine={engine_url or '-'}")
     typer.echo(f"trace viewer: http://{host}:{port}/viewer/ (log in with the admin token)")
     run_server(config, host=host, port=port, log_level=log_level)

@@ -65,6 +65,8 @@ def test_errors_are_one_clear_line(tmp_path: Path) -> None:
     assert bad.returncode == 2 and "unknown task" in bad.stderr and "Traceback" not in bad.stderr
     needs_model = cli("run", "--engine-url", "http://127.0.0.1:9")
     assert needs_model.returncode == 2 and "--model" in needs_model.stderr
+    priority = cli("serve", "--store", str(tmp_path / "r.db"), "--index-priority", "realtime")
+    assert priority.returncode == 2 and "--index-priority" in priority.stderr and "Traceback" not in priority.stderr
     debug = cli("trace", "list", "--store", str(tmp_path / "nope.db"), "--debug")
     assert debug.returncode != 0 and "Traceback" in debug.stderr
 
