@@ -129,7 +129,7 @@ def _run_sections(results: list[dict[str, Any]], level: str) -> list[str]:
         parts += [f"{level} Where the recorder's time goes", "",
                   "py-spy (`benchmarks/profile_recorder.py`, 100 Hz, all threads, waiting frames left out) on the "
                   "recorder process under the named load. Each sample is charged to the innermost frame matching a "
-                  "rule, so C work (orjson, sqlite3, zlib) counts toward the Python function that called it.", ""]
+                  "rule, so C work (orjson, sqlite3, zstd, simdjson) counts toward the Python function that called it.", ""]
         parts += profiles
     return parts
 

@@ -47,13 +47,12 @@ IDLE_FRAMES = ("Runner.run (asyncio/runners.py", _writer_wait_frame(), "Conditio
 
 #: (frame substring, category). Stacks are walked from the innermost frame outwards and the first
 #: frame matching a rule names the sample's category, so C work done "inside" a Python line (orjson,
-#: sqlite3, zlib) is charged to the Python function that called it.
+#: sqlite3, zstd) is charged to the Python function that called it.
 FRAME_RULES: list[tuple[str, str]] = [
-    ("pack_blob (openenv_harness/recorder/store/blocks.py", "store writer: zlib compression of blobs"),
+    ("pack_blob (openenv_harness/recorder/store/blocks.py", "store writer: zstd compression of blobs"),
     ("_prompt_delta (openenv_harness/recorder/store/sqlite.py", "store writer: prompt/message deltas"),
     ("_delta (openenv_harness/recorder/store/sqlite.py", "store writer: prompt/message deltas"),
-    ("digest (openenv_harness/recorder/store/blocks.py", "store writer: blake2b block hashing"),
-    ("split_blocks (openenv_harness/recorder/store/blocks.py", "store writer: blake2b block hashing"),
+    ("digest (openenv_harness/recorder/store/blocks.py", "store writer: sha256 message hashing"),
     ("message_blobs (openenv_harness/recorder/store/blocks.py", "store writer: orjson.dumps per message"),
     ("_op_append (openenv_harness/recorder/store/sqlite.py", "store writer: INSERT + orjson.dumps of request/response/metadata"),
     ("_put_blobs (openenv_harness/recorder/store/sqlite.py", "store writer: INSERT OR IGNORE of blobs"),

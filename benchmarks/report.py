@@ -280,7 +280,7 @@ def raw_table(results: list[dict[str, Any]]) -> str:
 def versions() -> dict[str, str]:
     out = {"python": platform.python_version(), "sqlite": sqlite3.sqlite_version}
     for dist in ("openenv-harness", "openenv", "uvicorn", "uvloop", "httptools", "fastapi", "starlette", "httpx",
-                 "httpcore", "h11", "orjson", "prometheus-client", "aiohttp", "numpy", "py-spy"):
+                 "httpcore", "h11", "orjson", "pysimdjson", "numpy", "zstandard", "prometheus-client", "aiohttp", "py-spy"):
         try:
             out[dist] = importlib.metadata.version(dist)
         except importlib.metadata.PackageNotFoundError:
