@@ -80,7 +80,7 @@ def extract_evidence(reply: dict[str, Any], prompt_ids: array | None = None) -> 
     ev.usage = usage if isinstance(usage, dict) else None
 
     ev.prompt_ids = prompt_ids if prompt_ids is not None else _ids(reply.get("prompt_token_ids"), "prompt_token_ids", reasons)
-    if ev.prompt_ids is None and "prompt_token_ids" not in reply:
+    if ev.prompt_ids is None and reply.get("prompt_token_ids") is None:  # absent, or null
         reasons.append("engine returned no prompt_token_ids")
     elif ev.prompt_ids is not None and len(ev.prompt_ids) == 0:
         reasons.append("prompt_token_ids is empty")
@@ -105,7 +105,7 @@ def extract_evidence(reply: dict[str, Any], prompt_ids: array | None = None) -> 
             tokens = [entry.get("token") for entry in content if isinstance(entry, dict)]
             if len(tokens) == len(content) and all(isinstance(t, str) for t in tokens):
                 ev.completion_tokens = tokens  # type: ignore[assignment]
-        if "token_ids" not in choice:
+        if choice.get("token_ids") is None:  # absent, or null: the strings are all there is
             if ev.completion_tokens is not None:
                 ev.completion_ids = _ids_from_tokens(ev.completion_tokens)
             if ev.completion_ids is None:

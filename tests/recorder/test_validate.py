@@ -53,6 +53,19 @@ def test_bad_sampled_ids_keep_the_token_strings_as_evidence_and_are_not_replaced
     assert ev.completion_tokens == ["token_id:7", "token_id:8"]  # kept, but never turned into ids
 
 
+def test_null_ids_are_missing_ids_not_empty_evidence() -> None:
+    # an engine that does not honour return_token_ids may still send the fields, as null
+    ev = extract_evidence(reply(prompt_token_ids=None, choices=choice(token_ids=None)))
+    assert not ev.valid and ev.prompt_ids is None
+    assert "engine returned no prompt_token_ids" in ev.reasons
+    assert ev.completion_ids.tolist() == [7, 8]  # recovered from the "token_id:N" strings, as when absent
+    plain = choice(token_ids=None, logprobs={"content": [{"token": "hi", "logprob": -0.5},
+                                                       {"token": "!", "logprob": -0.25}]})
+    ev = extract_evidence(reply(choices=plain))
+    assert not ev.valid and ev.completion_ids is None
+    assert "engine returned no completion token ids" in ev.reasons
+
+
 def test_missing_everything_is_named() -> None:
     c = choice()
     del c[0]["token_ids"]

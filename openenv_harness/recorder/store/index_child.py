@@ -27,7 +27,7 @@ ACK_EVERY = 16
 ACK_AFTER_S = 0.2
 #: How much lower than the recorder the index process runs at priority ``low`` (``nice(2)``).
 NICENESS = 10
-#: ``--priority`` values (``RecorderConfig.index_priority``). Indexing is background work with a
+#: ``PRIORITY`` values (``RecorderConfig.index_priority``). Indexing is background work with a
 #: backlog that absorbs delay; the calls it overlaps are not. On cores that the engine, the agents
 #: and the recorder already share, a lower priority lets a waking recorder, engine or agent run
 #: before the indexer's batch (measured at one 8k session: the recorder's p99 falls, more so with
