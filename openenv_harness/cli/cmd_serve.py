@@ -7,6 +7,7 @@ import os
 import typer
 
 from openenv_harness.cli.errors import CLIError
+from openenv_harness.recorder.store.indexer import PRIORITIES
 
 
 def serve(
@@ -31,8 +32,8 @@ def serve(
     if host not in ("127.0.0.1", "localhost", "::1") and not admin_token:
         raise CLIError(f"refusing to listen on {host} with a generated admin token",
                        "pass --admin-token (or OEH_ADMIN_TOKEN) when binding a non-loopback address")
-    if index_priority not in ("normal", "low", "idle"):
-        raise CLIError(f"unknown --index-priority {index_priority!r}", "use normal, low or idle")
+    if index_priority not in PRIORITIES:
+        raise CLIError(f"unknown --index-priority {index_priority!r}", f"use one of: {', '.join(PRIORITIES)}")
     if not engine_url:
         typer.echo("warning: no --engine-url: agent calls will get 503 until an engine is configured", err=True)
     token = admin_token or new_admin_token()

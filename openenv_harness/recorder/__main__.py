@@ -8,6 +8,7 @@ import sys
 
 from openenv_harness.recorder.context import RecorderConfig
 from openenv_harness.recorder.server import serve
+from openenv_harness.recorder.store.indexer import PRIORITIES
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -22,7 +23,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--pause-wait-s", type=float, default=30.0,
                    help="how long a call waits for a paused engine (a weight sync) before 503")
     p.add_argument("--no-probe", action="store_true", help="do not probe the engine's template via /tokenize")
-    p.add_argument("--index-priority", choices=("normal", "low", "idle"), default="low",
+    p.add_argument("--index-priority", choices=PRIORITIES, default="low",
                    help="CPU priority of the index process: 'low'/'idle' put the calls first; use 'normal' "
                         "on a machine kept busy by other processes")
     a = p.parse_args(argv)

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import hashlib
 import sys
-import threading
 import zlib
 from array import array
 from typing import Iterable
 
 import orjson
 import zstandard
+
+from openenv_harness.recorder.per_thread import per_thread
 
 HASH_BYTES = 16
 #: Blobs at least this large are compressed (text compresses ~3-5x).
@@ -34,9 +35,6 @@ _LITTLE = sys.byteorder == "little"
 _RAW = b"\x00"
 _ZLIB = b"\x01"
 _ZSTD = b"\x02"
-
-_local = threading.local()
-
 
 def digest(data: bytes) -> bytes:
     """Content hash of a blob: sha256 truncated to 128 bits (hardware-accelerated on current CPUs;
@@ -69,8 +67,8 @@ def unpack_blob(stored: bytes) -> bytes:
 
 
 class _Codec:
-    """One thread's zstd contexts: reused across blobs (their set-up is most of a small blob's
-    cost), and not shareable between threads."""
+    """zstd contexts, one pair per thread (``_codec``): reused across blobs, their set-up being most
+    of a small blob's cost."""
 
     def __init__(self) -> None:
         self._compressor = zstandard.ZstdCompressor(level=ZSTD_LEVEL)  # frames carry their size
@@ -83,11 +81,7 @@ class _Codec:
         return self._decompressor.decompress(data)
 
 
-def _codec() -> _Codec:
-    codec = getattr(_local, "codec", None)
-    if codec is None:
-        codec = _local.codec = _Codec()
-    return codec
+_codec = per_thread(_Codec)
 
 
 def ids_to_bytes(ids: array) -> bytes:

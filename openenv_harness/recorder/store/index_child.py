@@ -15,7 +15,7 @@ import time
 from multiprocessing.connection import Connection
 
 from openenv_harness.recorder.heap import HeapTrimmer
-from openenv_harness.recorder.store.indexer import CHILD_MAX_BATCH
+from openenv_harness.recorder.store.indexer import CHILD_MAX_BATCH, PRIORITIES
 from openenv_harness.recorder.store.journal import decode_record
 from openenv_harness.recorder.store.sqlite import SQLiteStore
 
@@ -27,14 +27,13 @@ ACK_EVERY = 16
 ACK_AFTER_S = 0.2
 #: How much lower than the recorder the index process runs at priority ``low`` (``nice(2)``).
 NICENESS = 10
-#: ``PRIORITY`` values (``RecorderConfig.index_priority``). Indexing is background work with a
+#: Why ``PRIORITY`` (``indexer.PRIORITIES``) is ``low`` by default. Indexing is background work with a
 #: backlog that absorbs delay; the calls it overlaps are not. On cores that the engine, the agents
 #: and the recorder already share, a lower priority lets a waking recorder, engine or agent run
 #: before the indexer's batch (measured at one 8k session: the recorder's p99 falls, more so with
 #: ``idle``). The cost is on a machine kept busy by *other* processes: the indexer then gets only
 #: a small share of a core (``low``: ~1/10 of a normal process's; ``idle``: ~1/300), and once it is
 #: ``_MAX_BACKLOG`` records behind, the recorder's appends wait for it. ``normal`` never lags that way.
-PRIORITIES = ("normal", "low", "idle")
 
 
 def lower_priority(priority: str) -> None:

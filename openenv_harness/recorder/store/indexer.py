@@ -45,6 +45,8 @@ MAX_BATCH = 512
 #: before the transaction, and its memory follows the largest batch (measured at 64 sessions of 8k
 #: prompts: 512 → ~90 MB resident, 32 → ~60 MB), while commits stay cheap (WAL, no fsync).
 CHILD_MAX_BATCH = 32
+#: The index process's CPU priorities (``RecorderConfig.index_priority``; ``index_child.lower_priority``).
+PRIORITIES = ("normal", "low", "idle")
 #: Child restarts allowed within ``RESTART_WINDOW_S`` before the store gives up.
 MAX_RESTARTS = 3
 RESTART_WINDOW_S = 60.0

@@ -33,7 +33,13 @@ import orjson
 from openenv_harness.recorder.fidelity import common_prefix_len
 from openenv_harness.recorder.store import blocks
 from openenv_harness.recorder.store.base import PendingRecord, RecordStore, SessionRow
-from openenv_harness.recorder.store.indexer import IndexerFailed, ProcessIndexer, ThreadIndexer, make_indexer
+from openenv_harness.recorder.store.indexer import (
+    PRIORITIES,
+    IndexerFailed,
+    ProcessIndexer,
+    ThreadIndexer,
+    make_indexer,
+)
 from openenv_harness.recorder.store.journal import Journal, decode_record, encode_record
 
 log = logging.getLogger(__name__)
@@ -109,9 +115,9 @@ class SQLiteStore(RecordStore):
             raise ValueError("synchronous must be NORMAL, FULL or EXTRA")
         if indexer not in {"thread", "process"}:
             raise ValueError(f"indexer must be 'thread' or 'process', not {indexer!r}")
-        if index_priority not in {"normal", "low", "idle"}:
-            raise ValueError(f"index_priority must be 'normal', 'low' or 'idle', not {index_priority!r}")
-        #: the index process's scheduling priority (``index_child.PRIORITIES``); a thread indexer's is the recorder's
+        if index_priority not in PRIORITIES:
+            raise ValueError(f"index_priority must be one of {PRIORITIES}, not {index_priority!r}")
+        #: the index process's CPU priority (``indexer.PRIORITIES``); a thread indexer's is the recorder's
         self.index_priority = index_priority
         self.path = str(path)
         self.synchronous = synchronous.upper()

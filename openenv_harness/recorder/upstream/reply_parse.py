@@ -23,13 +23,14 @@ share: an agent's prompt repeats its whole history, so only the new turn's ids a
 from __future__ import annotations
 
 import json
-import threading
 from array import array
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import orjson
 import simdjson
+
+from openenv_harness.recorder.per_thread import per_thread
 
 if TYPE_CHECKING:
     from openenv_harness.recorder.upstream.base import UpstreamReply
@@ -114,16 +115,8 @@ def read_ids(span: bytes) -> array | None:
     return out
 
 
-_local = threading.local()
-
-
-def _parser() -> simdjson.Parser:
-    """This thread's parser: a simdjson parser reuses its buffers between documents and is not
-    safe to share between threads."""
-    parser = getattr(_local, "parser", None)
-    if parser is None:
-        parser = _local.parser = simdjson.Parser()
-    return parser
+#: This thread's simdjson parser (it reuses its buffers between documents).
+_parser = per_thread(simdjson.Parser)
 
 
 class PromptIdsReader:
