@@ -8,7 +8,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.console import Console, Group
@@ -16,7 +16,9 @@ from rich.live import Live
 from rich.table import Table
 
 from openenv_harness.cli.errors import CLIError
-from openenv_harness.cli.stack import LocalStack, default_run_dir
+
+if TYPE_CHECKING:  # the stack pulls in the rollout machinery: imported when a run starts, not for --help
+    from openenv_harness.cli.stack import LocalStack
 
 console = Console(width=None if sys.stdout.isatty() else 150)
 
@@ -89,6 +91,7 @@ def run(
     tasks = _tasks([t.strip() for t in task.split(",") if t.strip()])
     if engine_url and not model:
         raise CLIError("--engine-url needs --model (the name the engine serves)", "e.g. --model Qwen/Qwen3-8B")
+    from openenv_harness.cli.stack import LocalStack, default_run_dir
     from openenv_harness.harnesses.install import ensure_installed
     from openenv_harness.harnesses.registry import get_preset
     from openenv_harness.rollout.factory import HarnessSessionFactory

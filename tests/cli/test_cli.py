@@ -71,6 +71,16 @@ def test_errors_are_one_clear_line(tmp_path: Path) -> None:
     assert debug.returncode != 0 and "Traceback" in debug.stderr
 
 
+def test_the_command_starts_without_importing_the_rollout_stack() -> None:
+    # --help, serve and trace must not pay for the rollout machinery (OpenEnv's harness and server
+    # modules take seconds to import); a run imports it when it starts
+    probe = ("import sys, openenv_harness.cli.app; "
+             "print(sorted(m for m in sys.modules if m.startswith(('openenv_harness.rollout', 'openenv.core'))))")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
 def test_doctor_reports_the_harnesses() -> None:
     done = cli("doctor")
     assert "harness pi" in done.stdout and "harness opencode" in done.stdout and "python" in done.stdout
