@@ -6,6 +6,9 @@ the Jobs API (``/api/...``) and every job's sandbox server (``/_job/<id>--49983.
 on its own event loop in a daemon thread, so the synchronous client can be driven from a test.
 Commands run as local processes (``/bin/sh -c``) in a per-sandbox home under ``root``.
 
+With ``tls`` (a server ``ssl.SSLContext``) it serves HTTPS and WSS, as huggingface.co and the jobs
+proxy do, so the clients' certificate checks run too; without it, plain HTTP.
+
 Not modelled: Landlock (pooled sandboxes *can* bind TCP here), uids, rlimits, idle timeouts,
 cold starts, the Jobs proxy's own timeouts.
 """
@@ -15,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 import shutil
+import ssl
 import tempfile
 import threading
 from pathlib import Path
@@ -34,6 +38,7 @@ class HFEmulator:
         user: str = "emu-user",
         root: Path | None = None,
         exec_ping_interval_s: float = 15.0,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         #: The only HF bearer the emulator accepts.
         self.token = token or f"hf_emu_{secrets.token_hex(12)}"
@@ -41,6 +46,8 @@ class HFEmulator:
         self._own_root = root is None
         self.root = Path(tempfile.mkdtemp(prefix="hf-emulator-")) if root is None else root
         self._exec_ping_interval_s = exec_ping_interval_s
+        #: the server side of TLS (None: plain HTTP)
+        self.tls = tls
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._server: asyncio.base_events.Server | None = None
@@ -52,7 +59,7 @@ class HFEmulator:
     @property
     def url(self) -> str:
         """The value for ``HF_ENDPOINT``."""
-        return f"http://127.0.0.1:{self.port}"
+        return f"{'https' if self.tls is not None else 'http'}://127.0.0.1:{self.port}"
 
     @property
     def jobs(self) -> dict[str, EmulatedJob]:
@@ -74,7 +81,8 @@ class HFEmulator:
         return self
 
     async def _listen(self) -> None:
-        self._server = await asyncio.start_server(self._serve_connection, "127.0.0.1", 0, limit=HEAD_LIMIT)
+        self._server = await asyncio.start_server(self._serve_connection, "127.0.0.1", 0, limit=HEAD_LIMIT,
+                                                  ssl=self.tls)
         self.port = self._server.sockets[0].getsockname()[1]
         self._jobs_api = JobsApi(user=self.user, user_id="u" + secrets.token_hex(8), root=self.root, base_url=self.url)
 
@@ -137,7 +145,7 @@ class HFEmulator:
                     await writer.drain()
                 if not request.keep_alive:
                     return
-        except (ConnectionError, asyncio.IncompleteReadError):
+        except (ConnectionError, asyncio.IncompleteReadError, ssl.SSLError):
             pass
         finally:
             self._connections.discard(writer)
