@@ -198,6 +198,8 @@ def recorder_proc(engine_url: str, store: Path, admin_token: str, logs: Path) ->
     port = free_port()
     argv = [PYTHON, "-m", "openenv_harness.recorder", "--engine-url", engine_url, "--port", str(port),
             "--store", str(store), f"--admin-token={admin_token}"]
+    if os.environ.get("OEH_BENCH_INDEX_PRIORITY"):  # A/B of the index process's priority (default: the recorder's)
+        argv += ["--index-priority", os.environ["OEH_BENCH_INDEX_PRIORITY"]]
     return Proc("recorder", argv, port, "/healthz", logs / f"recorder-{port}.log")
 
 

@@ -7,7 +7,7 @@ import os
 import typer
 
 from openenv_harness.cli.errors import CLIError
-from openenv_harness.recorder.store.indexer import PRIORITIES
+from openenv_harness.recorder.store.index_priority import PRIORITIES
 
 
 def serve(
@@ -21,8 +21,8 @@ def serve(
     max_body_mb: int = typer.Option(32, help="Largest accepted request body, in MiB"),
     pause_wait_s: float = typer.Option(30.0, help="How long a call waits on a paused engine before 503"),
     index_priority: str = typer.Option(
-        "low", help="CPU priority of the index process: low (nice +10) or idle put the agents' calls first; "
-        "normal on a machine kept busy by other processes"),
+        "idle", help="CPU priority of the index process: idle (SCHED_IDLE while it keeps up, normal while "
+        "behind; 'low' where the system forbids that), low (nice +10) or normal"),
     log_level: str = typer.Option("info", help="uvicorn log level"),
 ) -> None:
     from openenv_harness.recorder.auth import new_admin_token

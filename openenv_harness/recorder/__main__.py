@@ -8,7 +8,7 @@ import sys
 
 from openenv_harness.recorder.context import RecorderConfig
 from openenv_harness.recorder.server import serve
-from openenv_harness.recorder.store.indexer import PRIORITIES
+from openenv_harness.recorder.store.index_priority import PRIORITIES
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -23,9 +23,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--pause-wait-s", type=float, default=30.0,
                    help="how long a call waits for a paused engine (a weight sync) before 503")
     p.add_argument("--no-probe", action="store_true", help="do not probe the engine's template via /tokenize")
-    p.add_argument("--index-priority", choices=PRIORITIES, default="low",
-                   help="CPU priority of the index process: 'low'/'idle' put the calls first; use 'normal' "
-                        "on a machine kept busy by other processes")
+    p.add_argument("--index-priority", choices=PRIORITIES, default="idle",
+                   help="CPU priority of the index process: 'idle' (SCHED_IDLE while it keeps up, normal "
+                        "while behind; 'low' where the system forbids that), 'low' (nice +10) or 'normal'")
     a = p.parse_args(argv)
     if a.host not in ("127.0.0.1", "localhost", "::1") and not a.admin_token:
         sys.exit("refusing to listen on a non-loopback address without --admin-token")

@@ -37,9 +37,10 @@ class RecorderConfig(BaseModel):
         "process", description="where records are indexed into SQLite after the reply: a child process "
         "(its own interpreter lock, so the event loop never waits on it) or a thread")
     index_priority: Literal["normal", "low", "idle"] = Field(
-        "low", description="the index process's CPU priority: 'low' (nice +10) and 'idle' (SCHED_IDLE) let "
-        "the engine, the agents and the recorder go first (a lower p99 per call); on a machine kept busy by "
-        "other processes they can leave indexing behind and slow appends -- then use 'normal'")
+        "idle", description="the index process's CPU priority: 'idle' runs it under SCHED_IDLE while it keeps "
+        "up and at normal priority while it is behind, so the engine, the agents and the recorder go first "
+        "(a lower p99 per call) without leaving indexing behind on a busy machine; where the system does "
+        "not allow leaving SCHED_IDLE it runs as 'low' (nice +10); 'normal' never lowers it")
     pause_wait_s: float = Field(30.0, ge=0, description="How long a call waits for a paused engine before 503")
     retry_after_s: int = Field(2, ge=1, description="Retry-After sent with recorder-made 503s")
     dedupe_window: int = Field(64, ge=0, description="Recent request digests per session kept for retry replay")

@@ -9,13 +9,13 @@ and the journal keeps every record for the next open).
 from __future__ import annotations
 
 import logging
-import os
 import sys
 import time
 from multiprocessing.connection import Connection
 
 from openenv_harness.recorder.heap import HeapTrimmer
-from openenv_harness.recorder.store.indexer import CHILD_MAX_BATCH, PRIORITIES
+from openenv_harness.recorder.store.index_priority import Scheduling
+from openenv_harness.recorder.store.indexer import CHILD_MAX_BATCH
 from openenv_harness.recorder.store.journal import decode_record
 from openenv_harness.recorder.store.sqlite import SQLiteStore
 
@@ -25,50 +25,32 @@ log = logging.getLogger(__name__)
 #: and journal clean-up follow the acks, but each one costs the recorder a wake-up and its lock.
 ACK_EVERY = 16
 ACK_AFTER_S = 0.2
-#: How much lower than the recorder the index process runs at priority ``low`` (``nice(2)``).
-NICENESS = 10
-#: Why ``PRIORITY`` (``indexer.PRIORITIES``) is ``low`` by default. Indexing is background work with a
-#: backlog that absorbs delay; the calls it overlaps are not. On cores that the engine, the agents
-#: and the recorder already share, a lower priority lets a waking recorder, engine or agent run
-#: before the indexer's batch (measured at one 8k session: the recorder's p99 falls, more so with
-#: ``idle``). The cost is on a machine kept busy by *other* processes: the indexer then gets only
-#: a small share of a core (``low``: ~1/10 of a normal process's; ``idle``: ~1/300), and once it is
-#: ``_MAX_BACKLOG`` records behind, the recorder's appends wait for it. ``normal`` never lags that way.
-
-
-def lower_priority(priority: str) -> None:
-    """Apply ``priority`` to this process; a setting the system refuses leaves it as it was."""
-    if priority not in PRIORITIES:
-        raise ValueError(f"priority must be one of {PRIORITIES}, not {priority!r}")
-    try:
-        if priority == "low":
-            os.nice(NICENESS)
-        elif priority == "idle":
-            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-    except (OSError, AttributeError):  # not allowed here, or not Linux: run at the recorder's priority
-        log.warning("index process: could not lower its priority to %r", priority)
-
-
-def serve(conn: Connection, store: SQLiteStore) -> None:
+def serve(conn: Connection, store: SQLiteStore, scheduling: Scheduling | None = None) -> None:
     """Batches of operations in arrival order, one transaction each.
 
     Acknowledgements are cumulative -- ``(every token up to T is done, {token: error})`` -- and sent
     at once when someone waits (a barrier, a session write, an append held back by the backlog) or
     an operation failed, otherwise every ``ACK_EVERY`` operations or ``ACK_AFTER_S`` seconds.
+    ``scheduling`` is told when the queue is empty and when it is behind (``index_priority.py``).
     """
+    scheduling = scheduling or Scheduling("normal")
     db = store._connect()
     db.execute("PRAGMA wal_autocheckpoint=0")  # the recorder's checkpointer does it, never blocking us
     done_through, unacked, last_ack = 0, 0, time.monotonic()
     try:
         while True:
             try:
-                if not conn.poll(ACK_AFTER_S if unacked else None):
-                    conn.send((done_through, {}))
-                    unacked, last_ack = 0, time.monotonic()
-                    continue
+                if not conn.poll():
+                    scheduling.caught_up()
+                    if not conn.poll(ACK_AFTER_S if unacked else None):
+                        conn.send((done_through, {}))
+                        unacked, last_ack = 0, time.monotonic()
+                        continue
                 messages = list(conn.recv())  # the recorder sends lists of at most CHILD_MAX_BATCH
                 while len(messages) < CHILD_MAX_BATCH and conn.poll():
                     messages.extend(conn.recv())
+                if (len(messages) >= CHILD_MAX_BATCH and conn.poll()) or any(m[4] for m in messages):
+                    scheduling.behind()  # more than a batch queued, or someone waits
             except (EOFError, OSError):
                 return
             stop = any(m[1] == "stop" for m in messages)
@@ -104,15 +86,15 @@ def serve(conn: Connection, store: SQLiteStore) -> None:
 
 def main(argv: list[str]) -> None:
     fd, path, synchronous = int(argv[0]), argv[1], argv[2]
-    priority = argv[3] if len(argv) > 3 else "low"
+    scheduling = Scheduling(argv[3] if len(argv) > 3 else "idle")
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     conn = Connection(fd)
-    lower_priority(priority)
+    scheduling.apply()
     # each batch allocates and frees requests and prompts of every size: without handing freed
     # memory back, glibc keeps the high-water mark of the busiest second (measured: ~100 MB at 64 sessions)
     trimmer = HeapTrimmer().start()
     try:
-        serve(conn, SQLiteStore(path, synchronous=synchronous))  # never opened here: no journal lock
+        serve(conn, SQLiteStore(path, synchronous=synchronous), scheduling)  # never opened here: no journal lock
     finally:
         trimmer.stop()
         conn.close()

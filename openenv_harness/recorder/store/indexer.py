@@ -45,8 +45,6 @@ MAX_BATCH = 512
 #: before the transaction, and its memory follows the largest batch (measured at 64 sessions of 8k
 #: prompts: 512 → ~90 MB resident, 32 → ~60 MB), while commits stay cheap (WAL, no fsync).
 CHILD_MAX_BATCH = 32
-#: The index process's CPU priorities (``RecorderConfig.index_priority``; ``index_child.lower_priority``).
-PRIORITIES = ("normal", "low", "idle")
 #: Child restarts allowed within ``RESTART_WINDOW_S`` before the store gives up.
 MAX_RESTARTS = 3
 RESTART_WINDOW_S = 60.0
@@ -141,6 +139,8 @@ class ProcessIndexer:
         self._stopping = False
         self._failed: str | None = None
         self._restarts: list[float] = []
+        #: an ``idle`` child is raised from here when behind (``_wake_child``)
+        self._adaptive = store.index_priority == "idle"
 
     @property
     def failed(self) -> str | None:
@@ -203,6 +203,24 @@ class ProcessIndexer:
         out, self._outbox = self._outbox, []
         for i in range(0, len(out), CHILD_MAX_BATCH):
             self._send(out[i : i + CHILD_MAX_BATCH])
+        if self._adaptive and out and (self._appends_pending >= CHILD_MAX_BATCH or any(m[4] for m in out)):
+            self._wake_child()
+
+    def _wake_child(self) -> None:
+        """Raise an ``idle`` index process to the normal policy: it is behind, or someone waits.
+
+        Why from here: a process under ``SCHED_IDLE`` on cores kept busy by others may not run for a
+        long while, so it cannot be the one to notice (``index_priority.py``). It lowers itself again
+        once its queue is empty. Sent after the messages, so a child that lowers itself just before
+        they arrive is raised again; a system that refuses (the child then runs at ``low``) is fine.
+        """
+        child = self._child
+        if child is None:
+            return
+        try:
+            os.sched_setscheduler(child.pid, os.SCHED_OTHER, os.sched_param(0))
+        except (OSError, AttributeError):
+            pass
 
     def _send(self, messages: list[tuple]) -> None:
         assert self._conn is not None

@@ -33,13 +33,8 @@ import orjson
 from openenv_harness.recorder.fidelity import common_prefix_len
 from openenv_harness.recorder.store import blocks
 from openenv_harness.recorder.store.base import PendingRecord, RecordStore, SessionRow
-from openenv_harness.recorder.store.indexer import (
-    PRIORITIES,
-    IndexerFailed,
-    ProcessIndexer,
-    ThreadIndexer,
-    make_indexer,
-)
+from openenv_harness.recorder.store.index_priority import PRIORITIES
+from openenv_harness.recorder.store.indexer import IndexerFailed, ProcessIndexer, ThreadIndexer, make_indexer
 from openenv_harness.recorder.store.journal import Journal, decode_record, encode_record
 
 log = logging.getLogger(__name__)
@@ -110,14 +105,14 @@ class SQLiteStore(RecordStore):
     """
 
     def __init__(self, path: str | Path, *, synchronous: str = "NORMAL", indexer: str = "thread",
-                 index_priority: str = "low") -> None:
+                 index_priority: str = "idle") -> None:
         if synchronous.upper() not in {"NORMAL", "FULL", "EXTRA"}:
             raise ValueError("synchronous must be NORMAL, FULL or EXTRA")
         if indexer not in {"thread", "process"}:
             raise ValueError(f"indexer must be 'thread' or 'process', not {indexer!r}")
         if index_priority not in PRIORITIES:
             raise ValueError(f"index_priority must be one of {PRIORITIES}, not {index_priority!r}")
-        #: the index process's CPU priority (``indexer.PRIORITIES``); a thread indexer's is the recorder's
+        #: the index process's CPU priority (``index_priority.py``); a thread indexer's is the recorder's
         self.index_priority = index_priority
         self.path = str(path)
         self.synchronous = synchronous.upper()

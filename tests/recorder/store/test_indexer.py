@@ -4,18 +4,21 @@ own death without losing or doubling a record."""
 from __future__ import annotations
 
 import asyncio
+import multiprocessing
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
 from openenv_harness.recorder.store import SQLiteStore
-from openenv_harness.recorder.store import index_child
+from openenv_harness.recorder.store import index_child, index_priority
 from openenv_harness.recorder.store import indexer as indexer_module
 from openenv_harness.recorder.store.base import SessionRow
 from openenv_harness.recorder.store.indexer import IndexerFailed
@@ -181,7 +184,7 @@ async def _settled(pid: int, expected: tuple[int, int]) -> tuple[int, int]:
 @pytest.mark.parametrize("priority", ["normal", "low", "idle"])
 async def test_the_index_process_runs_at_the_priority_asked_for(tmp_path: Path, priority: str) -> None:
     ours = os.getpriority(os.PRIO_PROCESS, 0)
-    expected = {"normal": (os.SCHED_OTHER, ours), "low": (os.SCHED_OTHER, min(19, ours + index_child.NICENESS)),
+    expected = {"normal": (os.SCHED_OTHER, ours), "low": (os.SCHED_OTHER, min(19, ours + index_priority.NICENESS)),
                 "idle": (os.SCHED_IDLE, ours)}[priority]
     store = SQLiteStore(tmp_path / "r.db", indexer="process", index_priority=priority)
     store.open()
@@ -195,6 +198,139 @@ async def test_the_index_process_runs_at_the_priority_asked_for(tmp_path: Path, 
     assert _scheduling(os.getpid()) == (os.SCHED_OTHER, ours), "the recorder itself is untouched"
     with pytest.raises(ValueError, match="index_priority"):
         SQLiteStore(tmp_path / "x.db", indexer="process", index_priority="realtime")
+
+
+async def test_an_idle_index_process_runs_at_normal_priority_while_someone_waits(tmp_path: Path) -> None:
+    ours = os.getpriority(os.PRIO_PROCESS, 0)
+    idle, normal = (os.SCHED_IDLE, ours), (os.SCHED_OTHER, ours)
+    store = SQLiteStore(tmp_path / "r.db", indexer="process", index_priority="idle")
+    store.open()
+    try:
+        pid = store._indexer.pid
+        assert await _settled(pid, idle) == idle
+        # another writer holds SQLite's write lock: the child's transaction for the barrier blocks,
+        # with the barrier's waiter known to it
+        blocker = sqlite3.connect(store.path, isolation_level=None, timeout=30)
+        blocker.execute("BEGIN IMMEDIATE")
+        try:
+            barrier = asyncio.ensure_future(store.caught_up())
+            assert await _settled(pid, normal) == normal, "someone waits: indexing runs at normal priority"
+            assert not barrier.done()
+        finally:
+            blocker.execute("ROLLBACK")
+            blocker.close()
+        await asyncio.wait_for(barrier, 30)
+        assert await _settled(pid, idle) == idle, "caught up: back to idle priority"
+        await store.append(_rec(0))
+        await store.caught_up()
+        assert len(await store.read_records("s")) == 1
+    finally:
+        store.close()
+
+
+async def test_the_recorder_raises_an_idle_index_process_that_cannot_run(tmp_path: Path) -> None:
+    """A process under SCHED_IDLE on busy cores may not run for a long while: the recorder raises it
+    when a batch is queued or someone waits, rather than leaving it to notice."""
+    ours = os.getpriority(os.PRIO_PROCESS, 0)
+    idle, normal = (os.SCHED_IDLE, ours), (os.SCHED_OTHER, ours)
+    store = SQLiteStore(tmp_path / "r.db", indexer="process", index_priority="idle")
+    store.open()
+    try:
+        pid = store._indexer.pid
+        assert await _settled(pid, idle) == idle
+        os.kill(pid, signal.SIGSTOP)  # as good as never scheduled
+        try:
+            for i in range(indexer_module.CHILD_MAX_BATCH - 1):
+                await store.append(_rec(i))
+            await asyncio.sleep(0.05)  # the records go to the child on the loop's next turn
+            assert _scheduling(pid) == idle, "less than a batch queued: left idle"
+            await store.append(_rec(indexer_module.CHILD_MAX_BATCH - 1))
+            await asyncio.sleep(0.05)
+            assert _scheduling(pid) == normal, "a batch queued: raised by the recorder"
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        await asyncio.wait_for(store.caught_up(), 30)
+        assert await _settled(pid, idle) == idle, "caught up: it lowers itself again"
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            barrier = asyncio.ensure_future(store.caught_up())
+            await asyncio.sleep(0.05)
+            assert _scheduling(pid) == normal, "someone waits: raised by the recorder"
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        await asyncio.wait_for(barrier, 30)
+        assert len(await store.read_records("s")) == indexer_module.CHILD_MAX_BATCH
+    finally:
+        store.close()
+
+
+class _Spy(index_priority.Scheduling):
+    def __init__(self) -> None:
+        super().__init__("normal")
+        self.calls: list[str] = []
+
+    def behind(self) -> None:
+        self.calls.append("behind")
+
+    def caught_up(self) -> None:
+        self.calls.append("caught_up")
+
+
+def test_the_index_process_says_it_is_behind_when_more_than_a_batch_is_queued(tmp_path: Path) -> None:
+    SQLiteStore(tmp_path / "r.db").open()  # the schema
+    ours, theirs = multiprocessing.Pipe()
+    nothing = [(token, "nothing", None, False, False) for token in range(1, 2 * indexer_module.CHILD_MAX_BATCH + 1)]
+    for i in range(0, len(nothing), indexer_module.CHILD_MAX_BATCH):
+        ours.send(nothing[i : i + indexer_module.CHILD_MAX_BATCH])
+    spy = _Spy()
+    worker = threading.Thread(target=index_child.serve, args=(theirs, SQLiteStore(tmp_path / "r.db"), spy))
+    worker.start()
+    assert ours.poll(10)
+    acked = ours.recv()[0]
+    while acked < len(nothing):  # acknowledged every ACK_EVERY operations
+        assert ours.poll(10)
+        acked = ours.recv()[0]
+    ours.send([(0, "stop", None, False, True)])
+    worker.join(10)
+    assert not worker.is_alive()
+    assert spy.calls[0] == "behind", spy.calls  # two batches were queued before it started
+    assert "caught_up" in spy.calls, "with the queue empty it said so before waiting"
+
+
+def _in_thread(fn):  # policies are per thread: never change the test runner's own
+    out: list = []
+    thread = threading.Thread(target=lambda: out.append(fn()))
+    thread.start()
+    thread.join(10)
+    return out[0]
+
+
+def test_idle_priority_adapts_where_allowed_and_falls_back_to_low_where_not() -> None:
+    ours = os.getpriority(os.PRIO_PROCESS, 0)
+
+    def adaptive():
+        s = index_priority.Scheduling("idle")
+        s.apply(leave_idle_allowed=True)
+        seen = [os.sched_getscheduler(0)]
+        s.behind()
+        seen.append(os.sched_getscheduler(0))
+        s.behind()  # already normal: nothing to do
+        s.caught_up()
+        seen.append(os.sched_getscheduler(0))
+        return s.adaptive, seen
+
+    assert index_priority.can_leave_idle(), "this test runs where leaving SCHED_IDLE is allowed (root)"
+    assert _in_thread(adaptive) == (True, [os.SCHED_IDLE, os.SCHED_OTHER, os.SCHED_IDLE])
+
+    def refused():
+        s = index_priority.Scheduling("idle")
+        s.apply(leave_idle_allowed=False)  # as where CAP_SYS_NICE and RLIMIT_NICE are missing
+        s.behind()
+        return s.adaptive, os.sched_getscheduler(0), os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    assert _in_thread(refused) == (False, os.SCHED_OTHER, min(19, ours + index_priority.NICENESS))
+    with pytest.raises(ValueError, match="priority must be one of"):
+        index_priority.Scheduling("realtime")
 
 
 async def test_pending_appends_hold_no_record_while_the_index_process_works(tmp_path: Path) -> None:
