@@ -32,6 +32,8 @@ import time
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
+from openenv_harness.recorder.store.index_priority import NICENESS
+
 if TYPE_CHECKING:
     from openenv_harness.recorder.store.sqlite import SQLiteStore
 
@@ -45,6 +47,9 @@ MAX_BATCH = 512
 #: before the transaction, and its memory follows the largest batch (measured at 64 sessions of 8k
 #: prompts: 512 → ~90 MB resident, 32 → ~60 MB), while commits stay cheap (WAL, no fsync).
 CHILD_MAX_BATCH = 32
+#: Records journalled but not yet in SQLite beyond which an ``append`` waits until the indexer has
+#: brought the backlog back under this: it bounds how far the index (what readers see) lags behind.
+MAX_BACKLOG = 64
 #: Child restarts allowed within ``RESTART_WINDOW_S`` before the store gives up.
 MAX_RESTARTS = 3
 RESTART_WINDOW_S = 60.0
@@ -203,11 +208,14 @@ class ProcessIndexer:
         out, self._outbox = self._outbox, []
         for i in range(0, len(out), CHILD_MAX_BATCH):
             self._send(out[i : i + CHILD_MAX_BATCH])
-        if self._adaptive and out and (self._appends_pending >= CHILD_MAX_BATCH or any(m[4] for m in out)):
-            self._wake_child()
+        if self._adaptive and out:
+            if self._appends_pending > MAX_BACKLOG or any(m[4] for m in out):
+                self._wake_child(0)  # appends are held back, or someone waits: as high as the recorder
+            elif self._appends_pending >= CHILD_MAX_BATCH:
+                self._wake_child(NICENESS)  # a batch behind: catch up, still after a waking call
 
-    def _wake_child(self) -> None:
-        """Raise an ``idle`` index process to the normal policy: it is behind, or someone waits.
+    def _wake_child(self, below: int) -> None:
+        """Raise an ``idle`` index process to the normal policy, ``below`` nice steps under the recorder.
 
         Why from here: a process under ``SCHED_IDLE`` on cores kept busy by others may not run for a
         long while, so it cannot be the one to notice (``index_priority.py``). It lowers itself again
@@ -218,6 +226,7 @@ class ProcessIndexer:
         if child is None:
             return
         try:
+            os.setpriority(os.PRIO_PROCESS, child.pid, min(19, os.getpriority(os.PRIO_PROCESS, 0) + below))
             os.sched_setscheduler(child.pid, os.SCHED_OTHER, os.sched_param(0))
         except (OSError, AttributeError):
             pass

@@ -34,6 +34,7 @@ from openenv_harness.recorder.fidelity import common_prefix_len
 from openenv_harness.recorder.store import blocks
 from openenv_harness.recorder.store.base import PendingRecord, RecordStore, SessionRow
 from openenv_harness.recorder.store.index_priority import PRIORITIES
+from openenv_harness.recorder.store.indexer import MAX_BACKLOG as _MAX_BACKLOG
 from openenv_harness.recorder.store.indexer import IndexerFailed, ProcessIndexer, ThreadIndexer, make_indexer
 from openenv_harness.recorder.store.journal import Journal, decode_record, encode_record
 
@@ -89,10 +90,6 @@ _PROMPT_BASES = 2
 _HASH_CACHE_SESSIONS = 512
 #: The checkpointer copies the WAL into the database this often (seconds), off the writer thread.
 _CHECKPOINT_EVERY_S = 1.0
-#: Records journalled but not yet in SQLite beyond which an ``append`` waits until the indexer has
-#: brought the backlog back under this: each holds its prompt and request until indexed, so memory
-#: stays bounded when the indexer falls behind.
-_MAX_BACKLOG = 64
 #: What the indexer runs, by the name an operation travels under (to a child process too).
 _OPS = {"append": "_op_append", "session": "_op_put_session", "forget": "_op_forget", "nothing": "_op_nothing"}
 
