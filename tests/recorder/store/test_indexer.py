@@ -4,6 +4,7 @@ own death without losing or doubling a record."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import multiprocessing
 import os
 import signal
@@ -13,6 +14,7 @@ import sys
 import textwrap
 import threading
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -200,14 +202,26 @@ async def test_the_index_process_runs_at_the_priority_asked_for(tmp_path: Path, 
         SQLiteStore(tmp_path / "x.db", indexer="process", index_priority="realtime")
 
 
-async def test_an_idle_index_process_runs_at_normal_priority_while_someone_waits(tmp_path: Path) -> None:
-    ours = os.getpriority(os.PRIO_PROCESS, 0)
-    idle, normal = (os.SCHED_IDLE, ours), (os.SCHED_OTHER, ours)
+@contextlib.asynccontextmanager
+async def _idle_store(tmp_path: Path) -> AsyncIterator[tuple[SQLiteStore, int]]:
+    """A store whose index process runs at ``idle``, once it has lowered itself; and that process."""
     store = SQLiteStore(tmp_path / "r.db", indexer="process", index_priority="idle")
     store.open()
     try:
         pid = store._indexer.pid
-        assert await _settled(pid, idle) == idle
+        assert await _settled(pid, _IDLE) == _IDLE
+        yield store, pid
+    finally:
+        store.close()
+
+
+_OURS = os.getpriority(os.PRIO_PROCESS, 0)
+_IDLE, _NORMAL = (os.SCHED_IDLE, _OURS), (os.SCHED_OTHER, _OURS)
+
+
+async def test_an_idle_index_process_runs_at_normal_priority_while_someone_waits(tmp_path: Path) -> None:
+    idle, normal = _IDLE, _NORMAL
+    async with _idle_store(tmp_path) as (store, pid):
         # another writer holds SQLite's write lock: the child's transaction for the barrier blocks,
         # with the barrier's waiter known to it
         blocker = sqlite3.connect(store.path, isolation_level=None, timeout=30)
@@ -224,20 +238,13 @@ async def test_an_idle_index_process_runs_at_normal_priority_while_someone_waits
         await store.append(_rec(0))
         await store.caught_up()
         assert len(await store.read_records("s")) == 1
-    finally:
-        store.close()
 
 
 async def test_the_recorder_raises_an_idle_index_process_that_cannot_run(tmp_path: Path) -> None:
     """A process under SCHED_IDLE on busy cores may not run for a long while: the recorder raises it
     when a batch is queued or someone waits, rather than leaving it to notice."""
-    ours = os.getpriority(os.PRIO_PROCESS, 0)
-    idle, normal = (os.SCHED_IDLE, ours), (os.SCHED_OTHER, ours)
-    store = SQLiteStore(tmp_path / "r.db", indexer="process", index_priority="idle")
-    store.open()
-    try:
-        pid = store._indexer.pid
-        assert await _settled(pid, idle) == idle
+    ours, idle, normal = _OURS, _IDLE, _NORMAL
+    async with _idle_store(tmp_path) as (store, pid):
         os.kill(pid, signal.SIGSTOP)  # as good as never scheduled
         try:
             for i in range(indexer_module.CHILD_MAX_BATCH - 1):
@@ -261,8 +268,6 @@ async def test_the_recorder_raises_an_idle_index_process_that_cannot_run(tmp_pat
             os.kill(pid, signal.SIGCONT)
         await asyncio.wait_for(barrier, 30)
         assert len(await store.read_records("s")) == indexer_module.CHILD_MAX_BATCH
-    finally:
-        store.close()
 
 
 class _Spy(index_priority.Scheduling):
