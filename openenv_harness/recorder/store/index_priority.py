@@ -3,17 +3,19 @@
 Why lower it at all: indexing is background work with a backlog that absorbs delay; the calls it
 overlaps are not. On cores that the engine, the agents and the recorder already share, a waking
 recorder, engine or agent should run before the indexer's batch. Measured at one session of 8k
-prompts (``docs/benchmarks.md``), the recorder's added p99 fell from +4.7--5.0 ms at ``low`` to
-+2.5--4.1 ms at ``idle``.
+prompts (``docs/benchmarks.md``), the recorder's added p99 fell from +4.0--4.6 ms at ``low`` to
++3.1--3.5 ms at ``idle``.
 
 - ``idle`` (the default) is adaptive: the indexing thread runs under ``SCHED_IDLE`` -- only on CPU
   time nothing else wants -- while it keeps up, and under the normal policy while it is behind (a
   batch or more queued) or someone waits for it (a reader, a session write). The recorder raises it
   (``indexer.ProcessIndexer._wake_child``), since an idle-priority process on busy cores may not run
-  for a long while; it lowers itself once its queue is empty. Without that, two busy-looping
-  processes on this 2-core machine cut one 8k session from ~150 calls/s to 6--8 and gave 16 sessions
-  a p99 of 6--7 s (the backlog fills and appends wait); adaptive, 182 calls/s and 506 calls/s at a
-  59 ms p99, against 147 and 224 (p99 223 ms) at ``low``. Leaving ``SCHED_IDLE`` needs
+  for a long while: to nice +10 when a batch is queued, to the recorder's own priority when appends
+  are held back or someone waits. It lowers itself once its queue is empty. Measured with two
+  busy-looping processes on this 2-core machine: a plain ``SCHED_IDLE`` indexer, never raised, left
+  one 8k session 6--8 calls/s and 16 sessions 8--20 calls/s at a p99 of 6--7 s (the backlog fills
+  and appends wait); adaptive, 229 and 539 calls/s (p99 61 ms), against 120 and 208 (p99 253 ms)
+  at ``low``. Leaving ``SCHED_IDLE`` needs
   ``CAP_SYS_NICE`` or an ``RLIMIT_NICE`` of 20; where the system refuses it, ``idle`` runs as
   ``low`` instead (with a warning), never stuck at idle priority.
 - ``low``: nice +10 (~1/10 of a normal process's share when the cores are contended).

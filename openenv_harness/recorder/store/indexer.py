@@ -146,6 +146,7 @@ class ProcessIndexer:
         self._restarts: list[float] = []
         #: an ``idle`` child is raised from here when behind (``_wake_child``)
         self._adaptive = store.index_priority == "idle"
+        self._own_nice = os.getpriority(os.PRIO_PROCESS, 0)
 
     @property
     def failed(self) -> str | None:
@@ -226,7 +227,7 @@ class ProcessIndexer:
         if child is None:
             return
         try:
-            os.setpriority(os.PRIO_PROCESS, child.pid, min(19, os.getpriority(os.PRIO_PROCESS, 0) + below))
+            os.setpriority(os.PRIO_PROCESS, child.pid, min(19, self._own_nice + below))
             os.sched_setscheduler(child.pid, os.SCHED_OTHER, os.sched_param(0))
         except (OSError, AttributeError):
             pass
