@@ -89,6 +89,18 @@ class Provenance(BaseModel):
     template_fingerprint: str | None = None
     template_status: str | None = Field(None, description="verified | mismatch | unverified")
     recorder_version: str | None = None
+    sampling_from_agent: dict[str, Any] = Field(default_factory=dict, description="Sampling fields the agent sent")
+    sampling_pinned: dict[str, Any] = Field(default_factory=dict, description="What the session pinned over them")
+    engine_sampling_defaults: dict[str, Any] | Literal["unknown"] = Field(
+        "unknown", description="What the engine applies to fields a request leaves out (vLLM: generation_config)")
+    sampling_effective: dict[str, Any] = Field(
+        default_factory=dict, description="The sampling values in force for the call, where known")
+    sampling_unknown: list[str] = Field(
+        default_factory=list, description="Fields the engine filled in with defaults nobody stated")
+    logprobs_mode: str = Field("unknown", description="What the engine's logprobs are (vLLM: raw_logprobs)")
+    decoding_constraint: dict[str, Any] | None = Field(
+        None, description="tool_choice=required / named, response_format, structured outputs: logprobs are "
+        "taken after the engine's mask, so they are not the policy's")
 
 
 class RecordMetadata(BaseModel):
@@ -118,6 +130,11 @@ class RecordMetadata(BaseModel):
     upstream_ms: float | None = None
     provenance: Provenance = Field(default_factory=Provenance)
     limits: Limits = Field(default_factory=Limits)
+    partial: bool = Field(False, description="The engine aborted the call part-way (finish_reason=abort)")
+    logprobs_are_policy: bool = Field(
+        True, description="False under a decoding constraint: exclude or correct these logprobs")
+    weight_versions: list[dict[str, Any]] | None = Field(
+        None, description="Per-token weight versions when the engine reports them (vLLM 0.33)")
 
 
 class TraceRecord(BaseModel):

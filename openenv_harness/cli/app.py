@@ -30,7 +30,10 @@ def main(argv: list[str] | None = None) -> None:
     if debug:
         args.remove("--debug")
     try:
-        app(args, standalone_mode=False)
+        # non-standalone, click returns a command's exit code instead of exiting with it
+        code = app(args, standalone_mode=False)
+        if isinstance(code, int) and code != 0:
+            raise SystemExit(code)
     except SystemExit:
         raise
     except KeyboardInterrupt:

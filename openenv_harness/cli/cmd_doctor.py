@@ -31,6 +31,7 @@ def _engine_checks(url: str, model: str | None) -> list[tuple[str, bool, str]]:
 
     from openenv_harness.recorder.provenance import engine_version, probe_template
     from openenv_harness.recorder.upstream.http import HTTPEngine
+    from openenv_harness.recorder.upstream.reply_parse import parse_json_object
     from openenv_harness.recorder.validate import extract_evidence
 
     out: list[tuple[str, bool, str]] = []
@@ -50,7 +51,9 @@ def _engine_checks(url: str, model: str | None) -> list[tuple[str, bool, str]]:
             if reply.status != 200 or reply.json is None:
                 out.append(("chat call", False, f"HTTP {reply.status}: {reply.body[:200]!r}"))
             else:
-                ev = extract_evidence(reply.json)
+                # the transport cut the prompt ids out of ``reply.json`` (the flow reads them from the
+                # raw span); the doctor reads the whole body as the engine sent it
+                ev = extract_evidence(parse_json_object(reply.body) or {})
                 out.append(("token ids + logprobs", ev.valid, "ok" if ev.valid else "; ".join(ev.reasons)))
             fp, status = await probe_template(eng, body["model"] or None)
             out.append(("template fingerprint", fp is not None, fp or status))

@@ -76,12 +76,15 @@ def _summary(reports: list[Any]) -> Table:
 def run(
     harness: str = typer.Option("pi,opencode", "--harness", help="Comma-separated: pi, opencode"),
     task: str = typer.Option("fix-add", "--task", help="Comma-separated built-in task ids"),
-    engine_url: str = typer.Option(None, "--engine-url", help="A real vLLM (default: the embedded reference engine)"),
+    engine: str = typer.Option("reference", "--engine", help="reference (embedded test double) | vllm (the "
+                               "project's real vLLM with Qwen2.5-Coder-0.5B-Instruct, installed on first use)"),
+    engine_url: str = typer.Option(None, "--engine-url", help="A real vLLM somebody else runs (with --model)"),
     model: str = typer.Option(None, "--model", help="Served model name (required with --engine-url)"),
     sandbox: str = typer.Option("local", "--sandbox", help="local | hf"),
     rollouts: int = typer.Option(1, "--rollouts", min=1, help="Rollouts per (harness, task)"),
     concurrency: int = typer.Option(2, "--concurrency", min=1, help="Rollouts at once"),
-    max_agent_calls: int = typer.Option(30, "--max-agent-calls", help="Budget: agent calls per rollout"),
+    max_agent_calls: int = typer.Option(None, "--max-agent-calls",
+                                        help="Budget: agent calls per rollout (default 30; 6 with --engine vllm)"),
     max_total_tokens: int = typer.Option(None, "--max-tokens", help="Budget: prompt+completion tokens per rollout"),
     max_wall_clock_s: float = typer.Option(600.0, "--max-wall-clock", help="Budget: seconds per rollout"),
     segmentation: str = typer.Option("canonical", help="Embedded engine only: canonical | noncanonical sampling"),
@@ -89,8 +92,17 @@ def run(
 ) -> None:
     harnesses = [h.strip() for h in harness.split(",") if h.strip()]
     tasks = _tasks([t.strip() for t in task.split(",") if t.strip()])
+    if engine not in ("reference", "vllm"):
+        raise CLIError(f"unknown engine {engine!r}", "use --engine reference, --engine vllm, or --engine-url URL")
+    if engine_url and engine == "vllm":
+        raise CLIError("--engine vllm starts its own engine; --engine-url points at one somebody else runs",
+                       "give one of them")
     if engine_url and not model:
         raise CLIError("--engine-url needs --model (the name the engine serves)", "e.g. --model Qwen/Qwen3-8B")
+    if max_agent_calls is None:
+        # each real-engine turn takes seconds on a CPU, and the pinned tool_choice never lets the
+        # small model stop by itself: a short budget ends its rollouts
+        max_agent_calls = 6 if engine == "vllm" else 30
     from openenv_harness.cli.stack import LocalStack, default_run_dir
     from openenv_harness.harnesses.install import ensure_installed
     from openenv_harness.harnesses.registry import get_preset
@@ -105,7 +117,9 @@ def run(
             ensure_installed(harnesses)
     run_dir = Path(out or default_run_dir())
     store = str(run_dir / "records.db")
-    stack = LocalStack(engine_url=engine_url, store_path=store, model=model, tasks=tasks, segmentation=segmentation)
+    stack = LocalStack(engine_url=engine_url, store_path=store, model=model, tasks=tasks, segmentation=segmentation,
+                       engine="vllm" if engine == "vllm" else None,
+                       progress=lambda m: console.print(f"[dim][engine][/] {m}"))
     budgets = {"max_agent_calls": max_agent_calls, "max_wall_clock_s": max_wall_clock_s}
     if max_total_tokens:
         budgets["max_total_tokens"] = max_total_tokens
@@ -120,7 +134,7 @@ def run(
             h, t, i = job
             factory = HarnessSessionFactory(
                 harness=h, recorder_url=stack.recorder.url, admin_token=stack.admin_token,
-                model=stack.model_for(t), tasks={t.id: t}, budgets=budgets,
+                model=stack.model_for(t), tasks={t.id: t}, budgets=budgets, sampling=stack.sampling,
                 sandbox_factory=sandbox_factory, metadata={"rollout": i},
                 # a remote sandbox runs the CLI its image provides (on PATH), not this machine's copy
                 executable=get_preset(h).bin_name if sandbox != "local" else None,

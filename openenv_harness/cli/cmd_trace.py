@@ -66,12 +66,17 @@ def show(session_id: str, store: str = STORE, url: str = URL, admin_token: str =
         from openenv_harness.assembly import compare_strategies
 
         st = Table(title="training samples per assembly strategy")
-        for col in ("strategy", "samples", "exact", "drift", "breaks", "trainable tokens", "lost", "trainable ratio"):
+        for col in ("strategy", "samples", "exact", "drift", "breaks", "trainable tokens", "lost",
+                    "trainable / sampled", "trainable / all row tokens"):
             st.add_column(col)
+
+        def ratio(value: float | None) -> str:
+            return "-" if value is None else f"{value:.3f}"
+
         for strategy, stats in compare_strategies(records).items():
             st.add_row(strategy, str(stats.traces), str(stats.exact), str(stats.replay_drift), str(stats.breaks),
                        str(stats.trainable_tokens), str(stats.resolutions.lost_tokens),
-                       f"{stats.trainable_ratio_all_tokens:.3f}")
+                       ratio(stats.trainable_ratio), ratio(stats.trainable_ratio_all_tokens))
         console.print(st)
 
 

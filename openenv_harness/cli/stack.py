@@ -20,21 +20,34 @@ from openenv_harness.recorder.server import RecorderServer
 from openenv_harness.rollout.tasks import Task
 
 
+#: What rollouts on the project's real engine pin: greedy and seeded (reproducible), and tool calls
+#: required -- the 0.5B model answers tool requests with a JSON code block unless constrained, so
+#: without it no rollout would ever use a tool (the constraint is recorded on every call).
+REAL_ENGINE_SAMPLING: dict[str, Any] = {"temperature": 0, "seed": 0, "tool_choice": "required"}
+
+
 class LocalStack:
+    """``engine``: ``reference`` (embedded test double), ``vllm`` (the project's real vLLM, installed
+    and started here) or ``url`` (a real engine somebody else runs, at ``engine_url``)."""
+
     def __init__(self, *, engine_url: str | None, store_path: str, model: str | None,
-                 tasks: list[Task], segmentation: str = "canonical", admin_token: str | None = None) -> None:
+                 tasks: list[Task], segmentation: str = "canonical", admin_token: str | None = None,
+                 engine: str | None = None, progress: Any = None) -> None:
         self.engine_url = engine_url
+        self.engine_kind = engine or ("url" if engine_url else "reference")
         self.store_path = store_path
         self.model = model
         self.tasks = tasks
         self.segmentation = segmentation
         self.admin_token = admin_token or new_admin_token()
+        self.progress = progress or (lambda _m: None)
         self.engine: Any = None
         self.recorder: RecorderServer | None = None
+        self.sampling: dict[str, Any] | None = None
 
     @property
     def embedded(self) -> bool:
-        return self.engine_url is None
+        return self.engine_kind == "reference"
 
     def model_for(self, task: Task) -> str:
         if self.embedded:
@@ -42,9 +55,28 @@ class LocalStack:
         assert self.model is not None
         return self.model
 
+    def _start_vllm(self) -> tuple[str, dict[str, Any]]:
+        from openenv_harness.engine import VLLMServer, VLLMSettings, ensure_engine
+        from openenv_harness.engine.launcher import sampling_defaults
+        from openenv_harness.engine.model import QWEN25_CODER_05B as spec
+
+        python, model_dir = ensure_engine(spec, progress=self.progress)
+        settings = VLLMSettings(model_dir=model_dir, served_name=spec.served_name, python=python,
+                                max_model_len=spec.max_model_len)
+        self.progress("starting vLLM (about a minute and a half; the first start compiles)")
+        self.engine = VLLMServer(settings, log_path=Path(self.store_path).parent / "vllm.log").start(timeout_s=900)
+        self.model = spec.served_name
+        self.sampling = dict(REAL_ENGINE_SAMPLING)
+        return self.engine.url, {"engine_sampling_defaults": sampling_defaults(model_dir),
+                                 "engine_logprobs_mode": "raw_logprobs"}
+
     def __enter__(self) -> "LocalStack":
         url = self.engine_url
-        if url is None:
+        extra: dict[str, Any] = {}
+        Path(self.store_path).parent.mkdir(parents=True, exist_ok=True)
+        if self.engine_kind == "vllm":
+            url, extra = self._start_vllm()
+        elif url is None:
             from openenv_harness.testing.engine import EngineServer, Script
 
             self.engine = EngineServer().start()
@@ -52,9 +84,12 @@ class LocalStack:
                 turns = task.reference_script or [{"content": "I cannot solve this task."}]
                 self.engine.set_script(self.model_for(task), Script(turns=turns, segmentation=self.segmentation))
             url = self.engine.url
-        Path(self.store_path).parent.mkdir(parents=True, exist_ok=True)
-        config = RecorderConfig(store_path=self.store_path, engine_url=url, admin_token=self.admin_token)
-        self.recorder = RecorderServer(config).start()
+        config = RecorderConfig(store_path=self.store_path, engine_url=url, admin_token=self.admin_token, **extra)
+        try:
+            self.recorder = RecorderServer(config).start()
+        except BaseException:
+            self.__exit__()
+            raise
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -21,7 +21,7 @@ from openenv_harness.recorder.errors import AgentError, body_too_large, error_re
 from openenv_harness.recorder.fence import Fence
 from openenv_harness.recorder.flow import authenticate, handle_chat
 from openenv_harness.recorder.metrics import RecorderMetrics
-from openenv_harness.recorder.provenance import engine_version, probe_template
+from openenv_harness.recorder.provenance import engine_models, engine_version, probe_template
 from openenv_harness.recorder.sessions import SessionRegistry
 from openenv_harness.recorder.store.base import RecordStore
 from openenv_harness.recorder.store.sqlite import SQLiteStore
@@ -179,6 +179,7 @@ def create_recorder_app(
         if default is not None:
             ctx.engine_info["name"] = default.name
             ctx.engine_info["version"] = await engine_version(default)
+            ctx.engine_info.update(await engine_models(default))
             if config.probe_template:
                 fp, status = await probe_template(default)
                 ctx.engine_info["template_fingerprint"] = fp

@@ -45,6 +45,13 @@ class RecorderConfig(BaseModel):
     retry_after_s: int = Field(2, ge=1, description="Retry-After sent with recorder-made 503s")
     dedupe_window: int = Field(64, ge=0, description="Recent request digests per session kept for retry replay")
     probe_template: bool = Field(True, description="Probe the engine's served template via /tokenize")
+    engine_sampling_defaults: dict[str, Any] | None = Field(
+        None, description="The sampling values the engine applies to fields a request leaves out (vLLM: the "
+        "model's generation_config.json); recorded with every call. None: recorded as unknown -- a recorder "
+        "cannot ask vLLM for them, so the launcher that started the engine, or the user, says what they are")
+    engine_logprobs_mode: str | None = Field(
+        None, description="What the engine's logprobs are (vLLM --logprobs-mode; its default is raw_logprobs: "
+        "before temperature, top-p/top-k and penalties); recorded with every call, 'unknown' when not set")
 
 
 @dataclass

@@ -165,6 +165,13 @@ def upstream_body(body: dict[str, Any], sampling: dict[str, Any] | None = None) 
     out = {k: v for k, v in body.items() if k != "stream_options"}
     if sampling:
         out.update(sampling)
+        if "tool_choice" in sampling and not body.get("tools"):
+            # a pinned tool choice applies to calls that offer tools; on one without (a title, a
+            # summary) the engine would refuse the call instead
+            if "tool_choice" in body:
+                out["tool_choice"] = body["tool_choice"]
+            else:
+                del out["tool_choice"]
     out.update(_CAPTURE_FIELDS)
     out.setdefault("top_logprobs", 0)
     if out.get("top_logprobs") is None:
@@ -244,7 +251,7 @@ def _base_metadata(flow: Flow, status: str, trainable: bool) -> dict[str, Any]:
         "harness_session_id": flow.headers.get("x-session-id"),
         "received_at": flow.received_at,
         "upstream_ms": flow.reply.elapsed_ms if flow.reply is not None else None,
-        "provenance": call_provenance(flow.ctx, session, flow.upstream_body or flow.body),
+        "provenance": call_provenance(flow.ctx, session, flow.upstream_body or flow.body, flow.body),
     }
 
 
@@ -252,14 +259,28 @@ async def record(flow: Flow) -> None:
     ev = flow.evidence
     assert ev is not None and flow.reply is not None and flow.reply.json is not None
     session = flow.session
+    aborted = ev.finish_reason == "abort"
+    if aborted:  # a pause in abort mode, or the engine's own abort: the sample stopped part-way
+        ev.reasons.append("engine aborted the call (finish_reason=abort): a partial sample, kept for inspection")
     trainable = ev.valid and flow.call_kind == "agent"
     status = "ok" if ev.valid else "invalid"
     md = _base_metadata(flow, status, trainable)
     md["invalid_reasons"] = list(ev.reasons)
     md["finish_reason"] = ev.finish_reason
     md["usage"] = ev.usage
+    md["partial"] = aborted
+    constraint = md["provenance"]["decoding_constraint"]
+    # under a decoding constraint the engine's logprobs are taken after its mask: a trainer must
+    # exclude or correct these calls' logprobs (the sampled ids are still what was sampled)
+    md["logprobs_are_policy"] = constraint is None
+    weight_versions = _weight_versions(flow.reply.json)
+    if weight_versions is not None:
+        md["weight_versions"] = weight_versions
     if md["straddled_sync"]:
         flow.ctx.metrics.straddled.inc()
+    if aborted:
+        await _record_aborted(flow, ev, md, status)
+        return
     if flow.call_kind == "agent" and ev.prompt_ids is not None and ev.completion_ids is not None:
         if session.fidelity is None:
             session.fidelity = FidelityTracker()
@@ -297,6 +318,45 @@ async def record(flow: Flow) -> None:
     while len(recent) > flow.ctx.config.dedupe_window:
         recent.popitem(last=False)
     flow.agent_reply = agent_view(flow.reply.json, keep_logprobs=flow.keep_logprobs)
+
+
+def _weight_versions(reply: dict[str, Any]) -> Any:
+    """Per-token weight versions when the engine reports them (vLLM 0.33 ``return_weight_versions``:
+    ``choices[0].weight_versions = [{version, start, end}]``); None when it does not."""
+    choices = reply.get("choices")
+    if isinstance(choices, list) and choices and isinstance(choices[0], dict):
+        return choices[0].get("weight_versions")
+    return None
+
+
+async def _record_aborted(flow: Flow, ev: Evidence, md: dict[str, Any], status: str) -> None:
+    """Keep an aborted call's partial ids (untrainable), then tell the agent to retry the whole call.
+
+    Why an error and not the partial answer: handed over, a cut-off reply becomes the agent's next
+    history -- a turn the policy never finished. A retryable 503 makes the harness send the call
+    again; that retry is not answered from this record (dedupe skips calls that raised)."""
+    session = flow.session
+    budget.account(session, flow.call_kind, None, served=False)
+    md["limits"] = budget.limits_state(session)
+    md["error"] = {"kind": "engine_aborted", "status": 503, "upstream_status": flow.reply.status if flow.reply else None,
+                   "message": "the engine aborted the call part-way (finish_reason=abort)", "upstream_body": None}
+    flow.metadata = md
+    pending = PendingRecord(
+        session_id=session.id, call_index=flow.call_index, call_kind=flow.call_kind, status=status,
+        request=flow.body, request_json=flow.raw,
+        response=agent_view(flow.reply.json, keep_logprobs=False) if flow.reply and flow.reply.json else {},
+        prompt_ids=ev.prompt_ids, completion_ids=ev.completion_ids, logprobs=ev.logprobs,
+        completion_tokens=ev.completion_tokens, trainable=False, metadata=md, created_at=time.time(),
+    )
+    await store_record(flow, pending)
+    session.counters.invalid_calls += 1
+    session.note_error({**md["error"], "call_index": flow.call_index, "at": time.time()})
+    flow.ctx.metrics.records.inc()
+    flow.ctx.metrics.calls.labels(flow.call_kind, status).inc()
+    flow.ctx.metrics.errors.labels("engine_aborted").inc()
+    raise AgentError(503, "the engine aborted this call part-way (a weight update or an engine abort); "
+                     "retry the call", type="server_error", code="engine_aborted",
+                     headers={"retry-after": str(flow.ctx.config.retry_after_s)})
 
 
 async def store_record(flow: Flow, pending: PendingRecord) -> None:

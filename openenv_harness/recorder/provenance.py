@@ -117,6 +117,26 @@ async def engine_version(upstream: "Upstream") -> str | None:
     return None
 
 
+async def engine_models(upstream: "Upstream") -> dict[str, Any]:
+    """What ``GET /v1/models`` says: served names and the context length (vLLM's ``max_model_len``),
+    so a session's context window follows the engine rather than a guess."""
+    from openenv_harness.recorder.upstream.base import UpstreamFailure
+
+    try:
+        reply = await upstream.request("GET", "/v1/models")
+    except UpstreamFailure:
+        return {}
+    data = (reply.json or {}).get("data") if reply.status == 200 else None
+    if not isinstance(data, list):
+        return {}
+    names = [m["id"] for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)]
+    lengths = [m["max_model_len"] for m in data if isinstance(m, dict) and isinstance(m.get("max_model_len"), int)]
+    out: dict[str, Any] = {"served_models": names}
+    if lengths:
+        out["max_model_len"] = min(lengths)
+    return out
+
+
 def _session_part(ctx: "RecorderContext", session: "LiveSession") -> dict[str, Any]:
     cached = session.provenance_cache
     if cached is None:
@@ -135,6 +155,65 @@ def _session_part(ctx: "RecorderContext", session: "LiveSession") -> dict[str, A
     return cached
 
 
-def call_provenance(ctx: "RecorderContext", session: "LiveSession", sent_body: dict[str, Any]) -> dict[str, Any]:
-    sampling = {k: sent_body[k] for k in SAMPLING_FIELDS if k in sent_body}
-    return {**_session_part(ctx, session), "model": sent_body.get("model"), "sampling": sampling}
+#: Fields whose engine default applies when a request leaves them out (vLLM takes them from the
+#: model's ``generation_config.json`` unless started with ``--generation-config vllm``).
+DEFAULTED_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
+                    "frequency_penalty")
+
+#: Request fields that constrain decoding: under them the engine masks the policy's distribution
+#: before sampling, and vLLM's returned logprobs are taken after the mask (a forced token about
+#: -1e-5, masked alternatives -9999) -- sampled ids still, but not the policy's logprobs.
+_GUIDED_FIELDS = ("structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
+                  "guided_decoding_backend", "structural_tag")
+
+
+def decoding_constraint(body: dict[str, Any]) -> dict[str, Any] | None:
+    """What constrains this call's decoding, or None for the model's own distribution."""
+    found: dict[str, Any] = {}
+    choice = body.get("tool_choice")
+    if choice == "required" or isinstance(choice, dict):
+        found["tool_choice"] = choice
+    fmt = body.get("response_format")
+    if isinstance(fmt, dict) and fmt.get("type") not in (None, "text"):
+        found["response_format"] = fmt.get("type")
+    for name in _GUIDED_FIELDS:
+        if body.get(name) is not None:
+            found[name] = body[name] if name != "structured_outputs" else sorted(body[name]) \
+                if isinstance(body[name], dict) else True
+    return found or None
+
+
+def sampling_provenance(ctx: "RecorderContext", session: "LiveSession", agent_body: dict[str, Any],
+                        sent_body: dict[str, Any]) -> dict[str, Any]:
+    """What sampling the engine really applied: what the agent sent, what the session pinned, what
+    the engine defaults to -- and the effective values where all three are known. Never a silent
+    guess: with the engine's defaults unknown, the fields it filled in are listed as unknown."""
+    agent = {k: agent_body[k] for k in SAMPLING_FIELDS if k in agent_body}
+    pinned = dict(session.spec.sampling or {})
+    sent = {k: sent_body[k] for k in SAMPLING_FIELDS if k in sent_body}
+    defaults = ctx.config.engine_sampling_defaults
+    effective = {k: sent[k] for k in DEFAULTED_FIELDS if k in sent}
+    unknown: list[str] = []
+    for name in DEFAULTED_FIELDS:
+        if name in effective:
+            continue
+        if defaults is None:
+            unknown.append(name)
+        elif name in defaults:
+            effective[name] = defaults[name]
+    return {
+        "sampling": sent,
+        "sampling_from_agent": agent,
+        "sampling_pinned": pinned,
+        "engine_sampling_defaults": dict(defaults) if defaults is not None else "unknown",
+        "sampling_effective": effective,
+        "sampling_unknown": unknown,
+        "logprobs_mode": ctx.config.engine_logprobs_mode or "unknown",
+        "decoding_constraint": decoding_constraint(sent_body),
+    }
+
+
+def call_provenance(ctx: "RecorderContext", session: "LiveSession", sent_body: dict[str, Any],
+                    agent_body: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {**_session_part(ctx, session), "model": sent_body.get("model"),
+            **sampling_provenance(ctx, session, agent_body if agent_body is not None else sent_body, sent_body)}

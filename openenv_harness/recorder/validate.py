@@ -128,22 +128,72 @@ def extract_evidence(reply: dict[str, Any], prompt_ids: array | None = None) -> 
     return ev
 
 
-#: Engine-only fields removed from what the agent sees and from the stored ``response``.
-_ENGINE_ONLY_TOP = ("prompt_token_ids", "prompt_logprobs", "kv_transfer_params")
-_ENGINE_ONLY_CHOICE = ("token_ids",)
+#: What a plain OpenAI server sends in a chat completion: the agent sees these and nothing else.
+#: A rule, not a list of vLLM's extras: every field an engine adds (``prompt_token_ids``,
+#: ``prompt_text``, ``kv_transfer_params``, ``metrics``, ``routed_experts``, ``stop_reason``, a
+#: future ``*_token_ids``...) is evidence for the record, never part of the agent's reply.
+_AGENT_TOP = frozenset({"id", "object", "created", "model", "choices", "usage", "system_fingerprint", "service_tier"})
+_AGENT_CHOICE = frozenset({"index", "message", "logprobs", "finish_reason"})
+#: the message as OpenAI sends it, plus the reasoning fields engines add and agents read back
+_AGENT_MESSAGE = frozenset({"role", "content", "refusal", "tool_calls", "function_call", "annotations", "audio",
+                            "reasoning", "reasoning_content"})
+_AGENT_TOOL_CALL = frozenset({"id", "type", "index", "function"})
+_AGENT_FUNCTION = frozenset({"name", "arguments"})
+_AGENT_USAGE = frozenset({"prompt_tokens", "completion_tokens", "total_tokens"})
+_AGENT_LOGPROB = frozenset({"token", "logprob", "bytes", "top_logprobs"})
+
+
+def _only(value: Any, keys: frozenset[str]) -> Any:
+    return {k: v for k, v in value.items() if k in keys} if isinstance(value, dict) else value
+
+
+def _message_view(message: Any) -> Any:
+    if not isinstance(message, dict):
+        return message
+    out = _only(message, _AGENT_MESSAGE)
+    calls = out.get("tool_calls")
+    if isinstance(calls, list):
+        views = []
+        for call in calls:
+            view = _only(call, _AGENT_TOOL_CALL)
+            if isinstance(view, dict) and isinstance(view.get("function"), dict):
+                view["function"] = _only(view["function"], _AGENT_FUNCTION)
+            views.append(view)
+        out["tool_calls"] = views
+    return out
+
+
+def _logprobs_view(logprobs: Any) -> Any:
+    if not isinstance(logprobs, dict):
+        return logprobs
+    out = {k: v for k, v in logprobs.items() if k in ("content", "refusal")}
+    content = out.get("content")
+    if isinstance(content, list):
+        out["content"] = [_only(entry, _AGENT_LOGPROB) for entry in content]
+    return out
 
 
 def agent_view(reply: dict[str, Any], *, keep_logprobs: bool) -> dict[str, Any]:
-    """The engine's reply without engine-only fields (a shallow copy; the input is untouched)."""
-    out = {k: v for k, v in reply.items() if k not in _ENGINE_ONLY_TOP}
+    """The engine's reply as a plain OpenAI server would send it (new dicts; the input is untouched).
+
+    Also what is stored as the record's ``response``: the engine's extras are evidence, kept in the
+    record's own fields (ids, logprobs, metadata), not in the reply a trainer may replay.
+    """
+    out = _only(reply, _AGENT_TOP)
     choices = []
     for choice in reply.get("choices") or []:
         if not isinstance(choice, dict):
             choices.append(choice)
             continue
-        c = {k: v for k, v in choice.items() if k not in _ENGINE_ONLY_CHOICE}
+        c = _only(choice, _AGENT_CHOICE)
+        if "message" in c:
+            c["message"] = _message_view(c["message"])
         if not keep_logprobs:
             c.pop("logprobs", None)
+        elif "logprobs" in c:
+            c["logprobs"] = _logprobs_view(c["logprobs"])
         choices.append(c)
     out["choices"] = choices
+    if "usage" in out:
+        out["usage"] = _only(out["usage"], _AGENT_USAGE)
     return out

@@ -39,6 +39,19 @@ def _default_executable(preset: HarnessPreset) -> str:
     return str(binary_path(preset))
 
 
+#: The context window an agent is told when the engine does not say its own.
+FALLBACK_CONTEXT_WINDOW = 32768
+
+
+def engine_context_window(client: RecorderClient, upstream: str | None = None) -> int:
+    """The engine's ``max_model_len`` as the recorder read it from ``/v1/models``: an agent told a
+    larger window than the engine serves sends prompts the engine refuses."""
+    if upstream not in (None, "default"):
+        return FALLBACK_CONTEXT_WINDOW
+    length = (client.health().get("engine") or {}).get("max_model_len")
+    return length if isinstance(length, int) and length > 0 else FALLBACK_CONTEXT_WINDOW
+
+
 class HarnessSessionFactory(ResourceSessionFactory):
     """Creates one ``HarnessSession`` per rollout."""
 
@@ -56,7 +69,7 @@ class HarnessSessionFactory(ResourceSessionFactory):
         budgets: dict[str, Any] | None = None,
         sampling: dict[str, Any] | None = None,
         metadata: dict[str, Any] | None = None,
-        context_window: int = 32768,
+        context_window: int | None = None,
         max_output_tokens: int = 4096,
         agent_recorder_url: str | None = None,
         trainer_template_fingerprint: str | None = None,
@@ -100,7 +113,7 @@ class HarnessSessionFactory(ResourceSessionFactory):
                 model=self.model,
                 executable=self.executable or _default_executable(self.preset),
                 options=self.options,
-                context_window=self.context_window,
+                context_window=self.context_window or engine_context_window(client, self.upstream),
                 max_output_tokens=self.max_output_tokens,
                 budgets=self.budgets,
                 metadata={**self.metadata, "task_id": resolved.id, "seed": seed, "episode_id": episode_id},
@@ -131,7 +144,8 @@ class TRLSessionFactory:
     options: dict[str, Any] = field(default_factory=dict)
     metadata: dict[str, Any] = field(default_factory=dict)
     tasks: dict[str, dict[str, Any]] | None = None
-    context_window: int = 32768
+    #: None: the engine's own max_model_len, as the recorder read it from /v1/models
+    context_window: int | None = None
     max_output_tokens: int = 4096
     trainer_template_fingerprint: str | None = None
     wait_timeout_s: float | None = None

@@ -43,13 +43,17 @@ class RolloutReport:
 
     @property
     def chain_status(self) -> str:
+        """The chain's transitions as counted: a single call has none, so it is not called exact."""
+        exact = self.fidelity.get("exact", 0)
         drift = self.fidelity.get("replay_drift", 0)
         brk = self.fidelity.get("break", 0)
         if not self.agent_calls:
             return "no calls"
+        if exact + drift + brk == 0:
+            return "single call"
         if drift == brk == 0:
-            return "exact"
-        return f"{drift} drift, {brk} break"
+            return f"exact ({exact} transitions)"
+        return f"{exact} exact, {drift} drift, {brk} break"
 
 
 def summarize_records(report: RolloutReport, records: list[dict[str, Any]]) -> RolloutReport:

