@@ -132,9 +132,10 @@ def test_constrained_tool_calls_are_flagged_and_their_logprobs_not_the_policys(s
     assert md["provenance"]["decoding_constraint"] == {"tool_choice": "required"}
     assert md["logprobs_are_policy"] is False
     assert md["trainable"] is True  # the ids are still what was sampled; the flag says what to do with the logprobs
-    # the real reason for the flag: the grammar forces tokens, whose logprobs sit at ~0
-    raw = capture.chat_exchanges()[0].reply_json()["choices"][0]["logprobs"]["content"]
-    assert sum(1 for e in raw if e["logprob"] > -1e-3) > len(raw) // 2
+    # under the grammar the tag is sampled as text pieces, not the special <tool_call> id (151657)
+    # the template renders on replay: the source of this stack's replay drift at every tool turn
+    assert record["completion_token_ids"][:4] == [27, 14172, 13429, 397]
+    assert 151657 not in record["completion_token_ids"]
 
 
 def test_engine_errors_are_relayed_and_recorded_failed(stack: RealStack) -> None:

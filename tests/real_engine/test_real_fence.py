@@ -18,8 +18,11 @@ from openenv_harness.engine import VLLMServer
 
 pytestmark = [pytest.mark.real_engine, pytest.mark.slow]
 
+TOOLS = [{"type": "function", "function": {"name": "bash", "description": "Run a shell command.", "parameters": {
+    "type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}}]
+#: an agent call (it offers tools), long on purpose: the pause lands while it is being generated
 LONG = {"model": MODEL, "messages": [{"role": "user", "content": "Count from one to one thousand in words."}],
-        "max_tokens": 240, "ignore_eos": True, "temperature": 0}
+        "tools": TOOLS, "max_tokens": 240, "ignore_eos": True, "temperature": 0}
 
 
 def _in_flight(stack: RealStack, call: Future) -> None:
