@@ -91,4 +91,19 @@ def test_doctor_checks_an_engine_for_token_evidence() -> None:
 
     with EngineServer() as engine:
         done = cli("doctor", "--engine-url", engine.url)
-    assert "token ids + logprobs" in done.stdout and "tpl1-" in done.stdout, done.stdout
+    assert "tpl1-" in done.stdout, done.stdout
+    [line] = [ln for ln in done.stdout.splitlines() if "token ids + logprobs" in ln]
+    assert "│ yes │ ok" in line, line  # the evidence is read from the whole reply, as the engine sent it
+    assert done.returncode == 0, done.stdout
+
+
+def test_doctor_exits_non_zero_when_the_engine_gives_no_token_evidence() -> None:
+    """An engine (or a router in front of it) that drops the ids fails the check, and the command."""
+    from openenv_harness.testing.engine import EngineServer, Fault
+
+    with EngineServer() as engine:
+        engine.add_fault("reference-model", Fault(missing_token_ids=True))
+        done = cli("doctor", "--engine-url", engine.url)
+    [line] = [ln for ln in done.stdout.splitlines() if "token ids + logprobs" in ln]
+    assert "│ no  │" in line and "no prompt_token_ids" in line, line
+    assert done.returncode == 1, (done.returncode, done.stdout)

@@ -152,3 +152,28 @@ def test_bad_ids_in_a_later_turn_are_named_through_the_whole_recorder(tmp_path) 
     assert records[0]["prompt_token_ids"] == [1, 2, 3]
     assert records[2]["prompt_token_ids"] == [1, 2, 3, 7, 8, 9]
     assert records[4]["prompt_token_ids"] == [1, 2, 3, 7, 8, 9, 7, 8, 10]
+
+
+def test_agent_view_keeps_only_what_a_plain_openai_server_sends() -> None:
+    """A rule, not a list: every field an engine adds is gone, including ones no engine has yet."""
+    r = reply(prompt_text="<|im_start|>...", kv_transfer_params=None, ec_transfer_params=None, metrics=None,
+              prompt_logprobs=None, service_tier=None, system_fingerprint="vllm-0.32.0-x", future_token_ids=[1])
+    c = r["choices"][0]
+    c.update(stop_reason=151643, routed_experts=None, weight_versions=[{"version": 1, "start": 0, "end": 2}])
+    c["message"] = {"role": "assistant", "content": "hi", "refusal": None, "annotations": None, "audio": None,
+                    "function_call": None, "reasoning": "r", "tool_calls": [
+                        {"id": "call_1", "type": "function", "function": {"name": "bash", "arguments": "{}",
+                                                                        "extra_ids": [3]}, "token_ids": [9]}]}
+    r["usage"] = {"prompt_tokens": 4, "completion_tokens": 2, "total_tokens": 6, "prompt_tokens_details": None,
+                  "completion_tokens_details": {"engine": 1}}
+    view = agent_view(r, keep_logprobs=True)
+    assert set(view) == {"id", "choices", "usage", "system_fingerprint", "service_tier"}
+    choice = view["choices"][0]
+    assert set(choice) == {"index", "message", "logprobs", "finish_reason"}
+    assert set(choice["message"]) == {"role", "content", "refusal", "annotations", "audio", "function_call",
+                                      "reasoning", "tool_calls"}
+    assert choice["message"]["tool_calls"] == [{"id": "call_1", "type": "function",
+                                                "function": {"name": "bash", "arguments": "{}"}}]
+    assert view["usage"] == {"prompt_tokens": 4, "completion_tokens": 2, "total_tokens": 6}
+    assert all(set(e) <= {"token", "logprob", "bytes", "top_logprobs"} for e in choice["logprobs"]["content"])
+    assert c["stop_reason"] == 151643 and "token_ids" in c  # input untouched
