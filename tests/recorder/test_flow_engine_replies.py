@@ -1,5 +1,9 @@
-"""An engine abort (vLLM answers HTTP 200 with ``finish_reason: "abort"``) is a partial sample:
-recorded untrainable with its partial ids, and the agent is told to retry the whole call."""
+"""What the recorder does with real-vLLM reply features, through a scripted engine over HTTP.
+
+An engine abort (vLLM answers HTTP 200 with ``finish_reason: "abort"``) is a partial sample:
+recorded untrainable with its partial ids, and the agent is told to retry the whole call. Per-token
+weight versions (vLLM 0.33) are kept per call. A pinned tool choice applies where tools are offered.
+"""
 
 from __future__ import annotations
 
@@ -13,12 +17,13 @@ ADMIN = "admin-" + "a" * 32
 TOOLS = [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object"}}}]
 
 
-def _reply(finish: str, ids: list[int]) -> bytes:
+def _reply(finish: str, ids: list[int], **choice_extra: object) -> bytes:
     return orjson.dumps({
         "id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": "m",
         "prompt_token_ids": [1, 2, 3],
         "choices": [{"index": 0, "message": {"role": "assistant", "content": "partial"}, "finish_reason": finish,
-                     "token_ids": ids, "logprobs": {"content": [{"token": "x", "logprob": -0.1} for _ in ids]}}],
+                     "token_ids": ids, "logprobs": {"content": [{"token": "x", "logprob": -0.1} for _ in ids]},
+                     **choice_extra}],
         "usage": {"prompt_tokens": 3, "completion_tokens": len(ids), "total_tokens": 3 + len(ids)},
     })
 
@@ -79,3 +84,25 @@ def test_a_pinned_tool_choice_skips_calls_without_tools(tmp_path) -> None:
     assert [r["metadata"]["provenance"]["decoding_constraint"] for r in records] == [
         {"tool_choice": "required"}, None, None]
     assert [r["metadata"]["logprobs_are_policy"] for r in records] == [False, True, True]
+
+
+def test_per_token_weight_versions_are_recorded_and_not_shown_to_the_agent(tmp_path) -> None:
+    versions = [{"version": 3, "start": 0, "end": 1}, {"version": 4, "start": 1, "end": 2}]
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path != "/v1/chat/completions":
+            return httpx.Response(404, json={"error": {"message": "no such route"}})
+        return httpx.Response(200, content=_reply("stop", [5, 6], weight_versions=versions),
+                              headers={"content-type": "application/json"})
+
+    config = RecorderConfig(store_path=str(tmp_path / "r.db"), admin_token=ADMIN, probe_template=False)
+    engine = HTTPEngine("http://engine", transport=httpx.MockTransport(handler))
+    with RecorderServer(config, upstreams={"default": engine}) as server, RecorderClient(server.url, ADMIN) as admin:
+        s = admin.create_session()
+        reply = httpx.post(f"{s['base_url']}/chat/completions", headers={"authorization": f"Bearer {s['secret']}"},
+                           json={"model": "m", "messages": [{"role": "user", "content": "go"}], "tools": TOOLS})
+        [record] = admin.records(s["session_id"])
+    assert reply.status_code == 200 and "weight_versions" not in reply.json()["choices"][0]
+    md = record["metadata"]
+    assert md["weight_versions"] == versions
+    assert (md["policy_version_start"], md["policy_version_end"]) == (0, 0)  # the recorder's own, kept as well
