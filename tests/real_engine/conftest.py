@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -20,7 +21,10 @@ from capture_proxy import CaptureProxy
 from openenv_harness.engine import VLLMServer, VLLMSettings, prepared_model_dir
 from openenv_harness.engine.model import QWEN25_CODER_05B
 from openenv_harness.engine.setup import engine_home, engine_python
+from openenv_harness.cli.stack import REAL_ENGINE_SAMPLING
 from openenv_harness.recorder import RecorderClient, RecorderConfig, RecorderServer
+from openenv_harness.rollout import BUILTIN_TASKS, HarnessSessionFactory
+from openenv_harness.rollout.report import run_rollout
 
 ADMIN = "real-engine-admin-token-0123456789"
 MODEL = QWEN25_CODER_05B.served_name
@@ -107,3 +111,34 @@ def stack(tmp_path: Path, capture: CaptureProxy) -> Iterator[RealStack]:
         yield s
     finally:
         s.close()
+
+
+AGENT_CALLS = 3
+
+
+@pytest.fixture(scope="session")
+def rollouts(vllm, tmp_path_factory) -> dict[str, Any]:
+    """One real Pi and one real OpenCode rollout on the real vLLM (greedy, seeded, tool calls required,
+    AGENT_CALLS agent calls), shared by the tests that read them (each takes tens of seconds)."""
+    capture = CaptureProxy(vllm.url).start()
+    stack = RealStack(tmp_path_factory.mktemp("rollouts") / "records.db", capture.url)
+    out: dict[str, Any] = {}
+    try:
+        for harness in ("pi", "opencode"):
+            capture.clear()
+            factory = HarnessSessionFactory(harness=harness, recorder_url=stack.recorder.url,
+                                            admin_token=stack.admin_token, model=MODEL,
+                                            tasks={"fix-add": BUILTIN_TASKS["fix-add"]},
+                                            budgets={"max_agent_calls": AGENT_CALLS, "max_wall_clock_s": 400},
+                                            sampling=dict(REAL_ENGINE_SAMPLING))
+            report, session = run_rollout(factory, "fix-add", timeout_s=450)
+            assert session is not None, report.error
+            trace = session.fetch_training_trace()
+            records = stack.admin.records(session.session_id)
+            session.close()
+            out[harness] = {"report": report, "trace": trace, "records": records,
+                            "exchanges": [e for e in capture.chat_exchanges()]}
+    finally:
+        stack.close()
+        capture.stop()
+    return out

@@ -17,12 +17,8 @@ import httpx
 import pytest
 from openenv.core.harness import TrainingTrace
 
-from capture_proxy import CaptureProxy
-from conftest import MODEL, RealStack
+from conftest import MODEL
 from openenv_harness.assembly import assemble_session
-from openenv_harness.cli.stack import REAL_ENGINE_SAMPLING
-from openenv_harness.rollout import BUILTIN_TASKS, HarnessSessionFactory
-from openenv_harness.rollout.report import run_rollout
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 from trl.experimental.async_grpo.async_rollout_worker import _chain_to_sequences  # noqa: E402
@@ -31,34 +27,6 @@ from trl.experimental.async_grpo.openenv_harness import _turns_from_training_tra
 pytestmark = [pytest.mark.real_engine, pytest.mark.cli, pytest.mark.compat, pytest.mark.slow]
 
 TOOL_CALL_ID = 151657  # <tool_call> in the Qwen2.5 vocabulary
-AGENT_CALLS = 3
-
-
-@pytest.fixture(scope="module")
-def rollouts(vllm, tmp_path_factory) -> dict[str, Any]:
-    """One rollout per harness, shared by the tests of this module (each takes tens of seconds)."""
-    capture = CaptureProxy(vllm.url).start()
-    stack = RealStack(tmp_path_factory.mktemp("rollouts") / "records.db", capture.url)
-    out: dict[str, Any] = {}
-    try:
-        for harness in ("pi", "opencode"):
-            capture.clear()
-            factory = HarnessSessionFactory(harness=harness, recorder_url=stack.recorder.url,
-                                            admin_token=stack.admin_token, model=MODEL,
-                                            tasks={"fix-add": BUILTIN_TASKS["fix-add"]},
-                                            budgets={"max_agent_calls": AGENT_CALLS, "max_wall_clock_s": 400},
-                                            sampling=dict(REAL_ENGINE_SAMPLING))
-            report, session = run_rollout(factory, "fix-add", timeout_s=450)
-            assert session is not None, report.error
-            trace = session.fetch_training_trace()
-            records = stack.admin.records(session.session_id)
-            session.close()
-            out[harness] = {"report": report, "trace": trace, "records": records,
-                            "exchanges": [e for e in capture.chat_exchanges()]}
-    finally:
-        stack.close()
-        capture.stop()
-    return out
 
 
 @pytest.mark.parametrize("harness", ["pi", "opencode"])

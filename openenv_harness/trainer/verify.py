@@ -1,0 +1,264 @@
+"""The step-0 proof: the trainer's own logprobs of the recorded ids against the engine's.
+
+A trainer scoring our records scores exactly what the policy sampled -- or it does not, and then
+the importance ratios it computes are silently wrong. With the policy unchanged (step 0) every
+ratio exp(logp_trainer - logp_rollout) must sit at 1 up to numerical noise. ``verify_records``
+scores every mask-1 token of a session's records with a Hugging Face causal LM, in one
+teacher-forced pass per sample, and reports per call and per rollout how far it is from 1.
+
+``contrast_rerender`` does what a message-level trainer does instead -- re-render the session's
+messages with the model's chat template, tokenize, find the assistant spans, score them -- to show
+on the same rollout what that path costs: changed lengths, misaligned tokens, ratios far from 1.
+
+What legitimately differs, and is reported rather than hidden:
+- vLLM's logprobs are ``raw_logprobs`` by default (the model's distribution before temperature,
+  top-p/top-k and penalties): the trainer's plain log-softmax is the same quantity.
+- Calls under a decoding constraint (``metadata.logprobs_are_policy: false``) carry logprobs taken
+  after the engine's grammar mask; they are scored and reported apart, never mixed into the proof.
+- bf16 on the engine vs the trainer's dtype: the noise floor is measured, not assumed (``dtype``).
+
+Trainer-side only (the ``trainer`` extra: torch + transformers); the recorder never imports it.
+Memory-bounded: the prompt goes through the model in chunks with a KV cache, and logits are
+computed only where a sampled token is scored (a 7k-token prompt would otherwise need 4 GB of
+logits for a 152k vocabulary).
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+#: |ratio - 1| within this counts as "at 1" in ``share_within``
+DEFAULT_EPSILON = 0.05
+#: tokens whose |delta| exceeds this are listed with their text
+DEFAULT_THRESHOLD = 0.1
+
+
+@dataclass
+class TokenDelta:
+    position: int  # index among the call's sampled tokens
+    token_id: int
+    text: str
+    logp_rollout: float
+    logp_trainer: float
+
+    @property
+    def delta(self) -> float:
+        return abs(self.logp_trainer - self.logp_rollout)
+
+
+@dataclass
+class DeltaStats:
+    """δ = |logp_trainer - logp_rollout| and the ratios exp(logp_trainer - logp_rollout) over tokens."""
+
+    tokens: int = 0
+    delta_max: float = 0.0
+    delta_mean: float = 0.0
+    delta_p99: float = 0.0
+    ratio_min: float = 1.0
+    ratio_max: float = 1.0
+    share_within: float = 1.0  # share of ratios within 1 ± epsilon
+    kl: float = 0.0  # step-0 KL estimate, mean of (logp_rollout - logp_trainer) over sampled tokens
+
+    @classmethod
+    def of(cls, rollout: Sequence[float], trainer: Sequence[float], epsilon: float) -> "DeltaStats":
+        if not rollout:
+            return cls()
+        diffs = [t - r for r, t in zip(rollout, trainer)]
+        deltas = sorted(abs(d) for d in diffs)
+        ratios = [math.exp(d) for d in diffs]
+        return cls(
+            tokens=len(diffs), delta_max=deltas[-1], delta_mean=sum(deltas) / len(deltas),
+            delta_p99=deltas[min(len(deltas) - 1, int(math.ceil(0.99 * len(deltas))) - 1)],
+            ratio_min=min(ratios), ratio_max=max(ratios),
+            share_within=sum(1 for r in ratios if abs(r - 1.0) <= epsilon) / len(ratios),
+            kl=-sum(diffs) / len(diffs),
+        )
+
+
+@dataclass
+class CallVerification:
+    node_id: str
+    call_index: int
+    constrained: bool
+    stats: DeltaStats
+    outliers: list[TokenDelta] = field(default_factory=list)
+
+
+@dataclass
+class RolloutVerification:
+    session_id: str
+    calls: list[CallVerification]
+    #: over calls whose logprobs are the policy's (the proof)
+    policy: DeltaStats
+    #: over calls under a decoding constraint (reported apart)
+    constrained: DeltaStats
+    dtype: str
+    epsilon: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _torch() -> Any:
+    try:
+        import torch
+    except ImportError as exc:  # pragma: no cover - the trainer extra is what provides it
+        raise ImportError("verification needs torch and transformers (pip install 'openenv-harness[trainer]')") from exc
+    return torch
+
+
+def score_tokens(model: Any, prompt_ids: Sequence[int], completion_ids: Sequence[int], *,
+                 chunk_tokens: int = 1024) -> list[float]:
+    """The model's log-probability of each completion id given everything before it.
+
+    One teacher-forced pass: the context goes through in chunks with a KV cache; logits are taken
+    only at the positions that predict a completion token.
+    """
+    torch = _torch()
+    if not completion_ids:
+        return []
+    ids = list(prompt_ids) + list(completion_ids)
+    first = len(prompt_ids)  # position of the first scored token
+    if first < 1:
+        raise ValueError("a scored completion needs at least one prompt token before it")
+    device = next(model.parameters()).device
+    # transformers 5.2x names the cache argument ``cache``; earlier releases ``past_key_values``
+    cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    out: list[float] = []
+    past = None
+    with torch.no_grad():
+        start = 0
+        while start < len(ids) - 1:
+            end = min(len(ids) - 1, start + chunk_tokens)
+            piece = torch.tensor([ids[start:end]], device=device)
+            keep_from = max(start, first - 1)  # positions whose next token is scored
+            result = model(input_ids=piece, use_cache=True, **{cache_arg: past},
+                           logits_to_keep=max(0, end - keep_from) if keep_from < end else 1)
+            past = getattr(result, "cache", None) or result.past_key_values
+            if keep_from < end:
+                logits = result.logits[0, -(end - keep_from):].float()
+                logps = torch.log_softmax(logits, dim=-1)
+                targets = torch.tensor(ids[keep_from + 1:end + 1], device=device)
+                out.extend(logps.gather(1, targets[:, None])[:, 0].tolist())
+            start = end
+    return out
+
+
+def _agent_records(records: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    return [r for r in records if r["metadata"].get("call_kind") == "agent" and r["metadata"].get("status") == "ok"
+            and r.get("completion_token_ids")]
+
+
+def verify_records(records: Iterable[Mapping[str, Any]], model: Any, tokenizer: Any = None, *,
+                   epsilon: float = DEFAULT_EPSILON, threshold: float = DEFAULT_THRESHOLD,
+                   chunk_tokens: int = 1024) -> RolloutVerification:
+    """Score every sampled token of a session's trainable agent calls and compare with the records.
+
+    Each call is scored on its own recorded context (prompt ids + sampled ids): exactly the sample
+    a trainer builds from it. ``tokenizer`` (optional) only decodes outlier tokens for the report.
+    """
+    calls: list[CallVerification] = []
+    policy_r: list[float] = []
+    policy_t: list[float] = []
+    cons_r: list[float] = []
+    cons_t: list[float] = []
+    session_id = ""
+    for record in _agent_records(records):
+        md = record["metadata"]
+        session_id = md.get("session_id", session_id)
+        rollout = list(record["per_token_logps"])
+        trainer = score_tokens(model, record["prompt_token_ids"], record["completion_token_ids"],
+                               chunk_tokens=chunk_tokens)
+        constrained = md.get("logprobs_are_policy") is False
+        outliers = [
+            TokenDelta(i, tok, tokenizer.decode([tok]) if tokenizer is not None else "", r, t)
+            for i, (tok, r, t) in enumerate(zip(record["completion_token_ids"], rollout, trainer))
+            if abs(t - r) > threshold
+        ]
+        calls.append(CallVerification(md.get("node_id", ""), md.get("call_index", -1), constrained,
+                                      DeltaStats.of(rollout, trainer, epsilon), outliers))
+        (cons_r if constrained else policy_r).extend(rollout)
+        (cons_t if constrained else policy_t).extend(trainer)
+    dtype = str(next(model.parameters()).dtype).replace("torch.", "")
+    return RolloutVerification(session_id, calls, DeltaStats.of(policy_r, policy_t, epsilon),
+                               DeltaStats.of(cons_r, cons_t, epsilon), dtype, epsilon)
+
+
+@dataclass
+class ContrastTurn:
+    call_index: int
+    sampled_tokens: int
+    rerendered_tokens: int
+    misaligned: int  # positions where the re-rendered id is not the sampled id
+    stats: DeltaStats  # ratios of the re-rendered tokens' logprobs against the recorded ones, position by position
+
+
+@dataclass
+class ContrastReport:
+    turns: list[ContrastTurn]
+    total: DeltaStats
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _render(tokenizer: Any, messages: list[dict[str, Any]], tools: Any, generation: bool) -> list[int]:
+    from openenv_harness.trainer.template import _as_ids
+
+    return _as_ids(tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=True,
+                                                 add_generation_prompt=generation))
+
+
+def contrast_rerender(records: Iterable[Mapping[str, Any]], model: Any, tokenizer: Any, *,
+                      epsilon: float = DEFAULT_EPSILON, chunk_tokens: int = 1024) -> ContrastReport:
+    """What a message-level trainer would score for the same rollout.
+
+    It takes the last agent call's messages plus its reply, renders the whole conversation with the
+    model's chat template, finds each assistant turn's span (render of the turns before it with a
+    generation prompt, to the render including it), scores the span's tokens in that re-rendered
+    context and compares them position by position with the recorded sampled ids and logprobs.
+    """
+    agent = _agent_records(records)
+    if not agent:
+        return ContrastReport([], DeltaStats())
+    last = agent[-1]
+    request = last["request"]
+    reply = (last["response"].get("choices") or [{}])[0].get("message") or {}
+    conversation = [*request["messages"], {k: v for k, v in reply.items() if v is not None}]
+    tools = request.get("tools")
+    assistant_at = [i for i, m in enumerate(conversation) if m.get("role") == "assistant"]
+    full = _render(tokenizer, conversation, tools, False)
+    turns: list[ContrastTurn] = []
+    all_r: list[float] = []
+    all_t: list[float] = []
+    # the conversation's last assistant turns are the last agent calls' replies, in order
+    k = min(len(assistant_at), len(agent))
+    for record, index in zip(agent[len(agent) - k:], assistant_at[len(assistant_at) - k:]):
+        start = len(_render(tokenizer, conversation[:index], tools, True))
+        end = len(_render(tokenizer, conversation[:index + 1], tools, False))
+        span = full[start:end]
+        sampled = list(record["completion_token_ids"])
+        scored = score_tokens(model, full[:start], span, chunk_tokens=chunk_tokens)
+        n = min(len(span), len(sampled))
+        misaligned = sum(1 for a, b in zip(span[:n], sampled[:n]) if a != b) + abs(len(span) - len(sampled))
+        rollout = list(record["per_token_logps"])[:n]
+        stats = DeltaStats.of(rollout, scored[:n], epsilon)
+        turns.append(ContrastTurn(record["metadata"].get("call_index", -1), len(sampled), len(span), misaligned, stats))
+        all_r.extend(rollout)
+        all_t.extend(scored[:n])
+    return ContrastReport(turns, DeltaStats.of(all_r, all_t, epsilon))
+
+
+def load_model(model_dir: str, *, dtype: str = "bfloat16") -> tuple[Any, Any]:
+    """The causal LM and tokenizer from a local folder (the folder the engine serves), on the CPU."""
+    torch = _torch()
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype))
+    model.eval()
+    return model, tokenizer

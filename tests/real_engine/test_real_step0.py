@@ -1,0 +1,88 @@
+"""The step-0 proof on the real model: transformers' logprobs of the recorded ids equal vLLM's.
+
+The same Qwen2.5-Coder-0.5B-Instruct the real vLLM serves is loaded by transformers on the CPU and
+scores every sampled token of the records in one teacher-forced pass per sample. With the policy
+unchanged every importance ratio must be 1 up to numerical noise -- and the noise floor is measured
+here, not assumed: the same tokens scored by transformers in bf16 (vLLM's dtype) and in fp32.
+The contrast: the message-level path (re-render the messages with the chat template, tokenize,
+score the assistant spans) on the same rollout, whose ratios are not 1.
+
+Unconstrained calls are the proof; calls under ``tool_choice: "required"`` carry post-mask
+logprobs and are reported apart (``logprobs_are_policy: false``).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from conftest import MODEL, RealStack
+from openenv_harness.engine import VLLMServer
+from openenv_harness.trainer.verify import contrast_rerender, load_model, score_tokens, verify_records
+
+pytestmark = [pytest.mark.real_engine, pytest.mark.slow]
+
+TOOLS = [{"type": "function", "function": {"name": "bash", "description": "Run a shell command.", "parameters": {
+    "type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}}]
+
+
+@pytest.fixture(scope="module")
+def hf(vllm: VLLMServer) -> tuple[Any, Any]:
+    return load_model(str(vllm.settings.model_dir), dtype="bfloat16")
+
+
+@pytest.fixture(scope="module")
+def free_session(vllm: VLLMServer, tmp_path_factory) -> list[dict]:
+    """Two unconstrained agent calls of one conversation (the model answers in text), sampled at
+    the model's own temperature: the records a trainer would score."""
+    stack = RealStack(tmp_path_factory.mktemp("step0") / "records.db", vllm.url)
+    try:
+        sid, secret = stack.session(sampling={"seed": 7})
+        messages = [{"role": "system", "content": "You are a coding agent."},
+                    {"role": "user", "content": "Write a Python function that adds two numbers."}]
+        first = stack.chat(sid, secret, {"model": MODEL, "messages": messages, "tools": TOOLS, "max_tokens": 48})
+        assert first.status_code == 200, first.text
+        messages += [first.json()["choices"][0]["message"], {"role": "user", "content": "Now add a docstring."}]
+        second = stack.chat(sid, secret, {"model": MODEL, "messages": messages, "tools": TOOLS, "max_tokens": 48})
+        assert second.status_code == 200, second.text
+        return stack.admin.records(sid)
+    finally:
+        stack.close()
+
+
+def test_the_trainers_logprobs_of_the_recorded_ids_match_the_engines(free_session, hf, record_property) -> None:
+    model, tokenizer = hf
+    report = verify_records(free_session, model, tokenizer)
+    assert [c.constrained for c in report.calls] == [False, False]
+    # the noise floor: the same tokens scored by transformers in bf16 (vLLM's dtype) and in fp32
+    bf16 = [score_tokens(model, r["prompt_token_ids"], r["completion_token_ids"]) for r in free_session]
+    model.float()
+    try:
+        fp32 = [score_tokens(model, r["prompt_token_ids"], r["completion_token_ids"]) for r in free_session]
+    finally:
+        model.bfloat16()  # lossless back: every bf16 value is exact in fp32
+    floor = max(abs(a - b) for x, y in zip(bf16, fp32) for a, b in zip(x, y))
+    record_property("step0", json.dumps({"policy": report.policy.__dict__, "bf16_vs_fp32_floor": floor}))
+    print("step-0 proof:", json.dumps(report.policy.__dict__), "bf16/fp32 floor:", floor)
+    assert report.policy.tokens == sum(len(r["completion_token_ids"]) for r in free_session)
+    # at the numerical noise floor: bf16 kernels of two engines differ by about what bf16 and fp32 do
+    assert report.policy.delta_max <= max(0.25, 3 * floor), report.policy
+    assert report.policy.share_within >= 0.95 and abs(report.policy.kl) < 0.02, report.policy
+
+
+def test_rerendering_the_messages_is_not_what_was_sampled(rollouts, hf, record_property) -> None:
+    """On a real Pi rollout (tool calls under the grammar): the message-level path re-renders the
+    tool-call tag as the special id, so the spans it scores are not the sampled tokens."""
+    model, tokenizer = hf
+    records = rollouts["pi"]["records"]
+    ours = verify_records(records, model, tokenizer)
+    contrast = contrast_rerender(records, model, tokenizer)
+    record_property("contrast", json.dumps({"ours_constrained": ours.constrained.__dict__,
+                                            "rerender": contrast.total.__dict__}))
+    print("records (constrained, reported apart):", json.dumps(ours.constrained.__dict__))
+    print("re-render path:", json.dumps(contrast.as_dict()))
+    assert all(c.constrained for c in ours.calls) and ours.policy.tokens == 0
+    assert contrast.turns and all(t.misaligned > 0 for t in contrast.turns)
+    assert any(t.rerendered_tokens != t.sampled_tokens for t in contrast.turns)
