@@ -80,6 +80,57 @@ def show(session_id: str, store: str = STORE, url: str = URL, admin_token: str =
         console.print(st)
 
 
+@app.command("verify")
+def verify(
+    session_id: str, store: str = STORE, url: str = URL, admin_token: str = TOKEN,
+    model: str = typer.Option(..., "--model", help="The policy's Hugging Face folder (what the engine serves)"),
+    dtype: str = typer.Option("bfloat16", help="Scoring dtype: bfloat16 (vLLM's) | float32"),
+    contrast: bool = typer.Option(False, help="Also score the message-level re-render path"),
+    threshold: float = typer.Option(0.1, help="List tokens whose |delta| exceeds this"),
+) -> None:
+    """Score the recorded sampled tokens with the trainer's own model: the step-0 proof."""
+    from openenv_harness.trainer.verify import contrast_rerender, load_model, verify_records
+    from openenv_harness.viewer.verifications import verification_path
+
+    src = open_source(store, url, admin_token)
+    records = src.records(session_id)
+    if not records:
+        raise CLIError(f"no records for session {session_id}", "`openenv-harness trace list` shows the sessions")
+    with console.status(f"loading {model} ({dtype})"):
+        hf_model, tokenizer = load_model(model, dtype=dtype)
+    with console.status("scoring every sampled token"):
+        report = verify_records(records, hf_model, tokenizer, threshold=threshold)
+        versus = contrast_rerender(records, hf_model, tokenizer) if contrast else None
+    t = Table(title=f"step-0 verification of {session_id} ({report.dtype})")
+    for col in ("#", "logprobs", "tokens", "δ max", "δ mean", "δ p99", "ratio min", "ratio max",
+                f"within 1±{report.epsilon:g}", "KL", "over threshold"):
+        t.add_column(col)
+
+    def row(label: str, kind: str, st: Any, outliers: str) -> None:
+        t.add_row(label, kind, str(st.tokens), f"{st.delta_max:.4f}", f"{st.delta_mean:.4f}", f"{st.delta_p99:.4f}",
+                  f"{st.ratio_min:.4f}", f"{st.ratio_max:.4f}", f"{st.share_within:.3f}", f"{st.kl:+.5f}", outliers)
+
+    for call in report.calls:
+        shown = ", ".join(f"{o.text!r}@{o.position} {o.logp_trainer - o.logp_rollout:+.2f}" for o in call.outliers[:4])
+        row(str(call.call_index), "constrained" if call.constrained else "policy", call.stats, shown)
+    row("all", "policy", report.policy, "")
+    if report.constrained.tokens:
+        row("all", "constrained", report.constrained, "")
+    console.print(t)
+    if versus is not None:
+        console.print(f"re-render path: {len(versus.turns)} assistant turns, misaligned tokens "
+                      f"{[x.misaligned for x in versus.turns]}, lengths sampled→re-rendered "
+                      f"{[(x.sampled_tokens, x.rerendered_tokens) for x in versus.turns]}, ratios "
+                      f"{versus.total.ratio_min:.3f}–{versus.total.ratio_max:.3f} "
+                      f"({versus.total.share_within:.3f} within 1±{report.epsilon:g})")
+    if store:
+        path = verification_path(store, session_id)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        payload = {"model": model, **report.as_dict(), "contrast": versus.as_dict() if versus else None}
+        path.write_text(json.dumps(payload, indent=1))
+        console.print(f"stored: {path}", style="dim")
+
+
 @app.command("export")
 def export(
     session_id: str,

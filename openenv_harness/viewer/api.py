@@ -29,6 +29,7 @@ from openenv_harness.viewer.digest import (
     token_slice,
 )
 from openenv_harness.viewer.strategies import StrategyStatsError, strategy_stats
+from openenv_harness.viewer.verifications import load_verification
 
 API_PREFIX = "/admin/viewer/api"
 
@@ -69,6 +70,9 @@ async def session_calls(
         return _not_found(f"no session {session_id!r}")
     options = DigestOptions(messages=messages, tail=tail, around=around, completion=completion)
     calls = await asyncio.to_thread(lambda: [call_digest(e, options) for e in entries])
+    verified = await asyncio.to_thread(load_verification, ctx.config.store_path, session_id)
+    for call in calls:
+        call["verification"] = verified.get(call["call_index"])
     return _json({"session": session.summary(), "calls": calls})
 
 

@@ -14,6 +14,9 @@ logprobs and are reported apart (``logprobs_are_policy: false``).
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -34,10 +37,11 @@ def hf(vllm: VLLMServer) -> tuple[Any, Any]:
 
 
 @pytest.fixture(scope="module")
-def free_session(vllm: VLLMServer, tmp_path_factory) -> list[dict]:
+def free_session(vllm: VLLMServer, tmp_path_factory) -> dict[str, Any]:
     """Two unconstrained agent calls of one conversation (the model answers in text), sampled at
     the model's own temperature: the records a trainer would score."""
-    stack = RealStack(tmp_path_factory.mktemp("step0") / "records.db", vllm.url)
+    store = tmp_path_factory.mktemp("step0") / "records.db"
+    stack = RealStack(store, vllm.url)
     try:
         sid, secret = stack.session(sampling={"seed": 7})
         messages = [{"role": "system", "content": "You are a coding agent."},
@@ -47,26 +51,27 @@ def free_session(vllm: VLLMServer, tmp_path_factory) -> list[dict]:
         messages += [first.json()["choices"][0]["message"], {"role": "user", "content": "Now add a docstring."}]
         second = stack.chat(sid, secret, {"model": MODEL, "messages": messages, "tools": TOOLS, "max_tokens": 48})
         assert second.status_code == 200, second.text
-        return stack.admin.records(sid)
+        return {"records": stack.admin.records(sid), "store": store, "session_id": sid}
     finally:
         stack.close()
 
 
 def test_the_trainers_logprobs_of_the_recorded_ids_match_the_engines(free_session, hf, record_property) -> None:
     model, tokenizer = hf
-    report = verify_records(free_session, model, tokenizer)
+    records = free_session["records"]
+    report = verify_records(records, model, tokenizer)
     assert [c.constrained for c in report.calls] == [False, False]
     # the noise floor: the same tokens scored by transformers in bf16 (vLLM's dtype) and in fp32
-    bf16 = [score_tokens(model, r["prompt_token_ids"], r["completion_token_ids"]) for r in free_session]
+    bf16 = [score_tokens(model, r["prompt_token_ids"], r["completion_token_ids"]) for r in records]
     model.float()
     try:
-        fp32 = [score_tokens(model, r["prompt_token_ids"], r["completion_token_ids"]) for r in free_session]
+        fp32 = [score_tokens(model, r["prompt_token_ids"], r["completion_token_ids"]) for r in records]
     finally:
         model.bfloat16()  # lossless back: every bf16 value is exact in fp32
     floor = max(abs(a - b) for x, y in zip(bf16, fp32) for a, b in zip(x, y))
     record_property("step0", json.dumps({"policy": report.policy.__dict__, "bf16_vs_fp32_floor": floor}))
     print("step-0 proof:", json.dumps(report.policy.__dict__), "bf16/fp32 floor:", floor)
-    assert report.policy.tokens == sum(len(r["completion_token_ids"]) for r in free_session)
+    assert report.policy.tokens == sum(len(r["completion_token_ids"]) for r in records)
     # at the numerical noise floor: bf16 kernels of two engines differ by about what bf16 and fp32 do
     assert report.policy.delta_max <= max(0.25, 3 * floor), report.policy
     assert report.policy.share_within >= 0.95 and abs(report.policy.kl) < 0.02, report.policy
@@ -86,3 +91,16 @@ def test_rerendering_the_messages_is_not_what_was_sampled(rollouts, hf, record_p
     assert all(c.constrained for c in ours.calls) and ours.policy.tokens == 0
     assert contrast.turns and all(t.misaligned > 0 for t in contrast.turns)
     assert any(t.rerendered_tokens != t.sampled_tokens for t in contrast.turns)
+
+
+def test_trace_verify_prints_the_table_and_stores_it_for_the_viewer(free_session, vllm: VLLMServer) -> None:
+    from openenv_harness.viewer.verifications import load_verification
+
+    done = subprocess.run([sys.executable, "-m", "openenv_harness.cli", "trace", "verify", free_session["session_id"],
+                           "--store", str(free_session["store"]), "--model", str(vllm.settings.model_dir)],
+                          capture_output=True, text=True, timeout=900, env={**os.environ, "COLUMNS": "200"})
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "step-0 verification" in done.stdout and "policy" in done.stdout
+    stored = load_verification(str(free_session["store"]), free_session["session_id"])
+    assert sorted(stored) == [r["metadata"]["call_index"] for r in free_session["records"]]
+    assert all(not v["constrained"] and v["delta_max"] < 0.5 for v in stored.values())

@@ -124,6 +124,12 @@ function facts(call) {
   ];
   if (call.upstream_ms !== null && call.upstream_ms !== undefined) items.push(["engine", `${call.upstream_ms.toFixed(0)} ms`]);
   if (call.limits) items.push(["limits", limitsText(call.limits)]);
+  const v = call.verification;
+  if (v) {
+    // trace verify: the trainer's own logprobs of these sampled ids against the rollout's
+    const kind = v.constrained ? " (constrained: not the policy's logprobs)" : "";
+    items.push(["step-0 δ max", `${v.delta_max.toFixed(4)}, ratios ${v.ratio_min.toFixed(3)}–${v.ratio_max.toFixed(3)}${kind}`]);
+  }
   return el("div", { class: "facts" }, items.map(([k, v]) => el("span", {}, `${k} `, el("b", { text: v }))));
 }
 
