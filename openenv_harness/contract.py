@@ -88,6 +88,8 @@ class Provenance(BaseModel):
     config_hashes: dict[str, str] = Field(default_factory=dict, description="sha256 of the agent's config files")
     template_fingerprint: str | None = None
     template_status: str | None = Field(None, description="verified | mismatch | unverified")
+    template_certification: dict[str, Any] | None = Field(
+        None, description="certified | failed | uncertified, each property's pass/fail, the failed ones' causes")
     recorder_version: str | None = None
     sampling_from_agent: dict[str, Any] = Field(default_factory=dict, description="Sampling fields the agent sent")
     sampling_pinned: dict[str, Any] = Field(default_factory=dict, description="What the session pinned over them")

@@ -86,6 +86,37 @@ async def health(request: Request) -> Response:
                   "engine": ctx.engine_info, "store": ctx.store.stats()})
 
 
+#: what to do when a required property fails, by property
+_ADVICE = {
+    "tool_prefix": "serve a prefix-preserving training template (vLLM --chat-template, e.g. TRL's "
+                   "qwen3_training.jinja for Qwen3) or use the incremental prompt mode",
+    "assistant_stable": "serve a template that renders earlier assistant turns unchanged (TRL's *_training.jinja "
+                        "keep reasoning), or use the incremental prompt mode",
+    "junction": "serve a template whose assistant turns end the same way every time",
+}
+
+
+def exact_template_refusal(certification: dict[str, Any] | None) -> str | None:
+    """Why ``require_exact_template`` refuses a session (None when the template is certified)."""
+    if not certification or certification.get("status") == "uncertified":
+        reason = (certification or {}).get("reason", "no certification")
+        return (f"require_exact_template: the served template could not be certified ({reason}); an engine with "
+                "/tokenize and /detokenize is needed")
+    failed = certification.get("failed") or []
+    if certification.get("status") == "certified" and not failed:
+        return None
+    parts = [f"{f['property']}: {f['detail']} -- {_ADVICE.get(f['property'], 'see docs/templates.md')}" for f in failed]
+    return "require_exact_template: the served template fails " + "; ".join(parts)
+
+
+@router.post("/engine/reprobe")
+async def engine_reprobe(request: Request) -> Response:
+    """Probe the engine's template again now (after a restart or a template change)."""
+    ctx = _ctx(request)
+    await ctx.engine_watch.ensure_fresh(ctx.upstream_for(None), force="asked by an operator")
+    return _json(ctx.engine_info)
+
+
 @router.post("/sessions", status_code=201)
 async def create_session(spec: SessionSpec, request: Request) -> Response:
     ctx = _ctx(request)
@@ -96,10 +127,24 @@ async def create_session(spec: SessionSpec, request: Request) -> Response:
     upstream = ctx.upstream_for(spec.upstream)
     if upstream is None:
         raise HTTPException(status_code=422, detail=f"unknown upstream {spec.upstream!r}")
-    info = ctx.engine_info if spec.upstream in (None, "default") else {}
+    default = spec.upstream in (None, "default")
+    if default:
+        await ctx.engine_watch.ensure_fresh(upstream)
+        if (spec.trainer_template_fingerprint is not None
+                and spec.trainer_template_fingerprint != ctx.engine_info.get("template_fingerprint")):
+            # compare with what is served now, not with what was served when last probed
+            await ctx.engine_watch.ensure_fresh(upstream, force="a trainer's fingerprint did not match")
+    info = ctx.engine_info if default else {}
     session.engine_version = info.get("version")
     session.template_fingerprint = info.get("template_fingerprint")
     session.template_status = info.get("template_status") or "unverified"
+    session.template_certification = info.get("template_certification") or (
+        {"status": "uncertified", "reason": "not the default engine: its template is the trainer's own"}
+        if not default else {"status": "uncertified", "reason": "template probing is off"})
+    if spec.require_exact_template:
+        refusal = exact_template_refusal(session.template_certification)
+        if refusal:
+            raise HTTPException(status_code=409, detail=refusal)
     warnings: list[str] = []
     if spec.trainer_template_fingerprint is not None:
         if session.template_fingerprint is None:
@@ -125,6 +170,7 @@ async def create_session(spec: SessionSpec, request: Request) -> Response:
             "base_url": base_url_for(ctx, request, session.id),
             "template_status": session.template_status,
             "template_fingerprint": session.template_fingerprint,
+            "template_certification": session.template_certification,
             "warnings": warnings,
         },
         status=201,
@@ -294,4 +340,9 @@ async def metrics(request: Request) -> Response:
         counts[s.status] = counts.get(s.status, 0) + 1
     for status in ("open", "stopped", "closed"):
         ctx.metrics.sessions.labels(status).set(counts.get(status, 0))
+    cert = ctx.engine_info.get("template_certification")
+    if cert:
+        ctx.metrics.template_certified.set({"certified": 1, "failed": 0}.get(cert.get("status"), -1))
+        for name, passed in (cert.get("properties") or {}).items():
+            ctx.metrics.template_property.labels(name).set(-1 if passed is None else int(bool(passed)))
     return Response(ctx.metrics.exposition(), media_type="text/plain; version=0.0.4; charset=utf-8")

@@ -17,11 +17,11 @@ from starlette.responses import Response
 from openenv_harness.recorder import admin
 from openenv_harness.recorder.auth import AdminAuth, new_admin_token
 from openenv_harness.recorder.context import RecorderConfig, RecorderContext
+from openenv_harness.recorder.engine_watch import EngineWatch
 from openenv_harness.recorder.errors import AgentError, body_too_large, error_response
 from openenv_harness.recorder.fence import Fence
 from openenv_harness.recorder.flow import authenticate, handle_chat
 from openenv_harness.recorder.metrics import RecorderMetrics
-from openenv_harness.recorder.provenance import engine_models, engine_version, probe_template
 from openenv_harness.recorder.sessions import SessionRegistry
 from openenv_harness.recorder.store.base import RecordStore
 from openenv_harness.recorder.store.sqlite import SQLiteStore
@@ -166,6 +166,7 @@ def create_recorder_app(
         admin_token=admin_token,
         admin_auth=AdminAuth(admin_token),
     )
+    ctx.engine_watch = EngineWatch(ctx.engine_info, ttl_s=config.template_reprobe_s, probe_template=config.probe_template)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -175,15 +176,7 @@ def create_recorder_app(
             log.info("recorder: resumed %d session(s) from %s", loaded, config.store_path)
         for upstream in ctx.upstreams.values():
             await upstream.start()
-        default = ctx.upstream_for(None)
-        if default is not None:
-            ctx.engine_info["name"] = default.name
-            ctx.engine_info["version"] = await engine_version(default)
-            ctx.engine_info.update(await engine_models(default))
-            if config.probe_template:
-                fp, status = await probe_template(default)
-                ctx.engine_info["template_fingerprint"] = fp
-                ctx.engine_info["template_status"] = status
+        await ctx.engine_watch.ensure_fresh(ctx.upstream_for(None))
         try:
             yield
         finally:

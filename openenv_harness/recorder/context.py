@@ -45,6 +45,9 @@ class RecorderConfig(BaseModel):
     retry_after_s: int = Field(2, ge=1, description="Retry-After sent with recorder-made 503s")
     dedupe_window: int = Field(64, ge=0, description="Recent request digests per session kept for retry replay")
     probe_template: bool = Field(True, description="Probe the engine's served template via /tokenize")
+    template_reprobe_s: float = Field(
+        300.0, gt=0, description="Probe the engine's template (fingerprint, certification) again after this long; "
+        "also on a fingerprint mismatch, an unreachable engine, or POST /admin/engine/reprobe")
     engine_sampling_defaults: dict[str, Any] | None = Field(
         None, description="The sampling values the engine applies to fields a request leaves out (vLLM: the "
         "model's generation_config.json); recorded with every call. None: recorded as unknown -- a recorder "
@@ -67,6 +70,8 @@ class RecorderContext:
     admin_token: str
     admin_auth: AdminAuth
     engine_info: dict[str, Any] = field(default_factory=dict)
+    #: probes the default engine's template at start and again when it may have changed
+    engine_watch: Any = None
 
     def upstream_for(self, name: str | None) -> Upstream | None:
         return self.upstreams.get(name or "default")

@@ -23,6 +23,14 @@ class RecorderMetrics:
         self.transitions = Counter(
             "oeh_chain_transitions", "Agent-call transitions by fidelity class", ["fidelity"], registry=r
         )
+        self.transition_causes = Counter(
+            "oeh_chain_transition_causes", "Non-exact agent-call transitions by class and cause", ["fidelity", "cause"],
+            registry=r)
+        self.template_certified = Gauge(
+            "oeh_template_certified", "The served template: 1 certified, 0 failed, -1 uncertified", registry=r)
+        self.template_property = Gauge(
+            "oeh_template_property", "Each certification property: 1 pass, 0 fail, -1 unchecked", ["property"],
+            registry=r)
         self.records = Counter("oeh_records_stored", "Records committed to the store", registry=r)
         self.straddled = Counter("oeh_straddled_sync", "Calls whose generation straddled a weight sync", registry=r)
         self.latency = Histogram(

@@ -149,6 +149,7 @@ def _session_part(ctx: "RecorderContext", session: "LiveSession") -> dict[str, A
             "config_hashes": dict(session.spec.config_hashes),
             "template_fingerprint": session.template_fingerprint,
             "template_status": session.template_status,
+            "template_certification": session.template_certification,
             "recorder_version": __version__,
         }
         session.provenance_cache = cached

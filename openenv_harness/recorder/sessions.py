@@ -64,6 +64,9 @@ class SessionSpec(BaseModel):
         None, description="Fingerprint of the chat template the trainer trains with; a mismatch fails creation"
     )
     upstream: str | None = Field(None, description="Named upstream registered with the recorder (white-box)")
+    require_exact_template: bool = Field(
+        False, description="Refuse the session (409, with the failing property and what to do) unless the served "
+        "chat template is certified to keep chains exact")
     sampling: dict[str, Any] | None = Field(
         None,
         description=(
@@ -101,6 +104,7 @@ class LiveSession:
     errors: list[dict[str, Any]] = field(default_factory=list)
     template_status: str | None = None
     template_fingerprint: str | None = None
+    template_certification: dict[str, Any] | None = None
     engine_version: str | None = None
     #: request digest -> future of the in-flight twin (retry de-duplication)
     inflight: dict[str, asyncio.Future] = field(default_factory=dict)
@@ -158,6 +162,7 @@ class LiveSession:
             "metadata": self.spec.metadata,
             "harness": self.spec.harness,
             "template_status": self.template_status,
+            "template_certification": self.template_certification,
             "engine_version": self.engine_version,
         }
 
@@ -174,6 +179,7 @@ class LiveSession:
                 "last_error": self.last_error,
                 "template_status": self.template_status,
                 "template_fingerprint": self.template_fingerprint,
+                "template_certification": self.template_certification,
                 "engine_version": self.engine_version,
             },
         )
@@ -212,6 +218,7 @@ class SessionRegistry:
             session.last_error = state.get("last_error")
             session.template_status = state.get("template_status")
             session.template_fingerprint = state.get("template_fingerprint")
+            session.template_certification = state.get("template_certification")
             session.engine_version = state.get("engine_version")
             totals = state.get("totals") or {}
             for key, value in totals.items():

@@ -78,7 +78,7 @@ def test_scripted_solution_scores_one_and_its_records_are_reachable(
         assert trace is not None
         assert trace.agent_calls == 4  # three bash turns and the final answer
         assert trace.chain == {"exact": 3, "replay_drift": 0, "break": 0}
-        assert trace.chain_status == "exact" and trace.rows == 1
+        assert trace.chain_status == "exact (3 transitions)" and trace.rows == 1
         assert trace.calls == trace.agent_calls + trace.aux_calls and trace.failed_calls == 0
 
         # the full records, through this server (the recorder runs inside it on loopback)
@@ -125,7 +125,7 @@ def test_an_agent_that_gives_up_scores_zero(env_server: ThreadedServer, pi_cli: 
     assert result.reward == 0.0 and obs.reward == 0.0  # scored, and failed -- not unscored (None)
     assert obs.exit_code == 0 and "cannot solve" in (obs.final_answer or "")
     assert "done.txt" in obs.verify_output  # the verifier's failure, shown
-    assert obs.trace is not None and obs.trace.agent_calls == 1 and obs.trace.chain_status == "exact"
+    assert obs.trace is not None and obs.trace.agent_calls == 1 and obs.trace.chain_status == "single call"
 
 
 def test_step_timeout_kills_the_agent_and_scores_what_it_left(env_server: ThreadedServer, pi_cli: Path) -> None:
