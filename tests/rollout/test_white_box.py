@@ -2,52 +2,16 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
 from openenv.core.env_server.mcp_types import Tool
 from openenv.core.harness import HarnessRolloutResult, HarnessRunLimits, ModelStepResult
-from openenv.core.llm_client import LLMResponse, ToolCall
 
 from openenv_harness.contract import is_training_entry
 from openenv_harness.recorder import RecorderClient
 from openenv_harness.rollout import BUILTIN_TASKS, AgentCLIAdapter, TaskSession
-from openenv_harness.testing.engine import reference_template, reference_tokenizer
+from openenv_harness.testing.model_step import ScriptedModelStep
 
 pytestmark = pytest.mark.cli
-
-
-class ScriptedModelStep:
-    """A trainer-side sampler: renders with the template, tokenizes, answers from a script.
-
-    Stands in for a policy forward pass; what matters is that the ids it returns are what the
-    recorder stores and what the rollout result carries.
-    """
-
-    def __init__(self, commands: list[str], final: str) -> None:
-        self.commands = commands
-        self.final = final
-        self.calls: list[tuple[int, list, dict]] = []
-        self.tok = reference_tokenizer()
-        self.template = reference_template()
-
-    def __call__(self, messages: list[dict], tools: list[Tool], sampling: dict) -> ModelStepResult:
-        turn = sum(1 for m in messages if m.get("role") == "assistant")
-        self.calls.append((turn, tools, sampling))
-        openai_tools = [{"type": "function", "function": {"name": t.name, "description": t.description,
-                                                          "parameters": t.input_schema}} for t in tools]
-        prompt_ids = self.tok.encode(self.template.render(messages, openai_tools, True))
-        if turn < len(self.commands):
-            args = {"command": self.commands[turn]}
-            response = LLMResponse(content="", tool_calls=[ToolCall(id=f"call_{turn}", name="bash", args=args)])
-            message = {"role": "assistant", "content": "", "tool_calls": [
-                {"type": "function", "function": {"name": "bash", "arguments": json.dumps(args, separators=(",", ":"))}}]}
-        else:
-            response = LLMResponse(content=self.final)
-            message = {"role": "assistant", "content": self.final}
-        completion = self.tok.encode(self.template.render_sampled_turn(message))
-        logprobs = [-0.01 - (i % 7) / 10 for i in range(len(completion))]
-        return ModelStepResult(response=response, prompt_ids=prompt_ids, completion_ids=completion, logprobs=logprobs)
 
 
 @pytest.mark.parametrize("harness", ["pi", "opencode"])

@@ -16,7 +16,8 @@ from openenv.core.harness import HarnessRunLimits
 
 from openenv_harness.rollout import AgentCLIAdapter, TaskSession
 from openenv_harness.rollout.tasks import Task
-from openenv_harness.testing.engine import EngineServer, Script
+from openenv_harness.testing.engine import EngineServer, Script, reference_tokenizer
+from openenv_harness.testing.model_step import ScriptedModelStep
 
 pytestmark = pytest.mark.cli
 
@@ -109,3 +110,25 @@ def test_max_turns_stops_the_agent_and_the_result_says_so(harness: str, engine: 
     if harness == "pi":
         assert m["process_exit_code"] == 0
     assert "max_agent_calls" in (m["error"] or ""), m["error"]
+
+
+@pytest.mark.parametrize("harness", HARNESSES)
+def test_white_box_with_both_tool_limits_at_one(harness: str, cli_paths) -> None:
+    """The trainer's ModelStep asks for two tool calls, then one more: only the very first runs."""
+    step = ScriptedModelStep([["echo one > a.txt", "echo two > b.txt"], "echo three > c.txt"], "Done.")
+    adapter = AgentCLIAdapter(harness, timeout_s=120)
+    try:
+        result = adapter.run_white_box(step, TaskSession(task("two-files", ONLY_A + " && test ! -f c.txt")),
+                                       HarnessRunLimits(max_turns=8, max_tool_calls_per_turn=1, max_total_tool_calls=1))
+    finally:
+        adapter.close()
+    m = result.metrics
+    assert m["env_reward"] == 1.0, m["verify"]
+    assert [e.payload["cap"] for e in result.events if e.type == "tool_calls_cut"] \
+        == ["max_tool_calls_per_turn", "max_total_tool_calls"]
+    assert m["stop_reason"] == "max_total_tool_calls" and not result.done
+    assert commands(result) == ["echo one > a.txt"] and len(step.calls) == m["agent_calls"] == 2
+    # the record still holds what the ModelStep sampled: both calls of turn 0 are in its ids
+    entries = [e for e in m["trace_entries"] if e["metadata"]["call_kind"] == "agent"]
+    assert result.completion_ids[:len(entries[0]["completion_token_ids"])] == entries[0]["completion_token_ids"]
+    assert "echo two" in reference_tokenizer().decode(entries[0]["completion_token_ids"])
