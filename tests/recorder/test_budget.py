@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from openenv_harness.recorder import RecorderClient, RecorderConfig, RecorderServer
+from openenv_harness.recorder.upstream.base import Upstream, UpstreamReply
 from openenv_harness.testing.engine import EngineServer, Script, ToolCallSpec, Turn, reference_tokenizer
 
 from agentloop import ADMIN, TOOLS
@@ -182,3 +183,40 @@ def test_tool_calls_keep_counting_across_a_restart(tmp_path: Path, engine: Engin
                        headers={"authorization": f"Bearer {s['secret']}"})
         assert r.status_code == 200 and len(r.json()["choices"][0]["message"]["tool_calls"]) == 1
         assert admin.session(s["session_id"])["stop_reason"] == "max_total_tool_calls"
+
+
+class AbortingOnce(Upstream):
+    """A test-double engine: its first reply is aborted part-way (``finish_reason=abort``), the
+    next ones complete; each asks for the same two tool calls."""
+
+    name = "aborting-once"
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def chat(self, body: dict, *, session_id: str) -> UpstreamReply:
+        self.calls += 1
+        calls = [{"id": f"c{self.calls}_{i}", "type": "function",
+                  "function": {"name": "bash", "arguments": json.dumps({"command": f"echo {i}"})}} for i in range(2)]
+        reply = {"id": "x", "object": "chat.completion", "created": 0, "model": "m", "prompt_token_ids": [1, 2, 3],
+                 "choices": [{"index": 0, "message": {"role": "assistant", "content": "", "tool_calls": calls},
+                              "finish_reason": "abort" if self.calls == 1 else "tool_calls", "token_ids": [4, 5],
+                              "logprobs": {"content": [{"token": "token_id:4", "logprob": -0.1},
+                                                       {"token": "token_id:5", "logprob": -0.2}]}}],
+                 "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}}
+        return UpstreamReply(status=200, json=reply)
+
+
+def test_an_aborted_reply_is_not_counted_against_the_tool_calls(recorder: RecorderServer,
+                                                               admin: RecorderClient) -> None:
+    recorder.ctx.upstreams["aborting-once"] = AbortingOnce()
+    s = admin.create_session(budgets={"max_total_tool_calls": 2}, upstream="aborting-once")
+    body = {"model": "m", "messages": [{"role": "user", "content": "go"}], "tools": TOOLS}
+    auth = {"authorization": f"Bearer {s['secret']}"}
+    aborted = httpx.post(f"{s['base_url']}/chat/completions", headers=auth, json=body, timeout=30)
+    assert aborted.status_code == 503  # the agent never received the aborted reply: it retries
+    retried = httpx.post(f"{s['base_url']}/chat/completions", headers=auth, json=body, timeout=30)
+    assert retried.status_code == 200 and len(retried.json()["choices"][0]["message"]["tool_calls"]) == 2
+    info = admin.session(s["session_id"])
+    assert info["tool_calls"] == 2 and info["status"] == "open"
+    assert [r["metadata"].get("tool_limit") for r in admin.records(s["session_id"])] == [None, None]
