@@ -1,6 +1,7 @@
 """One intercepted chat call, as an object passing through small named steps.
 
-    authenticate → parse → classify → budget → dedupe → forward → validate → tool caps → record → reply
+    authenticate → parse → classify → budget → dedupe → forward → validate → tool caps → record
+    → reply
 
 Each step is a function of the ``Flow``; reading them top to bottom follows one call from the
 agent's request to the stored record and the bytes sent back. Errors are ``AgentError`` raised by

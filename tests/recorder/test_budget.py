@@ -164,7 +164,8 @@ def test_a_retried_cut_call_is_replayed_as_cut(engine: EngineServer, recorder: R
     first = httpx.post(f"{s['base_url']}/chat/completions", headers=auth, json=body, timeout=30)
     again = httpx.post(f"{s['base_url']}/chat/completions", headers=auth, json=body, timeout=30)
     assert first.status_code == again.status_code == 200
-    assert again.json()["choices"] == first.json()["choices"] and len(first.json()["choices"][0]["message"]["tool_calls"]) == 1
+    assert again.json()["choices"] == first.json()["choices"]
+    assert len(first.json()["choices"][0]["message"]["tool_calls"]) == 1
     assert len(admin.records(s["session_id"])) == 1 and admin.session(s["session_id"])["tool_calls"] == 1
 
 

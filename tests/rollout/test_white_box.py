@@ -79,7 +79,8 @@ def test_a_model_step_that_raises_leaves_its_cause_in_the_result(harness: str, c
     step = FailingModelStep(["echo hi > hi.txt"], "unreachable")
     adapter = AgentCLIAdapter(harness, timeout_s=120)
     try:
-        result = adapter.run_white_box(step, TaskSession(BUILTIN_TASKS["write-greeting"]), HarnessRunLimits(max_turns=8))
+        result = adapter.run_white_box(step, TaskSession(BUILTIN_TASKS["write-greeting"]),
+                                       HarnessRunLimits(max_turns=8))
     finally:
         adapter.close()
     m = result.metrics
