@@ -65,13 +65,30 @@ class Limits(BaseModel):
     calls: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    tool_calls: int = Field(0, description="Tool calls handed to the agent so far (after any cut)")
     elapsed_s: float = 0.0
     max_agent_calls: int | None = None
     max_prompt_tokens: int | None = None
     max_completion_tokens: int | None = None
     max_total_tokens: int | None = None
     max_wall_clock_s: float | None = None
+    max_tool_calls_per_turn: int | None = None
+    max_total_tool_calls: int | None = None
     stop: str | None = Field(None, description="The cap that stopped the session, once one was hit")
+
+
+class ToolLimitCut(BaseModel):
+    """A reply whose tool calls a cap cut before the agent saw it (``recorder/budget.py``)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    cap: Literal["max_tool_calls_per_turn", "max_total_tool_calls"] = Field(
+        description="max_tool_calls_per_turn: the rest dropped, the session went on; max_total_tool_calls: the"
+        " rest dropped and the session stopped"
+    )
+    sampled: int = Field(description="Tool calls the policy sampled (all of them are in completion_token_ids)")
+    delivered: int = Field(description="Tool calls the agent received (the record's response holds them)")
+    dropped: list[dict[str, Any]] = Field(default_factory=list, description="The dropped tool calls, verbatim")
 
 
 class Provenance(BaseModel):
@@ -137,6 +154,7 @@ class RecordMetadata(BaseModel):
         True, description="False under a decoding constraint: exclude or correct these logprobs")
     weight_versions: list[dict[str, Any]] | None = Field(
         None, description="Per-token weight versions when the engine reports them (vLLM 0.33)")
+    tool_limit: ToolLimitCut | None = Field(None, description="Present when a tool-call cap cut this reply")
 
 
 class TraceRecord(BaseModel):

@@ -1,10 +1,26 @@
-"""Budgets enforced by the recorder before serving each call (D13).
+"""Budgets enforced by the recorder before serving each call (D13), and tool-call caps on each reply.
 
 A black-box agent never stops on its own, so the recorder does: max agent calls, max calls, max
 tokens (prompt and completion counted separately, plus a total), max wall-clock. The cap that
 stopped a session becomes its stop condition (on the session and in every later record's
 ``limits``). The agent is answered with a 400 -- both supported CLIs end promptly on a 400, with
 no retry storm (harnesses.md §5) -- and nothing synthetic is ever recorded as a policy sample.
+
+Tool-call caps (RFC 005's ``max_tool_calls_per_turn`` and ``max_total_tool_calls``) cannot be
+checked before a call: they are about what the reply asks for. The recorder sees every reply
+before the agent does, so ``cut_tool_calls`` applies them there, the way OpenEnv's own
+``MCPHarnessAdapter`` does for a white-box loop -- the calls beyond a cap are never executed:
+
+- ``max_tool_calls_per_turn``: the agent receives the reply with its first N tool calls; the
+  others are dropped and the session goes on.
+- ``max_total_tool_calls``: the agent receives the tool calls that still fit (possibly none: then
+  the reply reaches it without tool calls and ``finish_reason`` ``stop``, so it ends its turn) and
+  the session is stopped with that cap as its stop reason: the agent runs the calls it received,
+  and its next model call is refused with the usual 400.
+
+The record keeps the policy's sample untouched (its completion ids hold every sampled call); its
+``response`` is what the agent received, and ``metadata.tool_limit`` names the cap, the counts and
+the dropped calls verbatim, so nothing is lost and a retried call is replayed exactly as cut.
 """
 
 from __future__ import annotations
@@ -53,6 +69,52 @@ async def enforce(flow: "Flow") -> None:
         raise AgentError(400, f"rollout budget exhausted ({cap}); stop now", code="budget_exhausted")
 
 
+def cut_tool_calls(flow: "Flow") -> str | None:
+    """Apply the session's tool-call caps to the reply; the cap that cut it, or None.
+
+    Rewrites ``flow.reply.json`` (a new top-level dict; the engine's is not mutated) to what the
+    agent may receive and sets ``flow.tool_limit``; counts the tool calls handed over either way.
+    """
+    assert flow.reply is not None and flow.reply.json is not None
+    if flow.evidence is not None and flow.evidence.finish_reason == "abort":
+        return None  # an aborted call never reaches the agent (it is told to retry): nothing to cut or count
+    choices = flow.reply.json.get("choices")
+    if not isinstance(choices, list) or len(choices) != 1 or not isinstance(choices[0], dict):
+        return None
+    choice = choices[0]
+    message = choice.get("message")
+    calls = message.get("tool_calls") if isinstance(message, dict) else None
+    if not isinstance(calls, list) or not calls:
+        return None
+    b = flow.session.spec.budgets
+    c = flow.session.counters
+    allowed, cap = len(calls), None
+    if b.max_tool_calls_per_turn is not None and allowed > b.max_tool_calls_per_turn:
+        allowed, cap = b.max_tool_calls_per_turn, "max_tool_calls_per_turn"
+    if b.max_total_tool_calls is not None and allowed > max(0, b.max_total_tool_calls - c.tool_calls):
+        allowed, cap = max(0, b.max_total_tool_calls - c.tool_calls), "max_total_tool_calls"
+    c.tool_calls += allowed
+    if cap is None:
+        return None
+    delivered = {k: v for k, v in message.items() if k != "tool_calls"}
+    if allowed:
+        delivered["tool_calls"] = calls[:allowed]
+    cut = {**choice, "message": delivered}
+    if not allowed and cut.get("finish_reason") == "tool_calls":
+        cut["finish_reason"] = "stop"  # nothing left to run: the agent ends its turn
+    flow.reply.json = {**flow.reply.json, "choices": [cut]}
+    flow.tool_limit = {"cap": cap, "sampled": len(calls), "delivered": allowed, "dropped": calls[allowed:]}
+    flow.ctx.metrics.tool_cuts.labels(cap).inc()
+    return cap
+
+
+async def stop_for_tool_calls(flow: "Flow", cap: str) -> None:
+    """A ``max_total_tool_calls`` cut stops the session (before the record is made, so the
+    record's ``limits.stop`` already names the cap)."""
+    await flow.ctx.sessions.stop(flow.session, cap)
+    flow.ctx.metrics.budget_stops.labels(cap).inc()
+
+
 def account(session: LiveSession, call_kind: str, evidence: "Evidence | None", *, served: bool) -> None:
     c = session.counters
     c.calls += 1
@@ -76,6 +138,7 @@ def limits_state(session: LiveSession) -> dict[str, Any]:
         "calls": c.calls,
         "prompt_tokens": c.prompt_tokens,
         "completion_tokens": c.completion_tokens,
+        "tool_calls": c.tool_calls,
         "elapsed_s": round(time.time() - session.created_at, 3),
         **caps,
         "stop": session.stop_reason,

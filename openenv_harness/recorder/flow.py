@@ -1,6 +1,7 @@
 """One intercepted chat call, as an object passing through small named steps.
 
-    authenticate → parse → classify → budget → dedupe → forward → validate → record → reply
+    authenticate → parse → classify → budget → dedupe → forward → validate → tool caps → record
+    → reply
 
 Each step is a function of the ``Flow``; reading them top to bottom follows one call from the
 agent's request to the stored record and the bytes sent back. Errors are ``AgentError`` raised by
@@ -64,6 +65,8 @@ class Flow:
     metadata: dict[str, Any] = field(default_factory=dict)
     agent_reply: dict[str, Any] | None = None
     replayed: bool = False
+    #: set when a tool-call cap cut the reply (``budget.cut_tool_calls``); kept in the record's metadata
+    tool_limit: dict[str, Any] | None = None
 
 
 # -- authenticate ------------------------------------------------------------------------------
@@ -276,6 +279,8 @@ async def record(flow: Flow) -> None:
     weight_versions = _weight_versions(flow.reply.json)
     if weight_versions is not None:
         md["weight_versions"] = weight_versions
+    if flow.tool_limit is not None:
+        md["tool_limit"] = flow.tool_limit
     if md["straddled_sync"]:
         flow.ctx.metrics.straddled.inc()
     if aborted:
@@ -431,6 +436,9 @@ async def handle_chat(ctx: RecorderContext, path_session: str | None, headers: M
         try:
             await forward(flow)
             validate(flow)
+            cap = budget.cut_tool_calls(flow)
+            if cap == "max_total_tool_calls":
+                await budget.stop_for_tool_calls(flow, cap)
             await record(flow)
             twin.set_result(flow.agent_reply)
         except BaseException as exc:

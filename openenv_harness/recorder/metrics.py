@@ -19,6 +19,7 @@ class RecorderMetrics:
         self.errors = Counter("oeh_errors", "Calls that ended in an error, by kind", ["kind"], registry=r)
         self.rejected = Counter("oeh_rejected", "Requests refused before reaching the engine", ["reason"], registry=r)
         self.budget_stops = Counter("oeh_budget_stops", "Sessions stopped by a budget cap", ["cap"], registry=r)
+        self.tool_cuts = Counter("oeh_tool_call_cuts", "Replies whose tool calls a cap cut", ["cap"], registry=r)
         self.replays = Counter("oeh_retry_replays", "Retried calls answered from the record", registry=r)
         self.transitions = Counter(
             "oeh_chain_transitions", "Agent-call transitions by fidelity class", ["fidelity"], registry=r

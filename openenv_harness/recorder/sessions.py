@@ -34,6 +34,13 @@ class Budgets(BaseModel):
     max_completion_tokens: int | None = Field(None, ge=0, description="Cumulative completion tokens")
     max_total_tokens: int | None = Field(None, ge=0)
     max_wall_clock_s: float | None = Field(None, gt=0)
+    max_tool_calls_per_turn: int | None = Field(
+        None, ge=0, description="Tool calls one reply may hand the agent; the rest are dropped, the session goes on"
+    )
+    max_total_tool_calls: int | None = Field(
+        None, ge=0, description="Tool calls handed to the agent in all; the reply that would pass it is cut and"
+        " stops the session"
+    )
 
 
 class AuxRule(BaseModel):
@@ -85,6 +92,8 @@ class Counters:
     failed_calls: int = 0
     invalid_calls: int = 0
     replayed_calls: int = 0
+    #: tool calls handed to the agent (after any cut), the count ``max_total_tool_calls`` caps
+    tool_calls: int = 0
 
 
 @dataclass
@@ -157,6 +166,7 @@ class LiveSession:
             "failed_calls": c.failed_calls,
             "invalid_calls": c.invalid_calls,
             "replayed_calls": c.replayed_calls,
+            "tool_calls": c.tool_calls,
             "last_error": self.last_error,
             "budgets": self.spec.budgets.model_dump(exclude_none=True),
             "metadata": self.spec.metadata,

@@ -6,6 +6,14 @@ unmodified, and the recorder's upstream for its session is the trainer's ``Model
 the agent asks for is sampled by the trainer, recorded with the ids and logprobs ``ModelStep``
 returned, and replayed to the agent as an ordinary chat completion. ``run_black_box`` runs the same
 launch against the recorder's configured engine, for evaluation.
+
+Every field of ``HarnessRunLimits`` is enforced by the recorder (``run_budgets``): ``max_turns``
+before each model call, the two tool-call limits on each reply before the agent sees it. The
+result is built from the records (``rollout_result.py``): why the run ended, the failed calls and
+the tool calls are in it, so a trainer never has to read the store.
+
+The sandbox is any ``Sandbox``: with ``HFSandbox`` the agent runs remotely and reaches the
+in-process recorder through the relay, while the ``ModelStep`` still runs here, trainer-side.
 """
 
 from __future__ import annotations
@@ -21,12 +29,10 @@ from openenv.core.harness import (
     HarnessRunLimits,
     ModelStep,
     ResourceSession,
-    RolloutEvent,
     ToolResult,
     VerifyResult,
 )
 
-from openenv_harness.contract import is_training_entry
 from openenv_harness.harnesses.base import HarnessOptions, HarnessPreset
 from openenv_harness.harnesses.registry import get_preset
 from openenv_harness.recorder.client import RecorderClient
@@ -34,6 +40,7 @@ from openenv_harness.recorder.context import RecorderConfig
 from openenv_harness.recorder.server import RecorderServer
 from openenv_harness.recorder.upstream.model_step import ModelStepUpstream
 from openenv_harness.rollout.launch import launch_agent
+from openenv_harness.rollout.rollout_result import transcript, rollout_result
 from openenv_harness.rollout.tasks import Task, task_from
 from openenv_harness.sandbox.base import Sandbox
 
@@ -140,7 +147,8 @@ class AgentCLIAdapter(CLIHarnessAdapter):
 
     def _run(self, session: ResourceSession, limits: HarnessRunLimits, *, upstream: str | None) -> HarnessRolloutResult:
         server = self.recorder()
-        task = session.task if isinstance(getattr(session, "task", None), Task) else task_from(session.initial_messages())
+        task = session.task if isinstance(getattr(session, "task", None), Task) \
+            else task_from(session.initial_messages())
         client = RecorderClient(server.url, server.admin_token)
         sandbox = self.sandbox_factory()
         try:
@@ -151,7 +159,8 @@ class AgentCLIAdapter(CLIHarnessAdapter):
                 instruction=task.instruction, model=self.model,
                 executable=self.executable or _default_executable(self.preset), options=self.options,
                 context_window=self.context_window, max_output_tokens=self.max_output_tokens,
-                budgets={"max_agent_calls": limits.max_turns}, upstream=upstream,
+                budgets=run_budgets(limits), upstream=upstream,
+                sampling=dict(limits.sampling) if limits.sampling and upstream is None else None,
                 metadata={"task_id": task.id, "mode": "white_box" if upstream else "black_box"},
             )
             code = agent.wait(self.timeout_s)
@@ -159,51 +168,30 @@ class AgentCLIAdapter(CLIHarnessAdapter):
             if timed_out:
                 agent.kill()
             client.close_session(agent.session_id)
-            records = client.records(agent.session_id, include="tokens")
+            records = client.records(agent.session_id)
+            info = client.session(agent.session_id)
             if isinstance(session, TaskSession):
                 session.sandbox = sandbox
-            return self._result(agent, records, session, code, timed_out)
+            verified = session.verify(transcript(records))
+            return rollout_result(records=records, session=info, outcome=agent.result(), verified=verified,
+                                  process_exit_code=code, timed_out=timed_out)
         finally:
             if isinstance(session, TaskSession):
                 session.sandbox = None
             sandbox.close()
             client.close()
 
-    def _result(self, agent: Any, records: list[dict[str, Any]], session: ResourceSession, code: int | None,
-                timed_out: bool) -> HarnessRolloutResult:
-        agent_records = [r for r in records if is_training_entry(r)]
-        messages: list[dict[str, Any]] = []
-        if agent_records:
-            last = agent_records[-1]
-            messages = list(last["request"].get("messages", []))
-            choice = (last["response"].get("choices") or [{}])[0]
-            if isinstance(choice.get("message"), dict):
-                messages.append(choice["message"])
-        verified = session.verify(messages)
-        outcome = agent.result()
-        result = HarnessRolloutResult(messages=messages, done=True)
-        for r in agent_records:
-            result.prompt_ids.extend(r["prompt_token_ids"])
-            result.completion_ids.extend(r["completion_token_ids"])
-            result.logprobs.extend(r["per_token_logps"])
-            md = r["metadata"]
-            result.events.append(RolloutEvent(type="model_call", payload={
-                "node_id": md["node_id"], "fidelity": md.get("fidelity"), "finish_reason": md.get("finish_reason"),
-                "prompt_tokens": len(r["prompt_token_ids"]), "completion_tokens": len(r["completion_token_ids"]),
-            }))
-        result.metrics = {
-            "session_id": agent.session_id,
-            "exit_code": code,
-            "timed_out": timed_out,
-            "agent_ok": outcome.ok,
-            "final_answer": outcome.final_answer,
-            "agent_calls": len(agent_records),
-            "aux_calls": sum(1 for r in records if r["metadata"].get("call_kind") == "aux"),
-            "env_reward": verified.env_reward,
-            "verify": verified.metrics,
-            "trace_entries": records,
-        }
-        return result
+
+def run_budgets(limits: HarnessRunLimits) -> dict[str, Any]:
+    """RFC 005's run limits as the recorder's session budgets: ``max_turns`` caps the agent's model
+    calls before each call; the tool-call limits cut each reply before the agent sees it
+    (``recorder/budget.py`` says what the agent then receives)."""
+    budgets: dict[str, Any] = {"max_agent_calls": limits.max_turns}
+    if limits.max_tool_calls_per_turn is not None:
+        budgets["max_tool_calls_per_turn"] = limits.max_tool_calls_per_turn
+    if limits.max_total_tool_calls is not None:
+        budgets["max_total_tool_calls"] = limits.max_total_tool_calls
+    return budgets
 
 
 def _default_executable(preset: HarnessPreset) -> str:

@@ -6,12 +6,14 @@ None of these start an agent: each request is refused before one would be launch
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import httpx
 import pytest
 import websockets.sync.client
 from harness_env import HarnessEnv, RunAgent
+from openenv.core import GenericEnvClient
 from pydantic import ValidationError
 
 from openenv_harness.recorder import ThreadedServer
@@ -71,6 +73,7 @@ def test_malformed_actions_get_validation_errors_on_the_wire(env_server: Threade
             ws.send(json.dumps({"type": "step", "data": data}))
             reply = json.loads(ws.recv(timeout=30))
             assert reply["type"] == "error" and reply["data"]["code"] == "VALIDATION_ERROR", reply
+            assert [e["loc"] for e in reply["data"]["errors"]] == [[next(iter(data))]]  # the bad field, by name
         ws.send(json.dumps({"type": "state"}))  # still serving this session
         assert json.loads(ws.recv(timeout=30))["data"]["phase"] == "idle"
     with pytest.raises(ValidationError):
@@ -109,3 +112,82 @@ def test_recorder_admin_routes_through_the_env_server_keep_the_recorder_auth(env
     assert missing.status_code == 404 and "r-missing" in missing.text
     escape = httpx.get(f"{proxy}/%2e%2e/v1/models", headers=auth, timeout=30)
     assert escape.status_code == 400 and "invalid recorder path" in escape.text
+
+
+# -- the stateless HTTP routes: every error is a 4xx (or a 503 naming the server's fault) with the reason
+
+
+def test_http_step_before_reset_is_a_409_that_explains_the_stateless_routes(env_server: ThreadedServer) -> None:
+    r = httpx.post(f"{env_server.url}/step", json={"action": {}}, timeout=30)
+    assert r.status_code == 409, r.text
+    body = r.json()
+    assert body["error"] == "no_episode" and body["detail"].startswith("no episode is running: call reset() first")
+    assert "stateless" in body["detail"] and "/ws" in body["detail"]
+
+
+def test_http_reset_with_an_unknown_task_is_a_404_naming_the_known_tasks(env_server: ThreadedServer) -> None:
+    r = httpx.post(f"{env_server.url}/reset", json={"task_id": "nope"}, timeout=30)
+    assert r.status_code == 404, r.text
+    assert r.json() == {"error": "unknown_task",
+                        "detail": "unknown task 'nope'; known tasks: fix-add, fix-wordcount, write-greeting, "
+                                  "fix-range-sum, give-up, slow"}
+
+
+@pytest.mark.parametrize(("body", "status", "reason"), [
+    ({"task_id": "fix-add", "harness": "codex"}, 400, r"unknown harness 'codex'; known harnesses: opencode, pi"),
+    ({"taskid": "fix-add"}, 400, r"unknown reset option\(s\) taskid; accepted: seed, episode_id, task_id"),
+    ({"task_id": 3}, 400, r"task_id must be a string"),
+    ({"split": "train", "index": 99}, 404, r"task index 99 is out of range"),
+    ({"split": "test", "index": 0}, 404, r"unknown split 'test'"),
+    ({"split": "train"}, 400, r"split needs an index"),
+    ({"task_id": "fix-add", "index": 0}, 400, r"either task_id or split \+ index"),
+    ({"task_id": "fix-add", "budgets": []}, 400, r"budgets must be an object"),
+    ({"task_id": "fix-add", "budgets": {"max_agent_calls": -1}}, 400, r"invalid budgets"),
+    ({"task_id": "fix-add", "budgets": {"max_calories": 3}}, 400, r"invalid budgets.*max_calories"),
+])
+def test_http_reset_errors_carry_their_status_and_reason(env_server: ThreadedServer, body: dict, status: int,
+                                                         reason: str) -> None:
+    r = httpx.post(f"{env_server.url}/reset", json=body, timeout=30)
+    assert r.status_code == status, r.text
+    assert re.search(reason, r.json()["detail"]), r.json()
+
+
+@pytest.mark.parametrize(("body", "field"), [
+    ({"seed": -1}, ["body", "seed"]),
+    ({"episode_id": 7}, ["body", "episode_id"]),
+])
+def test_http_reset_request_fields_are_validated_by_name(env_server: ThreadedServer, body: dict,
+                                                         field: list) -> None:
+    r = httpx.post(f"{env_server.url}/reset", json=body, timeout=30)
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == field, r.text
+
+
+@pytest.mark.parametrize(("action", "field"), [
+    ({"timeout_s": -1}, ["timeout_s"]),
+    ({"timeout_s": "soon"}, ["timeout_s"]),
+    ({"command": "ls"}, ["command"]),
+    ("run", ["body", "action"]),
+])
+def test_http_malformed_actions_name_the_bad_field(env_server: ThreadedServer, action: object, field: list) -> None:
+    r = httpx.post(f"{env_server.url}/step", json={"action": action}, timeout=30)
+    assert r.status_code == 422, r.text
+    assert [e["loc"] for e in r.json()["detail"]] == [field]
+
+
+def test_a_missing_cli_over_http_is_a_503_with_the_fix(env_server: ThreadedServer, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OPENENV_HARNESS_NODE_PREFIX", str(tmp_path / "empty-prefix"))
+    r = httpx.post(f"{env_server.url}/reset", json={"task_id": "fix-add", "harness": "pi"}, timeout=30)
+    assert r.status_code == 503 and r.json()["error"] == "backend_unavailable"
+    assert "python -m openenv_harness.harnesses.install pi" in r.json()["detail"]
+
+
+def test_openenv_generic_client_gets_the_reasons(env_server: ThreadedServer) -> None:
+    with GenericEnvClient(base_url=env_server.url).sync() as env:
+        with pytest.raises(RuntimeError, match=r"unknown task 'nope'; known tasks: fix-add"):
+            env.reset(task_id="nope")
+        with pytest.raises(RuntimeError, match=r"no episode is running: call reset\(\) first"):
+            env.step({})
+        with pytest.raises(RuntimeError, match="VALIDATION_ERROR"):
+            env.step({"timeout_s": -1})
+        assert env.state()["phase"] == "idle"

@@ -2,51 +2,16 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
 from openenv.core.env_server.mcp_types import Tool
 from openenv.core.harness import HarnessRolloutResult, HarnessRunLimits, ModelStepResult
-from openenv.core.llm_client import LLMResponse, ToolCall
 
+from openenv_harness.contract import is_training_entry
 from openenv_harness.recorder import RecorderClient
 from openenv_harness.rollout import BUILTIN_TASKS, AgentCLIAdapter, TaskSession
-from openenv_harness.testing.engine import reference_template, reference_tokenizer
+from openenv_harness.testing.model_step import ScriptedModelStep
 
 pytestmark = pytest.mark.cli
-
-
-class ScriptedModelStep:
-    """A trainer-side sampler: renders with the template, tokenizes, answers from a script.
-
-    Stands in for a policy forward pass; what matters is that the ids it returns are what the
-    recorder stores and what the rollout result carries.
-    """
-
-    def __init__(self, commands: list[str], final: str) -> None:
-        self.commands = commands
-        self.final = final
-        self.calls: list[tuple[int, list, dict]] = []
-        self.tok = reference_tokenizer()
-        self.template = reference_template()
-
-    def __call__(self, messages: list[dict], tools: list[Tool], sampling: dict) -> ModelStepResult:
-        turn = sum(1 for m in messages if m.get("role") == "assistant")
-        self.calls.append((turn, tools, sampling))
-        openai_tools = [{"type": "function", "function": {"name": t.name, "description": t.description,
-                                                          "parameters": t.input_schema}} for t in tools]
-        prompt_ids = self.tok.encode(self.template.render(messages, openai_tools, True))
-        if turn < len(self.commands):
-            args = {"command": self.commands[turn]}
-            response = LLMResponse(content="", tool_calls=[ToolCall(id=f"call_{turn}", name="bash", args=args)])
-            message = {"role": "assistant", "content": "", "tool_calls": [
-                {"type": "function", "function": {"name": "bash", "arguments": json.dumps(args, separators=(",", ":"))}}]}
-        else:
-            response = LLMResponse(content=self.final)
-            message = {"role": "assistant", "content": self.final}
-        completion = self.tok.encode(self.template.render_sampled_turn(message))
-        logprobs = [-0.01 - (i % 7) / 10 for i in range(len(completion))]
-        return ModelStepResult(response=response, prompt_ids=prompt_ids, completion_ids=completion, logprobs=logprobs)
 
 
 @pytest.mark.parametrize("harness", ["pi", "opencode"])
@@ -66,11 +31,15 @@ def test_run_white_box_with_a_model_step(harness: str, cli_paths) -> None:
         turn0_tools = step.calls[0][1]
         assert all(isinstance(t, Tool) for t in turn0_tools) and "bash" in {t.name for t in turn0_tools}
         assert step.calls[0][2]["temperature"] == 1.0
-        entries = [e for e in m["trace_entries"] if e["metadata"]["call_kind"] == "agent"]
+        entries = [e for e in m["trace_entries"] if is_training_entry(e)]
         assert result.prompt_ids == sum((e["prompt_token_ids"] for e in entries), [])
         assert result.completion_ids == sum((e["completion_token_ids"] for e in entries), [])
         assert result.logprobs == pytest.approx(sum((e["per_token_logps"] for e in entries), []))
-        assert [ev.payload["fidelity"]["class"] for ev in result.events] == ["root", "exact", "exact"]
+        assert [ev.payload["fidelity"]["class"] for ev in result.events if ev.type == "model_call"] \
+            == ["root", "exact", "exact"]
+        assert [e.arguments["command"] for e in result.tool_trace] == step.commands  # as the recorder saw them
+        assert all(e.result.metadata["result_seen"] and e.result.data is not None for e in result.tool_trace)
+        assert m["stop_reason"] is None and m["error"] is None and m["errors"] == []
         assert result.messages[-1]["content"] == "Fixed."
         assert all(e["metadata"]["provenance"]["engine"].startswith("model_step") for e in entries)
     finally:
@@ -93,3 +62,36 @@ def test_run_black_box_uses_the_engine(cli_paths, tmp_path) -> None:
                 assert info["status"] == "closed" and info["agent_calls"] == 2
         finally:
             adapter.close()
+
+
+class FailingModelStep(ScriptedModelStep):
+    """Samples turn 0, then raises: the trainer's sampler failing mid-rollout."""
+
+    def __call__(self, messages: list[dict], tools: list[Tool], sampling: dict) -> ModelStepResult:
+        if any(m.get("role") == "assistant" for m in messages):
+            self.calls.append((1, tools, sampling))
+            raise RuntimeError("policy forward pass ran out of memory")
+        return super().__call__(messages, tools, sampling)
+
+
+@pytest.mark.parametrize("harness", ["pi", "opencode"])
+def test_a_model_step_that_raises_leaves_its_cause_in_the_result(harness: str, cli_paths) -> None:
+    step = FailingModelStep(["echo hi > hi.txt"], "unreachable")
+    adapter = AgentCLIAdapter(harness, timeout_s=120)
+    try:
+        result = adapter.run_white_box(step, TaskSession(BUILTIN_TASKS["write-greeting"]),
+                                       HarnessRunLimits(max_turns=8))
+    finally:
+        adapter.close()
+    m = result.metrics
+    cause = "model_step raised RuntimeError: policy forward pass ran out of memory"
+    assert m["error"] is not None and cause in m["error"], m["error"]
+    assert not m["agent_ok"] and m["exit_code"] != 0 and not result.done
+    failed = [e.payload for e in result.events if e.type == "model_call_failed"]
+    assert failed and all(cause in f["message"] for f in failed) and m["failed_calls"] == len(failed)
+    assert len(m["errors"]) == len(failed) == len(step.calls) - 1  # every attempt the agent made is there
+    records = m["trace_entries"]
+    assert [r["metadata"]["status"] for r in records if r["metadata"]["call_kind"] == "agent"] \
+        == ["ok"] + ["failed"] * len(failed)
+    assert [e.type for e in result.events if e.type == "model_call"] == ["model_call"]  # turn 0 still trains
+    assert m["env_reward"] is None and cause in m["unscored_reason"]  # a trainer fault is not a score of 0

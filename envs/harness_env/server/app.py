@@ -7,7 +7,8 @@ with it. ``build_app(config)`` builds another one (tests, embedding).
 
 Episodes need a session: connect with ``HarnessEnv`` (OpenEnv's WebSocket client). OpenEnv's
 HTTP ``/reset`` and ``/step`` make a fresh environment per request and close it afterwards, so an
-agent started by HTTP ``/reset`` is killed when that request ends.
+agent started by HTTP ``/reset`` is killed when that request ends, and HTTP ``/step`` answers 409
+saying so. Every error gets its status and reason, on HTTP as on the WebSocket (``errors.py``).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from openenv.core.env_server.http_server import create_app
 
 from .backend import HarnessBackend
 from .config import EnvServerConfig
+from .errors import install_error_handlers
 from .harness_environment import ENV_NAME, HarnessRolloutEnvironment
 from .records_proxy import recorder_proxy_router
 from .tasks import server_tasks
@@ -46,6 +48,7 @@ def build_app(config: EnvServerConfig | None = None) -> FastAPI:
         state_cls=HarnessState,
     )
     app.state.harness_backend = backend
+    install_error_handlers(app)
     app.include_router(recorder_proxy_router(backend))
     app.router.on_startup.append(backend.start)
     app.router.on_shutdown.append(backend.stop)

@@ -25,16 +25,13 @@ from openenv_harness.recorder.sessions import Budgets
 from openenv_harness.rollout import HarnessSessionFactory, Task
 
 from .config import EnvServerConfig
+from .errors import BackendError, BadRequestError
 from .tasks import TaskSet
 
 log = logging.getLogger("harness_env")
 
 #: Where this server exposes the admin routes of a recorder it owns.
 PROXY_PREFIX = "/recorder"
-
-
-class BackendError(RuntimeError):
-    """The backend cannot serve episodes (not started, or a CLI is missing)."""
 
 
 class HarnessBackend:
@@ -132,7 +129,7 @@ class HarnessBackend:
         try:
             preset = get_preset(name or self.config.harness)
         except UnknownHarnessError as exc:
-            raise ValueError(str(exc)) from None
+            raise BadRequestError(str(exc)) from None
         binary = binary_path(preset)
         if not binary.exists():
             raise BackendError(
@@ -148,7 +145,7 @@ class HarnessBackend:
         try:
             return Budgets.model_validate(merged).model_dump(exclude_none=True)
         except ValueError as exc:
-            raise ValueError(f"invalid budgets {overrides!r}: {exc}") from None
+            raise BadRequestError(f"invalid budgets {overrides!r}: {exc}") from None
 
     def session_factory(self, preset: HarnessPreset, task: Task, budgets: dict[str, Any],
                         metadata: dict[str, Any]) -> HarnessSessionFactory:

@@ -25,6 +25,7 @@ from openenv_harness.recorder.client import RecorderAPIError
 from openenv_harness.rollout import HarnessSession
 
 from .backend import HarnessBackend
+from .errors import BadRequestError, EpisodeError
 from .summary import call_digests, trace_summary
 
 try:
@@ -34,10 +35,6 @@ except ImportError:  # served as the top-level ``server`` package (uvicorn serve
 
 ENV_NAME = "harness_env"
 _RESET_OPTIONS = ("task_id", "harness", "split", "index", "budgets")
-
-
-class EpisodeError(RuntimeError):
-    """A step that the episode's phase does not allow (no episode yet, or already done)."""
 
 
 class HarnessRolloutEnvironment(Environment[RunAgent, HarnessObservation, HarnessState]):
@@ -60,21 +57,21 @@ class HarnessRolloutEnvironment(Environment[RunAgent, HarnessObservation, Harnes
         (recorder caps such as ``max_agent_calls``). Without a task, the seed picks one."""
         unknown = sorted(set(options) - set(_RESET_OPTIONS))
         if unknown:
-            raise ValueError(f"unknown reset option(s) {', '.join(unknown)}; accepted: seed, episode_id, "
+            raise BadRequestError(f"unknown reset option(s) {', '.join(unknown)}; accepted: seed, episode_id, "
                              + ", ".join(_RESET_OPTIONS))
         if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool) or seed < 0):
-            raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+            raise BadRequestError(f"seed must be a non-negative integer, got {seed!r}")
         if episode_id is not None and (not isinstance(episode_id, str) or not episode_id):
-            raise ValueError(f"episode_id must be a non-empty string, got {episode_id!r}")
+            raise BadRequestError(f"episode_id must be a non-empty string, got {episode_id!r}")
         backend = self._backend
         backend.start()  # no-op when the app's startup already did it
         task = backend.tasks.resolve(task_id=_opt_str(options, "task_id"), split=_opt_str(options, "split"),
                                      index=_opt_int(options, "index"), seed=seed)
-        preset = backend.preset(_opt_str(options, "harness"))
         budgets_arg = options.get("budgets")
         if budgets_arg is not None and not isinstance(budgets_arg, dict):
-            raise ValueError(f"budgets must be an object of recorder caps, got {type(budgets_arg).__name__}")
+            raise BadRequestError(f"budgets must be an object of recorder caps, got {type(budgets_arg).__name__}")
         budgets = backend.budgets(budgets_arg)
+        preset = backend.preset(_opt_str(options, "harness"))  # last: the client's own errors come first
         self._end_episode()  # only now: a refused reset leaves the running episode alone
         self._state = HarnessState(episode_id=None, step_count=0)
         episode_id = episode_id or uuid.uuid4().hex
@@ -211,12 +208,12 @@ def _readme() -> str | None:
 def _opt_str(options: dict[str, Any], name: str) -> str | None:
     value = options.get(name)
     if value is not None and not isinstance(value, str):
-        raise ValueError(f"{name} must be a string, got {type(value).__name__}")
+        raise BadRequestError(f"{name} must be a string, got {type(value).__name__}")
     return value
 
 
 def _opt_int(options: dict[str, Any], name: str) -> int | None:
     value = options.get(name)
     if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
-        raise ValueError(f"{name} must be an integer, got {type(value).__name__}")
+        raise BadRequestError(f"{name} must be an integer, got {type(value).__name__}")
     return value

@@ -22,12 +22,12 @@ from pydantic import ValidationError
 
 from openenv_harness.rollout import BUILTIN_TASKS, Task
 
+from .errors import BadRequestError, UnknownTaskError
+
+__all__ = ["SPLIT", "TaskFileError", "TaskSet", "UnknownTaskError", "server_tasks"]
+
 #: The single split: the task set is small and every task has its own verifier.
 SPLIT = "train"
-
-
-class UnknownTaskError(ValueError):
-    """No task has the requested id (or index)."""
 
 
 class TaskFileError(ValueError):
@@ -108,7 +108,7 @@ class TaskSet:
     def resolve(self, *, task_id: str | None, split: str | None, index: int | None, seed: int | None) -> Task:
         if task_id is not None:
             if split is not None or index is not None:
-                raise ValueError("give either task_id or split + index, not both")
+                raise BadRequestError("give either task_id or split + index, not both")
             return self.get(task_id)
         if index is not None:
             try:
@@ -116,7 +116,7 @@ class TaskSet:
             except IndexError as exc:
                 raise UnknownTaskError(str(exc)) from None
         if split is not None:
-            raise ValueError("split needs an index")
+            raise BadRequestError("split needs an index")
         return self.choose(seed)
 
     def _check_split(self, split: str) -> None:

@@ -489,6 +489,12 @@ class SQLiteStore(RecordStore):
                 " FROM records GROUP BY session_id"
             )
         }
+        # tool calls handed over are not a column: the latest record's limits carry the count
+        for session_id, md in conn.execute(
+            "SELECT session_id, metadata FROM records WHERE seq IN (SELECT MAX(seq) FROM records GROUP BY session_id)"
+        ):
+            limits = orjson.loads(blocks.unpack_blob(md)).get("limits") or {}
+            totals.setdefault(session_id, {})["tool_calls"] = int(limits.get("tool_calls") or 0)
         rows = conn.execute(
             "SELECT id, secret_digest, status, created_at, closed_at, stop_reason, spec, state FROM sessions"
         ).fetchall()
