@@ -37,7 +37,8 @@ def list_sessions(store: str = STORE, url: str = URL, admin_token: str = TOKEN) 
 def _delta_text(md: dict[str, Any]) -> str:
     fid = md.get("fidelity") or {}
     if fid.get("class") in ("replay_drift", "break"):
-        return f"@{fid.get('divergence_at')} (+{fid.get('drift_tokens')})"
+        cause = fid.get("cause") or "cause not recorded"
+        return f"@{fid.get('divergence_at')} (+{fid.get('drift_tokens')}) {cause}"
     return ""
 
 

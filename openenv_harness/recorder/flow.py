@@ -25,6 +25,7 @@ from openenv_harness.recorder import budget
 from openenv_harness.recorder.auth import bearer_token, digests_match, secret_digest
 from openenv_harness.recorder.classify import classify_call
 from openenv_harness.recorder.context import RecorderContext
+from openenv_harness.recorder.drift_cause import break_cause, drift_cause, turn_view
 from openenv_harness.recorder.errors import AgentError
 from openenv_harness.recorder.fidelity import FidelityTracker
 from openenv_harness.recorder.provenance import call_provenance
@@ -293,6 +294,7 @@ async def record(flow: Flow) -> None:
         md["fidelity"] = transition.as_dict()
         if transition.fidelity != "root":
             flow.ctx.metrics.transitions.labels(transition.fidelity).inc()
+        observe_cause(flow, md, transition, ev)
     budget.account(session, flow.call_kind, ev, served=True)
     md["limits"] = budget.limits_state(session)
     flow.metadata = md
@@ -323,6 +325,32 @@ async def record(flow: Flow) -> None:
     while len(recent) > flow.ctx.config.dedupe_window:
         recent.popitem(last=False)
     flow.agent_reply = agent_view(flow.reply.json, keep_logprobs=flow.keep_logprobs)
+
+
+def observe_cause(flow: Flow, md: dict[str, Any], transition: Any, ev: Evidence) -> None:
+    """Name why a drifting or breaking call departs from its parent, and keep this call's view."""
+    session = flow.session
+    views = session.turn_views
+    messages = flow.body.get("messages") or []
+    if transition.fidelity in ("replay_drift", "break"):
+        parent = views.get(transition.parent)
+        prompt = ev.prompt_ids.tobytes()
+        if parent is None:
+            cause = "unknown"
+        elif transition.fidelity == "replay_drift":
+            cause = "resample" if transition.drift_tokens == 0 else drift_cause(
+                parent, messages, prompt, flow.ctx.engine_watch.certification if flow.ctx.engine_watch else None)
+        else:
+            cause = break_cause(parent, messages, same_prompt=False)
+        md["fidelity"]["cause"] = cause
+        flow.ctx.metrics.transition_causes.labels(transition.fidelity, cause).inc()
+    choices = flow.reply.json.get("choices") if flow.reply is not None and flow.reply.json else None
+    message = choices[0].get("message") if choices and isinstance(choices[0], dict) else None
+    views[md["node_id"]] = turn_view(messages, message if isinstance(message, dict) else None,
+                                          ev.completion_ids.tobytes())
+    tips = {t.node_id for t in session.fidelity.tips} if session.fidelity is not None else set()
+    for node in [n for n in views if n not in tips]:
+        del views[node]
 
 
 def _weight_versions(reply: dict[str, Any]) -> Any:

@@ -121,6 +121,8 @@ class LiveSession:
     fidelity: Any = None
     #: the session's recent prompts as text and ids, so a prompt's shared history is not parsed again
     prompt_ids: Any = None
+    #: per chain tip: its reply and message digests, for the cause of the next call's drift or break
+    turn_views: dict[str, Any] = field(default_factory=dict)
     #: request digests of recent successful calls, for retry replay (bounded by the dedupe window)
     recent_digests: "OrderedDict[str, int]" = field(default_factory=OrderedDict)
     #: the session-constant part of each record's provenance, built on first use

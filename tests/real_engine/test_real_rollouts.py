@@ -63,6 +63,8 @@ def test_the_tag_sampled_as_text_drifts_at_every_tool_turn(harness: str, rollout
         assert call["prompt_token_ids"][:len(prefix)] != prefix
         assert TOOL_CALL_ID in call["prompt_token_ids"][len(prev["prompt_token_ids"]):]
         assert call["metadata"]["fidelity"]["class"] == "replay_drift"
+        # and the recorder says why, from the certified tool-call tag id and the ids
+        assert call["metadata"]["fidelity"]["cause"] == "tag_sampled_as_text"
 
 
 @pytest.mark.parametrize("harness", ["pi", "opencode"])

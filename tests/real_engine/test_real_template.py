@@ -21,3 +21,19 @@ def test_trainer_fingerprint_equals_the_recorders_probe(vllm: VLLMServer, stack:
     assert template_fingerprint(tokenizer) == served["template_fingerprint"]
     created = stack.admin.create_session(trainer_template_fingerprint=template_fingerprint(tokenizer))
     assert created["template_status"] == "verified"
+
+
+def test_the_real_template_is_certified_and_the_report_says_what_it_does(stack: RealStack) -> None:
+    """Qwen2.5's own template on vLLM 0.32: prefix-preserving, no reasoning rendered, the turn ends
+    with <|im_end|> and a newline, tool arguments re-spaced but kept in order; tool calls open with
+    the special <tool_call> id."""
+    engine = stack.admin.health()["engine"]
+    cert = engine["template_certification"]
+    assert cert["status"] == "certified" and cert["failed"] == []
+    props = cert["properties"]
+    assert props["tool_prefix"] and props["assistant_stable"] and props["junction"] and props["content_parts"]
+    assert props["tool_args_roundtrip"] is False  # spacing normalized, key order kept: informational
+    created = stack.admin.create_session(require_exact_template=True)
+    assert created["template_certification"]["status"] == "certified"
+    records_cert = created["template_certification"]
+    assert records_cert == cert

@@ -82,6 +82,22 @@ function headBadges(call, byNode) {
   return badges;
 }
 
+/** What the recorder saw as the reason a call does not continue its parent exactly (drift_cause.py). */
+const DRIFT_CAUSE = {
+  reasoning_dropped: "the agent sent the answer back without its reasoning",
+  reasoning_renamed: "the agent sent the reasoning back under another field name, which the engine renders differently",
+  reasoning_not_rendered: "the served template does not render the reasoning field the agent replays",
+  tool_arguments_reserialized: "the agent re-serialized the sampled tool-call arguments (same JSON, other text)",
+  content_reflattened: "the agent sent the text back as a list of parts (or the reverse)",
+  edited_message: "the replayed message differs from what was sampled",
+  tag_sampled_as_text: "the model sampled the tool-call tag as text pieces; the template renders it as one special id",
+  retokenized: "the answer came back verbatim, but the template tokenizes it differently from how it was sampled",
+  resample: "the same prompt as an earlier call (a retry or a sibling sample)",
+  sub_agent: "another system prompt: a sub-agent",
+  history_rewritten: "earlier messages were replaced or removed (compaction)",
+  unknown: "no rule matched",
+};
+
 const BREAK_CAUSE = {
   resample: "the same prompt as an earlier call (a retry or a sibling sample)",
   retokenized_tail: "recent turns were re-rendered (template or harness re-serialized them)",
@@ -106,9 +122,11 @@ function explanation(call, byNode, transition) {
       + `(the agent re-serialized or the engine re-tokenized its answer): the prompt departs from them at `
       + `prompt[${fmt(f.divergence_at)}] (${fmt(f.drift_tokens)} ids from there on). `
       + "TRL forks here; the assembly strategy decides what to keep.";
+    if (f.cause) text += ` Cause: ${f.cause} (${DRIFT_CAUSE[f.cause] || ""}).`;
   } else if (f.class === "break") {
     text = `break: the history changed; this prompt shares only its first ${fmt(f.divergence_at)} ids `
       + `with the nearest earlier prompt (${parent}) and starts a new line.`;
+    if (f.cause) text += ` Cause: ${f.cause} (${DRIFT_CAUSE[f.cause] || ""}).`;
     if (transition && transition.cause) text += ` Assembler: ${transition.cause} (${BREAK_CAUSE[transition.cause] || ""}).`;
   } else text = `${f.class}`;
   return el("div", { class: `why ${f.class}`, text });

@@ -1,0 +1,161 @@
+"""Why an agent call does not continue its chain exactly: a cause for every replay drift and break.
+
+``fidelity.py`` says *that* a call's prompt departs from its parent's prompt + sampled ids, and
+where. This module says *why*, from what the recorder can see: the parent's reply as the engine
+sent it, the messages of both calls, and the ids. Causes, first match wins:
+
+replay drift (the history up to the parent's request is intact; the parent's answer came back
+different):
+- ``reasoning_dropped``: the reply had reasoning; the replayed assistant message has none.
+- ``reasoning_renamed``: it came back under another field name (OpenCode replays ``reasoning`` as
+  ``reasoning_content``, which vLLM 0.32 does not render).
+- ``reasoning_not_rendered``: it came back under the same name, but the served template does not
+  render that field (per the template certification).
+- ``tool_arguments_reserialized``: a tool call's argument text came back re-serialized (the same
+  JSON, other spacing or key order; or an object instead of the sampled text).
+- ``content_reflattened``: the text came back as a list of parts (or the reverse).
+- ``edited_message``: the replayed answer's text differs from what was sampled.
+- ``tag_sampled_as_text``: the answer came back verbatim, but the model sampled the tool-call tag
+  as text pieces and the template renders it as its special id (certification says which id).
+- ``retokenized``: verbatim answer, other ids: the template re-tokenizes what was sampled.
+- ``unknown``.
+
+break (the history itself changed):
+- ``resample``: the same prompt as the parent (a retry or a sibling sample).
+- ``sub_agent``: another system prompt than the parent's.
+- ``history_rewritten``: earlier messages were replaced or removed (compaction).
+- ``edited_message``: an earlier message changed, the conversation kept its length.
+- ``unknown``.
+
+Per chain tip the session keeps a ``TurnView``: the reply message (small), the request's message
+count and one crc32 per message -- not the history itself.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+REASONING_FIELDS = ("reasoning", "reasoning_content", "thinking")
+
+
+@dataclass(frozen=True)
+class TurnView:
+    reply: dict[str, Any]
+    message_crcs: tuple[int, ...]
+    completion: bytes  # the sampled ids as uint32 bytes
+
+
+def _crc(message: Any) -> int:
+    try:
+        return zlib.crc32(orjson.dumps(message, option=orjson.OPT_SORT_KEYS))
+    except TypeError:
+        return zlib.crc32(repr(message).encode())
+
+
+def turn_view(messages: list[Any], reply: dict[str, Any] | None, completion: bytes) -> TurnView:
+    return TurnView(reply or {}, tuple(_crc(m) for m in messages), completion)
+
+
+def _reasoning(message: dict[str, Any]) -> tuple[str | None, str | None]:
+    for name in REASONING_FIELDS:
+        value = message.get(name)
+        if isinstance(value, str) and value:
+            return name, value
+    return None, None
+
+
+def _text(content: Any) -> str | None:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return None
+
+
+def _json_equal(a: Any, b: Any) -> bool:
+    try:
+        pa = orjson.loads(a) if isinstance(a, str) else a
+        pb = orjson.loads(b) if isinstance(b, str) else b
+    except orjson.JSONDecodeError:
+        return False
+    return pa == pb
+
+
+def _answer_cause(reply: dict[str, Any], replayed: dict[str, Any], rendered_fields: dict[str, bool]) -> str | None:
+    """A difference between the sampled answer and how it came back, or None when verbatim."""
+    name, text = _reasoning(reply)
+    if text:
+        back_name, back = _reasoning(replayed)
+        if not back:
+            return "reasoning_dropped"
+        if back_name != name:
+            return "reasoning_renamed"
+        if rendered_fields and rendered_fields.get(back_name) is False:
+            return "reasoning_not_rendered"
+    sampled_calls = reply.get("tool_calls") or []
+    back_calls = replayed.get("tool_calls") or []
+    for a, b in zip(sampled_calls, back_calls):
+        fa = (a or {}).get("function") or {}
+        fb = (b or {}).get("function") or {}
+        if fa.get("arguments") != fb.get("arguments"):
+            return "tool_arguments_reserialized" if _json_equal(fa.get("arguments"), fb.get("arguments")) \
+                else "edited_message"
+    if len(sampled_calls) != len(back_calls):
+        return "edited_message"
+    content, back_content = reply.get("content"), replayed.get("content")
+    if type(content) is not type(back_content) and _text(content) == _text(back_content) and \
+            (isinstance(content, list) or isinstance(back_content, list)):
+        return "content_reflattened"
+    if (_text(content) or "") != (_text(back_content) or ""):
+        return "edited_message"
+    return None
+
+
+def drift_cause(parent: TurnView, messages: list[Any], prompt: bytes, certification: Any = None) -> str:
+    """The cause of a replay drift of ``messages`` (this call's request) from ``parent``."""
+    n = len(parent.message_crcs)
+    replayed = messages[n] if len(messages) > n and isinstance(messages[n], dict) else None
+    if replayed is None or replayed.get("role") != "assistant":
+        return "unknown"
+    rendered = {}
+    for prop in getattr(certification, "properties", None) or []:
+        if prop.name == "assistant_stable":
+            rendered = (prop.facts or {}).get("rendered") or {}
+    cause = _answer_cause(parent.reply, replayed, rendered)
+    if cause is not None:
+        return cause
+    open_ids = list(getattr(certification, "tool_call_open_ids", None) or [])
+    if parent.reply.get("tool_calls") and open_ids:
+        tag = open_ids[0].to_bytes(4, "little")
+        sampled = {parent.completion[i:i + 4] for i in range(0, len(parent.completion), 4)}
+        ids = {prompt[i:i + 4] for i in range(0, len(prompt), 4)}
+        if tag not in sampled and tag in ids:
+            return "tag_sampled_as_text"
+    return "retokenized"
+
+
+def break_cause(parent: TurnView, messages: list[Any], same_prompt: bool) -> str:
+    """The cause of a break of ``messages`` against the nearest earlier call ``parent``."""
+    if same_prompt:
+        return "resample"
+    crcs = [_crc(m) for m in messages]
+    old = parent.message_crcs
+    if old and crcs and old[0] != crcs[0] and _role(messages[0]) in ("system", "developer"):
+        return "sub_agent"
+    first = next((i for i, (a, b) in enumerate(zip(old, crcs)) if a != b), None)
+    if first is None:
+        return "unknown" if len(crcs) >= len(old) else "history_rewritten"
+    if len(crcs) < len(old) + 1:  # the conversation did not grow past the parent: it was rewritten
+        same_after = sum(1 for a, b in zip(old[first + 1:], crcs[first + 1:]) if a == b)
+        if len(crcs) == len(old) and same_after == len(old) - first - 1:
+            return "edited_message"
+        return "history_rewritten"
+    return "edited_message" if crcs[first + 1:len(old)] == list(old[first + 1:]) else "history_rewritten"
+
+
+def _role(message: Any) -> str | None:
+    return message.get("role") if isinstance(message, dict) else None

@@ -1,0 +1,82 @@
+"""Each drift and break cause is named from what the recorder sees: the reply, both calls' messages, ids."""
+
+from __future__ import annotations
+
+from array import array
+from types import SimpleNamespace
+
+import pytest
+
+from openenv_harness.recorder.drift_cause import break_cause, drift_cause, turn_view
+
+SYSTEM = {"role": "system", "content": "You are a coding agent."}
+USER = {"role": "user", "content": "Fix the bug."}
+CALL = {"id": "c1", "type": "function", "function": {"name": "bash", "arguments": '{"command": "ls"}'}}
+
+
+def ids(*values: int) -> bytes:
+    return array("I", values).tobytes()
+
+
+def _certification(rendered: dict | None = None, open_id: int | None = None) -> SimpleNamespace:
+    prop = SimpleNamespace(name="assistant_stable", facts={"rendered": rendered or {}})
+    return SimpleNamespace(properties=[prop], tool_call_open_ids=[open_id] if open_id else [])
+
+
+def _drift(reply: dict, replayed: dict, *, completion: bytes = ids(5, 6), prompt: bytes = ids(1, 2, 3),
+           certification=None) -> str:
+    parent = turn_view([SYSTEM, USER], reply, completion)
+    messages = [SYSTEM, USER, replayed, {"role": "tool", "tool_call_id": "c1", "content": "a.py"}]
+    return drift_cause(parent, messages, prompt, certification)
+
+
+@pytest.mark.parametrize(("reply", "replayed", "cause"), [
+    ({"role": "assistant", "content": "", "reasoning": "think", "tool_calls": [CALL]},
+     {"role": "assistant", "content": "", "tool_calls": [CALL]}, "reasoning_dropped"),
+    ({"role": "assistant", "content": "", "reasoning": "think", "tool_calls": [CALL]},
+     {"role": "assistant", "content": "", "reasoning_content": "think", "tool_calls": [CALL]}, "reasoning_renamed"),
+    ({"role": "assistant", "content": "", "tool_calls": [CALL]},
+     {"role": "assistant", "content": "", "tool_calls": [
+         {**CALL, "function": {"name": "bash", "arguments": '{"command":"ls"}'}}]}, "tool_arguments_reserialized"),
+    ({"role": "assistant", "content": "", "tool_calls": [CALL]},
+     {"role": "assistant", "content": "", "tool_calls": [
+         {**CALL, "function": {"name": "bash", "arguments": '{"command": "pwd"}'}}]}, "edited_message"),
+    ({"role": "assistant", "content": "Done."},
+     {"role": "assistant", "content": [{"type": "text", "text": "Done."}]}, "content_reflattened"),
+    ({"role": "assistant", "content": "Done."}, {"role": "assistant", "content": "Done!"}, "edited_message"),
+    ({"role": "assistant", "content": "Done."}, {"role": "assistant", "content": "Done."}, "retokenized"),
+])
+def test_replay_drift_causes(reply: dict, replayed: dict, cause: str) -> None:
+    assert _drift(reply, replayed) == cause
+
+
+def test_reasoning_the_template_does_not_render() -> None:
+    reply = {"role": "assistant", "content": "", "reasoning_content": "think", "tool_calls": [CALL]}
+    cert = _certification({"reasoning": True, "reasoning_content": False})
+    assert _drift(reply, dict(reply), certification=cert) == "reasoning_not_rendered"
+
+
+def test_a_tag_sampled_as_text_is_told_from_the_ids() -> None:
+    reply = {"role": "assistant", "content": "", "tool_calls": [CALL]}
+    cert = _certification(open_id=151657)
+    # sampled "<", "tool", "_call", ">" as text; the next prompt holds the special id
+    sampled, replay_prompt = ids(27, 14172, 13429, 29), ids(1, 2, 151657, 198)
+    assert _drift(reply, dict(reply), completion=sampled, prompt=replay_prompt, certification=cert) \
+        == "tag_sampled_as_text"
+    # the special id was sampled itself: not this cause
+    assert _drift(reply, dict(reply), completion=ids(151657, 5), prompt=replay_prompt, certification=cert) \
+        == "retokenized"
+
+
+def test_break_causes() -> None:
+    history = [SYSTEM, USER, {"role": "assistant", "content": "a"}, {"role": "user", "content": "more"}]
+    parent = turn_view(history, {"role": "assistant", "content": "b"}, ids(5))
+    other_system = [{"role": "system", "content": "You are a sub-agent."}, {"role": "user", "content": "find x"}]
+    assert break_cause(parent, other_system, same_prompt=False) == "sub_agent"
+    compacted = [SYSTEM, {"role": "user", "content": "Summary of the conversation so far: ..."},
+                 {"role": "user", "content": "go on"}]
+    assert break_cause(parent, compacted, same_prompt=False) == "history_rewritten"
+    edited = [SYSTEM, {"role": "user", "content": "Fix the other bug."}, *history[2:],
+              {"role": "assistant", "content": "b"}]
+    assert break_cause(parent, edited, same_prompt=False) == "edited_message"
+    assert break_cause(parent, history, same_prompt=True) == "resample"
