@@ -29,6 +29,7 @@ def _node_version() -> str:
 def _engine_checks(url: str, model: str | None) -> list[tuple[str, bool, str]]:
     import httpx
 
+    from openenv_harness.recorder.certify import certify_template
     from openenv_harness.recorder.provenance import engine_version, probe_template
     from openenv_harness.recorder.upstream.http import HTTPEngine
     from openenv_harness.recorder.upstream.reply_parse import parse_json_object
@@ -57,6 +58,19 @@ def _engine_checks(url: str, model: str | None) -> list[tuple[str, bool, str]]:
                 out.append(("token ids + logprobs", ev.valid, "ok" if ev.valid else "; ".join(ev.reasons)))
             fp, status = await probe_template(eng, body["model"] or None)
             out.append(("template fingerprint", fp is not None, fp or status))
+            cert = await certify_template(eng, body["model"] or None)
+            if cert.status == "uncertified":
+                out.append(("template certification", False, f"uncertified: {cert.reason}"))
+            else:
+                out.append(("template certification", cert.status == "certified", cert.status))
+                for prop in cert.properties:
+                    # a failed informational property is reported, and fails nothing
+                    ok = prop.passed is not False or not prop.required
+                    mark = ("pass" if prop.passed else "unchecked" if prop.passed is None
+                            else "FAIL" if prop.required else "note")
+                    extra = f" [{prop.found!r} where {prop.expected!r}]" if prop.passed is False and prop.found else ""
+                    kind = "required" if prop.required else "info"
+                    out.append((f"  {prop.name} ({kind})", ok, f"{mark}: {prop.detail}{extra}"))
         except Exception as exc:  # report, never crash the doctor
             out.append(("engine", False, f"{type(exc).__name__}: {exc}"))
         finally:

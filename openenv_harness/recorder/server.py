@@ -9,6 +9,7 @@ every other request to uvicorn.
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 import threading
 import time
@@ -110,6 +111,13 @@ class RecorderServer(ThreadedServer):
 def serve(config: RecorderConfig, *, host: str = "127.0.0.1", port: int = 8765, log_level: str = "info") -> None:
     """Run a recorder in the foreground (the ``openenv-harness serve`` command)."""
     app = create_recorder_app(config)
+    # the recorder's own lines (the template certification at start, engine changes) beside uvicorn's
+    ours = logging.getLogger("openenv_harness")
+    if not ours.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(levelname)s:     %(message)s"))
+        ours.addHandler(handler)
+        ours.setLevel(log_level.upper())
     freeze_startup_heap()
     trimmer = HeapTrimmer().start()
     try:

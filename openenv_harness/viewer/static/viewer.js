@@ -56,6 +56,7 @@ function sessionHeader(session, calls) {
       session.stop_reason ? badge("stop", `stop reason: ${session.stop_reason}`, "what ended the session") : null,
       session.harness ? badge("", `harness ${session.harness}`) : null,
       badge("", `template ${session.template_status || "unknown"}`),
+      certificationBadge(session.template_certification),
       session.engine_version ? badge("", `engine ${session.engine_version}`) : null),
     el("div", { class: "facts" },
       ...[["calls", `${fmt(session.calls)} (${fmt(session.agent_calls)} agent)`], ["failed", fmt(session.failed_calls)],
@@ -181,3 +182,12 @@ async function refresh() {
 document.getElementById("refresh").addEventListener("click", refresh);
 window.addEventListener("hashchange", refresh);
 refresh();
+
+/** The served template's certification (recorder/certify.py): does it keep chains exact, and if not why. */
+function certificationBadge(cert) {
+  if (!cert) return null;
+  const failed = (cert.failed || []).map((f) => `${f.property}: ${f.detail}`).join("; ");
+  const title = cert.status === "uncertified" ? (cert.reason || "") : (failed || "every required property holds");
+  return badge(cert.status === "certified" ? "exact" : cert.status === "failed" ? "break" : "",
+    `template ${cert.status}`, title);
+}
