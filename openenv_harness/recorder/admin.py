@@ -130,10 +130,9 @@ async def create_session(spec: SessionSpec, request: Request) -> Response:
     default = spec.upstream in (None, "default")
     if default:
         await ctx.engine_watch.ensure_fresh(upstream)
-        if (spec.trainer_template_fingerprint is not None
-                and spec.trainer_template_fingerprint != ctx.engine_info.get("template_fingerprint")):
+        if spec.trainer_template_fingerprint is not None:
             # compare with what is served now, not with what was served when last probed
-            await ctx.engine_watch.ensure_fresh(upstream, force="a trainer's fingerprint did not match")
+            await ctx.engine_watch.confirm_fingerprint(upstream)
     info = ctx.engine_info if default else {}
     session.engine_version = info.get("version")
     session.template_fingerprint = info.get("template_fingerprint")

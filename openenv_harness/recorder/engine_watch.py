@@ -63,6 +63,15 @@ class EngineWatch:
             await self._probe(upstream, reason)
             return True
 
+    async def confirm_fingerprint(self, upstream: "Upstream") -> None:
+        """Fingerprint the served template now (three /tokenize calls); a change re-probes everything.
+        Run before a trainer's fingerprint is checked, so it is never checked against a stale probe."""
+        if not self.probe_template:
+            return
+        now, _status = await probe_template(upstream)
+        if now != self.info.get("template_fingerprint"):
+            await self.ensure_fresh(upstream, force="the served template changed")
+
     async def _probe(self, upstream: "Upstream", reason: str) -> None:
         before = (self.info.get("version"), self.info.get("served_models"), self.info.get("template_fingerprint"))
         self.info["name"] = upstream.name

@@ -1,0 +1,107 @@
+"""Template certification through the engine's own /tokenize and /detokenize.
+
+The reference engine's template keeps chains exact (certified); an engine without /tokenize is
+``uncertified`` and ``require_exact_template`` refuses it; the certification is probed again when
+the engine may have changed (operator request, a fingerprint mismatch, the time-to-live).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import pytest
+
+from openenv_harness.recorder import RecorderAPIError, RecorderClient, RecorderConfig, RecorderServer
+from openenv_harness.recorder.upstream import HTTPEngine
+from openenv_harness.testing.engine import EngineServer
+
+ADMIN = "certify-admin-token-0123456789abcdef"
+
+
+def test_the_reference_template_is_certified_and_sessions_carry_it(tmp_path: Path) -> None:
+    with EngineServer() as engine:
+        config = RecorderConfig(store_path=str(tmp_path / "r.db"), engine_url=engine.url, admin_token=ADMIN)
+        with RecorderServer(config) as server, RecorderClient(server.url, ADMIN) as admin:
+            cert = admin.health()["engine"]["template_certification"]
+            created = admin.create_session(require_exact_template=True)
+            metrics = httpx.get(f"{server.url}/metrics", headers={"authorization": f"Bearer {ADMIN}"}).text
+    assert cert["status"] == "certified" and cert["failed"] == []
+    assert cert["properties"]["tool_prefix"] is True and cert["properties"]["junction"] is True
+    assert created["template_certification"] == cert
+    assert "oeh_template_certified 1.0" in metrics
+    assert 'oeh_template_property{property="tool_prefix"} 1.0' in metrics
+
+
+def _no_tokenize(request: httpx.Request) -> httpx.Response:
+    if request.url.path == "/v1/models":
+        return httpx.Response(200, json={"object": "list", "data": [{"id": "m", "max_model_len": 4096}]})
+    return httpx.Response(404, json={"error": {"message": "Not Found"}})
+
+
+def test_an_engine_without_tokenize_is_uncertified_visibly(tmp_path: Path) -> None:
+    config = RecorderConfig(store_path=str(tmp_path / "r.db"), admin_token=ADMIN)
+    engine = HTTPEngine("http://engine", transport=httpx.MockTransport(_no_tokenize))
+    with RecorderServer(config, upstreams={"default": engine}) as server, RecorderClient(server.url, ADMIN) as admin:
+        cert = admin.health()["engine"]["template_certification"]
+        plain = admin.create_session()
+        with pytest.raises(RecorderAPIError) as refused:
+            admin.create_session(require_exact_template=True)
+    assert cert["status"] == "uncertified" and "/tokenize" in cert["reason"]
+    assert plain["template_certification"]["status"] == "uncertified"
+    assert refused.value.status == 409 and "could not be certified" in str(refused.value)
+
+
+class ChangingEngine:
+    """A test double of vLLM's /tokenize whose rendering changes when told (a restart with another
+    template behind the same URL); counts the probes it answers."""
+
+    def __init__(self) -> None:
+        self.offset = 0
+        self.tokenize_calls = 0
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        import orjson
+
+        if request.url.path == "/tokenize":
+            self.tokenize_calls += 1
+            body = orjson.loads(request.content)
+            ids = [self.offset + len(str(m)) % 97 for m in body["messages"]] + [7] * body["add_generation_prompt"]
+            return httpx.Response(200, json={"count": len(ids), "max_model_len": 4096, "tokens": ids,
+                                             "token_strs": None})
+        if request.url.path == "/detokenize":
+            return httpx.Response(200, json={"prompt": "text"})
+        if request.url.path == "/version":
+            return httpx.Response(200, json={"version": f"0.32.{self.offset}"})
+        return _no_tokenize(request)
+
+
+def test_the_template_is_probed_again_when_the_engine_may_have_changed(tmp_path: Path) -> None:
+    double = ChangingEngine()
+    config = RecorderConfig(store_path=str(tmp_path / "r.db"), admin_token=ADMIN, template_reprobe_s=3600)
+    engine = HTTPEngine("http://engine", transport=httpx.MockTransport(double))
+    with RecorderServer(config, upstreams={"default": engine}) as server, RecorderClient(server.url, ADMIN) as admin:
+        first = admin.health()["engine"]
+        admin.create_session()
+        assert double.tokenize_calls and admin.health()["engine"]["probed_at"] == first["probed_at"]  # fresh: reused
+        double.offset = 1  # the engine restarts with another template
+        # a trainer's fingerprint is compared with what is served now: re-probed before refusing
+        with pytest.raises(RecorderAPIError):
+            admin.create_session(trainer_template_fingerprint=first["template_fingerprint"])
+        second = admin.health()["engine"]
+        assert second["template_fingerprint"] != first["template_fingerprint"]
+        assert second["version"] == "0.32.1" and second["probe_reason"] == "the served template changed"
+        calls = double.tokenize_calls
+        third = httpx.post(f"{server.url}/admin/engine/reprobe", headers={"authorization": f"Bearer {ADMIN}"}).json()
+        assert double.tokenize_calls > calls and third["probe_reason"] == "asked by an operator"
+
+
+def test_the_time_to_live_forces_a_new_probe(tmp_path: Path) -> None:
+    double = ChangingEngine()
+    config = RecorderConfig(store_path=str(tmp_path / "r.db"), admin_token=ADMIN, template_reprobe_s=0.001)
+    engine = HTTPEngine("http://engine", transport=httpx.MockTransport(double))
+    with RecorderServer(config, upstreams={"default": engine}) as server, RecorderClient(server.url, ADMIN) as admin:
+        before = double.tokenize_calls
+        admin.create_session()
+        info = admin.health()["engine"]
+    assert double.tokenize_calls > before and info["probe_reason"].startswith("older than")
