@@ -17,7 +17,9 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from openenv_harness.recorder.certify import Certification, certify_template
-from openenv_harness.recorder.provenance import engine_models, engine_version, probe_template
+from openenv_harness.recorder.provenance import (
+    engine_models, engine_sampling_defaults, engine_version, probe_template,
+)
 
 if TYPE_CHECKING:
     from openenv_harness.recorder.upstream.base import Upstream
@@ -79,11 +81,15 @@ class EngineWatch:
         models = await engine_models(upstream)
         self.info.pop("max_model_len", None)
         self.info.update(models)
+        served = (models.get("served_models") or [None])[0]
+        self.info.pop("sampling_defaults", None)
+        defaults = await engine_sampling_defaults(upstream, served)
+        if defaults is not None:
+            self.info["sampling_defaults"] = defaults
         if self.probe_template:
             fp, status = await probe_template(upstream)
             self.info["template_fingerprint"] = fp
             self.info["template_status"] = status
-            served = (models.get("served_models") or [None])[0]
             self.certification = await certify_template(upstream, served, engine_version=self.info["version"])
             self.info["template_certification"] = self.certification.summary()
         self.probed_at = time.monotonic()

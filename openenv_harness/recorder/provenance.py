@@ -137,6 +137,26 @@ async def engine_models(upstream: "Upstream") -> dict[str, Any]:
     return out
 
 
+async def engine_sampling_defaults(upstream: "Upstream", model: str | None) -> dict[str, Any] | None:
+    """The sampling values the engine fills in for fields a request leaves out, where it says so:
+    vLLM's render route (``--enable-scale-out``) answers a request without sampling fields with the
+    ``sampling_params`` it would use -- the model's generation-config defaults included. None where
+    the engine has no such route (then they are "unknown", unless configured)."""
+    from openenv_harness.recorder.upstream.base import UpstreamFailure
+
+    body: dict[str, Any] = {"messages": [{"role": "user", "content": "hi"}]}
+    if model:
+        body["model"] = model
+    try:
+        reply = await upstream.request("POST", "/v1/chat/completions/render", json=body)
+    except UpstreamFailure:
+        return None
+    params = (reply.json or {}).get("sampling_params") if reply.status == 200 else None
+    if not isinstance(params, dict):
+        return None
+    return {k: params[k] for k in DEFAULTED_FIELDS if k in params and params[k] is not None}
+
+
 def _session_part(ctx: "RecorderContext", session: "LiveSession") -> dict[str, Any]:
     cached = session.provenance_cache
     if cached is None:
@@ -192,7 +212,12 @@ def sampling_provenance(ctx: "RecorderContext", session: "LiveSession", agent_bo
     agent = {k: agent_body[k] for k in SAMPLING_FIELDS if k in agent_body}
     pinned = dict(session.spec.sampling or {})
     sent = {k: sent_body[k] for k in SAMPLING_FIELDS if k in sent_body}
+    # configured (the launcher knows the model folder), else what the engine itself said, else unknown
     defaults = ctx.config.engine_sampling_defaults
+    source = "configured" if defaults is not None else "unknown"
+    if defaults is None and session.spec.upstream in (None, "default"):
+        defaults = ctx.engine_info.get("sampling_defaults")
+        source = "probed" if defaults is not None else source
     effective = {k: sent[k] for k in DEFAULTED_FIELDS if k in sent}
     unknown: list[str] = []
     for name in DEFAULTED_FIELDS:
@@ -207,6 +232,7 @@ def sampling_provenance(ctx: "RecorderContext", session: "LiveSession", agent_bo
         "sampling_from_agent": agent,
         "sampling_pinned": pinned,
         "engine_sampling_defaults": dict(defaults) if defaults is not None else "unknown",
+        "engine_sampling_defaults_source": source,
         "sampling_effective": effective,
         "sampling_unknown": unknown,
         "logprobs_mode": ctx.config.engine_logprobs_mode or "unknown",

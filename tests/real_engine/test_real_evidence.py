@@ -95,9 +95,9 @@ def test_effective_sampling_is_recorded_with_the_engines_defaults(vllm: VLLMServ
 
     defaults = sampling_defaults(vllm.settings.model_dir)
     assert defaults == {"temperature": 0.7, "top_p": 0.8, "top_k": 20, "repetition_penalty": 1.05}
-    for known in (True, False):
+    for configured in (True, False):
         s = RealStack(tmp_path / f"r{known}.db", capture.url,
-                      **({"engine_sampling_defaults": defaults, "engine_logprobs_mode": "raw_logprobs"} if known else {}))
+                      **({"engine_sampling_defaults": defaults, "engine_logprobs_mode": "raw_logprobs"} if configured else {}))
         try:
             sid, secret = s.session(sampling={"seed": 3})
             reply = s.chat(sid, secret, {"model": MODEL, "messages": MESSAGES, "max_tokens": 4, "top_p": 0.5})
@@ -107,15 +107,13 @@ def test_effective_sampling_is_recorded_with_the_engines_defaults(vllm: VLLMServ
             s.close()
         assert prov["sampling_from_agent"] == {"model": MODEL, "max_tokens": 4, "top_p": 0.5}
         assert prov["sampling_pinned"] == {"seed": 3}
-        if known:
-            assert prov["engine_sampling_defaults"] == defaults
-            assert prov["sampling_effective"] == {"temperature": 0.7, "top_p": 0.5, "top_k": 20,
-                                                  "repetition_penalty": 1.05}
-            assert prov["sampling_unknown"] == [] and prov["logprobs_mode"] == "raw_logprobs"
-        else:
-            assert prov["engine_sampling_defaults"] == "unknown" and prov["logprobs_mode"] == "unknown"
-            assert prov["sampling_effective"] == {"top_p": 0.5}
-            assert "temperature" in prov["sampling_unknown"] and "top_p" not in prov["sampling_unknown"]
+        # configured by whoever started the engine, or probed from vLLM's render route: the same values
+        assert prov["engine_sampling_defaults_source"] == ("configured" if configured else "probed")
+        assert {k: prov["engine_sampling_defaults"][k] for k in defaults} == defaults
+        assert {k: prov["sampling_effective"][k] for k in ("temperature", "top_p", "top_k", "repetition_penalty")} \
+            == {"temperature": 0.7, "top_p": 0.5, "top_k": 20, "repetition_penalty": 1.05}
+        assert prov["sampling_unknown"] == []
+        assert prov["logprobs_mode"] == ("raw_logprobs" if configured else "unknown")
 
 
 def test_constrained_tool_calls_are_flagged_and_their_logprobs_not_the_policys(stack: RealStack,

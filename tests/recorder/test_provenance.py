@@ -77,3 +77,46 @@ def test_metrics_exposition(engine: EngineServer, recorder: RecorderServer, admi
                  "oeh_budget_stops_total", "oeh_chain_transitions_total", "oeh_errors_total", "oeh_sessions"):
         assert name in text or name.replace("_total", "") in text, name
     assert 'oeh_calls_total{call_kind="agent",status="ok"} 1.0' in text
+
+
+def test_sampling_the_engine_filled_in_is_unknown_unless_someone_says(tmp_path) -> None:
+    """An engine with no render route and no configured defaults: the fields the agent left out are
+    listed as unknown, never guessed; configured defaults make them known."""
+    import httpx
+    import orjson
+
+    from openenv_harness.recorder import RecorderClient, RecorderConfig, RecorderServer
+    from openenv_harness.recorder.upstream import HTTPEngine
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path != "/v1/chat/completions":
+            return httpx.Response(404, json={"error": {"message": "Not Found"}})
+        return httpx.Response(200, content=orjson.dumps({
+            "id": "c", "object": "chat.completion", "created": 1, "model": "m", "prompt_token_ids": [1, 2],
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": "x"}, "finish_reason": "stop",
+                         "token_ids": [3], "logprobs": {"content": [{"token": "x", "logprob": -0.5}]}}],
+            "usage": {"prompt_tokens": 2, "completion_tokens": 1, "total_tokens": 3}}),
+            headers={"content-type": "application/json"})
+
+    admin_token = "admin-" + "p" * 32
+    tools = [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object"}}}]
+    out = {}
+    for name, configured in (("unknown", None), ("configured", {"temperature": 0.6, "top_p": 0.9})):
+        config = RecorderConfig(store_path=str(tmp_path / f"{name}.db"), admin_token=admin_token, probe_template=False,
+                                engine_sampling_defaults=configured)
+        engine = HTTPEngine("http://engine", transport=httpx.MockTransport(handler))
+        with RecorderServer(config, upstreams={"default": engine}) as server, \
+                RecorderClient(server.url, admin_token) as admin:
+            s = admin.create_session()
+            r = httpx.post(f"{s['base_url']}/chat/completions", headers={"authorization": f"Bearer {s['secret']}"},
+                           json={"model": "m", "messages": [{"role": "user", "content": "q"}], "tools": tools,
+                                 "top_k": 5})
+            assert r.status_code == 200, r.text
+            out[name] = admin.records(s["session_id"])[0]["metadata"]["provenance"]
+    unknown, known = out["unknown"], out["configured"]
+    assert unknown["engine_sampling_defaults"] == "unknown" and unknown["engine_sampling_defaults_source"] == "unknown"
+    assert unknown["sampling_effective"] == {"top_k": 5}
+    assert "temperature" in unknown["sampling_unknown"] and "top_k" not in unknown["sampling_unknown"]
+    assert known["engine_sampling_defaults_source"] == "configured"
+    assert known["sampling_effective"] == {"top_k": 5, "temperature": 0.6, "top_p": 0.9}
+    assert "temperature" not in known["sampling_unknown"]
