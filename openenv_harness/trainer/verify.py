@@ -206,10 +206,23 @@ class ContrastReport:
         return asdict(self)
 
 
+def _message_level(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The messages as a message-level trainer hands them to the template: text parts joined into a
+    string (templates expect strings), tool arguments parsed (as vLLM does)."""
+    from openenv_harness.trainer.template import engine_view
+
+    out = engine_view(messages)
+    for message in out:
+        content = message.get("content")
+        if isinstance(content, list):
+            message["content"] = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return out
+
+
 def _render(tokenizer: Any, messages: list[dict[str, Any]], tools: Any, generation: bool) -> list[int]:
     from openenv_harness.trainer.template import _as_ids
 
-    return _as_ids(tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=True,
+    return _as_ids(tokenizer.apply_chat_template(_message_level(messages), tools=tools or None, tokenize=True,
                                                  add_generation_prompt=generation))
 
 

@@ -65,3 +65,38 @@ def test_the_models_own_logprobs_verify_at_ratio_one_and_a_shift_shows(model) ->
 
 def test_delta_stats_of_nothing_is_empty() -> None:
     assert DeltaStats.of([], [], 0.05).tokens == 0
+
+
+def test_the_rerender_contrast_finds_tokens_that_were_not_sampled(hf_tokenizer) -> None:
+    """A turn sampled in a non-canonical segmentation: re-rendering the messages re-tokenizes it, so
+    the message-level path scores other tokens than the sampled ones; the records' own path does not."""
+    from openenv_harness.testing.engine import reference_tokenizer
+    from openenv_harness.trainer.verify import contrast_rerender
+
+    tok = hf_tokenizer()
+    ref = reference_tokenizer()
+    config = transformers.Qwen2Config(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096)
+    torch.manual_seed(0)
+    model = transformers.Qwen2ForCausalLM(config).eval()
+    messages = [{"role": "user", "content": [{"type": "text", "text": "Say hello."}]}]
+    prompt = tok.apply_chat_template([{"role": "user", "content": "Say hello."}], tokenize=True,
+                                     add_generation_prompt=True)
+    prompt = list(prompt["input_ids"] if isinstance(prompt, dict) or hasattr(prompt, "keys") else prompt)
+    text = "hello world"
+    canonical = tok.encode(text, add_special_tokens=False)
+    # the same text, one character per token: what a sampler may produce, decoded identically
+    sampled = [tid for ch in text for tid in tok.encode(ch, add_special_tokens=False)] + [ref.im_end_id]
+    assert sampled[:-1] != canonical and tok.decode(sampled[:-1]) == text
+    record = {"prompt_token_ids": prompt, "completion_token_ids": sampled,
+              "per_token_logps": score_tokens(model, prompt, sampled),
+              "request": {"messages": messages}, "response": {"choices": [
+                  {"message": {"role": "assistant", "content": text}}]},
+              "metadata": {"session_id": "s", "node_id": "s/0", "call_index": 0, "call_kind": "agent",
+                           "status": "ok", "logprobs_are_policy": True}}
+    ours = verify_records([record], model)
+    versus = contrast_rerender([record], model, tok)
+    assert ours.policy.delta_max < 1e-5  # the records' own path scores exactly what was sampled
+    [turn] = versus.turns
+    assert turn.sampled_tokens == len(sampled) and turn.rerendered_tokens != turn.sampled_tokens
+    assert turn.misaligned > 0
