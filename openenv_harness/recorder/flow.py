@@ -28,6 +28,7 @@ from openenv_harness.recorder.errors import AgentError
 from openenv_harness.recorder.fidelity import FidelityTracker
 from openenv_harness.recorder.provenance import call_provenance
 from openenv_harness.recorder.relay_errors import relay_upstream_error, relay_upstream_failure
+from openenv_harness.recorder.request_body import check_body
 from openenv_harness.recorder.sessions import LiveSession
 from openenv_harness.recorder.sse import synthesize_sse
 from openenv_harness.recorder.store.base import PendingRecord
@@ -99,12 +100,14 @@ def parse(flow: Flow) -> None:
         raise AgentError(400, f"request body is not valid JSON: {exc}", code="invalid_json") from None
     if not isinstance(body, dict):
         raise AgentError(400, "request body must be a JSON object", code="invalid_body")
+    check_body(body, flow.raw, flow.ctx.config.max_json_depth)
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise AgentError(400, "'messages' must be a non-empty array", code="invalid_messages")
     if not all(isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages):
         raise AgentError(400, "every message must be an object with a string 'role'", code="invalid_messages")
-    if body.get("n", 1) != 1:
+    n = body.get("n")
+    if n is not None and (type(n) is not int or n != 1):  # not True, not 1.0: the integer one, or absent
         raise AgentError(400, "only n=1 is supported (one sample per call)", code="invalid_n")
     tools = body.get("tools")
     if tools is not None and not isinstance(tools, list):
