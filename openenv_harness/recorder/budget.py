@@ -5,6 +5,18 @@ tokens (prompt and completion counted separately, plus a total), max wall-clock.
 stopped a session becomes its stop condition (on the session and in every later record's
 ``limits``). The agent is answered with a 400 -- both supported CLIs end promptly on a 400, with
 no retry storm (harnesses.md §5) -- and nothing synthetic is ever recorded as a policy sample.
+
+What each cap counts (``account``):
+
+* ``max_calls``: records -- every call the engine was asked, whether it served it or not (a failed
+  record counts: an agent that loops on calls the engine rejects must still end, and ``limits.calls``
+  is then the number of the session's records);
+* ``max_agent_calls``: agent calls the engine served (``ok`` and ``invalid`` records of kind agent);
+* the token caps: the prompt and completion ids of served calls;
+* nothing: calls refused before the engine (bad input, authentication, a paused engine, a cap),
+  replayed retries (no new sample), and calls whose record could not be stored (``refund``).
+
+``n`` must be the integer 1 (``flow.parse``): a budget counts calls, and one call is one sample.
 """
 
 from __future__ import annotations
@@ -64,6 +76,20 @@ def account(session: LiveSession, call_kind: str, evidence: "Evidence | None", *
         c.prompt_tokens += len(evidence.prompt_ids)
     if evidence.completion_ids is not None:
         c.completion_tokens += len(evidence.completion_ids)
+
+
+def refund(session: LiveSession, call_kind: str, evidence: "Evidence | None", *, served: bool) -> None:
+    """Undo ``account`` for a call whose record could not be stored: a budget counts records."""
+    c = session.counters
+    c.calls -= 1
+    if not served or evidence is None:
+        return
+    if call_kind == "agent":
+        c.agent_calls -= 1
+    if evidence.prompt_ids is not None:
+        c.prompt_tokens -= len(evidence.prompt_ids)
+    if evidence.completion_ids is not None:
+        c.completion_tokens -= len(evidence.completion_ids)
 
 
 def limits_state(session: LiveSession) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import time
 from array import array
 from dataclasses import dataclass, field
@@ -35,6 +36,8 @@ from openenv_harness.recorder.store.base import PendingRecord
 from openenv_harness.recorder.upstream.base import UpstreamFailure, UpstreamReply
 from openenv_harness.recorder.upstream.reply_parse import PromptIdsReader
 from openenv_harness.recorder.validate import Evidence, agent_view, extract_evidence
+
+log = logging.getLogger(__name__)
 
 #: What the recorder adds to every upstream body -- and nothing else (D3).
 _CAPTURE_FIELDS = {"return_token_ids": True, "logprobs": True, "stream": False}
@@ -65,6 +68,7 @@ class Flow:
     metadata: dict[str, Any] = field(default_factory=dict)
     agent_reply: dict[str, Any] | None = None
     replayed: bool = False
+    stored: bool = False
 
 
 # -- authenticate ------------------------------------------------------------------------------
@@ -188,7 +192,6 @@ async def forward(flow: Flow) -> None:
     flow.upstream_body = upstream_body(flow.body, flow.session.spec.sampling)
     if ctx.fence.served_model:
         flow.upstream_body["model"] = ctx.fence.served_model
-    flow.call_index = flow.session.take_call_index()
     flow.version_start = ctx.fence.version
     ctx.fence.inflight += 1
     try:
@@ -229,7 +232,12 @@ def validate(flow: Flow) -> None:
 
 
 def _base_metadata(flow: Flow, status: str, trainable: bool) -> dict[str, Any]:
+    """The metadata every record has. The call gets its number here, when its record is built: a call
+    that ends without a record (refused, or unstorable: ``store_record`` gives the number back)
+    uses none, so a session's call numbers are its records' positions, with no gap."""
     session = flow.session
+    if flow.call_index < 0:
+        flow.call_index = session.take_call_index()
     return {
         "schema_version": SCHEMA_VERSION,
         "node_id": f"{session.id}/{flow.call_index}",
@@ -309,9 +317,26 @@ async def store_record(flow: Flow, pending: PendingRecord) -> None:
         await flow.ctx.store.append(pending)
     except Exception as exc:  # noqa: BLE001 -- any storage failure means "not durable"
         flow.ctx.metrics.errors.labels("store_unavailable").inc()
+        _unnumber(flow, pending)
         raise AgentError(503, f"the recorder could not store this call ({type(exc).__name__}: {exc}); retry shortly",
                          type="server_error", code="store_unavailable",
                          headers={"retry-after": str(flow.ctx.config.retry_after_s)}) from None
+    flow.stored = True
+
+
+def _unnumber(flow: Flow, pending: PendingRecord) -> None:
+    """Nothing was stored for this call: it gives its number back and counts against no budget.
+
+    The number can go back only while no later call of the session has taken one; the one case
+    where that is not so is two calls of one session whose journal writes overlap (under
+    ``sqlite_synchronous=FULL`` the write waits for an fsync) and where the store fails the first
+    and takes the second. Everything else is synchronous from numbering to journalling."""
+    session = flow.session
+    if session.next_call_index == flow.call_index + 1:
+        session.next_call_index = flow.call_index
+    flow.call_index = -1
+    served = pending.status != "failed"
+    budget.refund(session, flow.call_kind, flow.evidence if served else None, served=served)
 
 
 async def record_failure(flow: Flow, error: AgentError) -> None:
@@ -357,6 +382,26 @@ def reply(flow: Flow) -> Response:
 # -- the whole call ------------------------------------------------------------------------------
 
 
+async def serve_call(flow: Flow) -> None:
+    """forward → validate → record. A failure inside the recorder on the way (a bug, not an engine
+    or storage fault: those are ``AgentError``) may come after the engine was called, so it is
+    recorded as a failed, untrainable call -- with its number, like any other -- and the agent gets
+    a 500 that names no internals; the traceback goes to the recorder's log."""
+    try:
+        await forward(flow)
+        validate(flow)
+        await record(flow)
+    except AgentError:
+        raise
+    except Exception as exc:  # noqa: BLE001 -- anything else is a recorder bug; see the docstring
+        log.exception("recorder: a chat call failed inside the recorder (session %s)", flow.session.id)
+        error = AgentError(500, f"internal error in the recorder ({type(exc).__name__}); the call is recorded "
+                           "as failed", type="server_error", code="recorder_error")
+        if not flow.stored:
+            await record_failure(flow, error)
+        raise error from None
+
+
 async def handle_chat(ctx: RecorderContext, path_session: str | None, headers: Mapping[str, str], raw: bytes) -> Response:
     started = time.perf_counter()
     try:
@@ -372,9 +417,7 @@ async def handle_chat(ctx: RecorderContext, path_session: str | None, headers: M
         twin: asyncio.Future = asyncio.get_running_loop().create_future()
         session.inflight[flow.digest] = twin
         try:
-            await forward(flow)
-            validate(flow)
-            await record(flow)
+            await serve_call(flow)
             twin.set_result(flow.agent_reply)
         except BaseException as exc:
             if not twin.done():
