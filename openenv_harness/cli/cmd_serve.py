@@ -26,7 +26,7 @@ def serve(
     log_level: str = typer.Option("info", help="uvicorn log level"),
 ) -> None:
     from openenv_harness.recorder.auth import new_admin_token
-    from openenv_harness.recorder.context import RecorderConfig
+    from openenv_harness.recorder.context import RecorderConfig, RecorderContext
     from openenv_harness.recorder.server import serve as run_server
 
     if host not in ("127.0.0.1", "localhost", "::1") and not admin_token:
@@ -44,5 +44,11 @@ def serve(
                             public_base_url=public_base_url, max_body_bytes=max_body_mb * 1024 * 1024,
                             pause_wait_s=pause_wait_s, index_priority=index_priority)
     typer.echo(f"recorder on http://{host}:{port}  store={store}  engine={engine_url or '-'}")
-    typer.echo(f"trace viewer: http://{host}:{port}/viewer/ (log in with the admin token)")
-    run_server(config, host=host, port=port, log_level=log_level)
+
+    def announce(ctx: RecorderContext) -> None:
+        code = ctx.viewer_logins.new_code()
+        minutes = int(ctx.viewer_logins.code_s // 60)
+        typer.echo(f"trace viewer: http://{host}:{port}/viewer/login?code={code} (one-time link, valid {minutes} min; "
+                   f"after that log in at http://{host}:{port}/viewer/ with the admin token)")
+
+    run_server(config, host=host, port=port, log_level=log_level, announce=announce)

@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from openenv_harness.recorder.auth import AdminAuth
+from openenv_harness.recorder.auth import AdminAuth, ViewerLogins
 from openenv_harness.recorder.fence import Fence
 from openenv_harness.recorder.metrics import RecorderMetrics
 from openenv_harness.recorder.request_body import MAX_JSON_DEPTH_LIMIT
@@ -74,6 +74,7 @@ class RecorderContext:
     admin_token: str
     admin_auth: AdminAuth
     engine_info: dict[str, Any] = field(default_factory=dict)
+    viewer_logins: ViewerLogins = field(default_factory=ViewerLogins)
 
     def upstream_for(self, name: str | None) -> Upstream | None:
         return self.upstreams.get(name or "default")

@@ -12,7 +12,7 @@ import asyncio
 import socket
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 import uvicorn
 
@@ -117,9 +117,14 @@ class RecorderServer(ThreadedServer):
         return self.ctx.admin_token
 
 
-def serve(config: RecorderConfig, *, host: str = "127.0.0.1", port: int = 8765, log_level: str = "info") -> None:
-    """Run a recorder in the foreground (the ``openenv-harness serve`` command)."""
+def serve(config: RecorderConfig, *, host: str = "127.0.0.1", port: int = 8765, log_level: str = "info",
+          announce: Callable[[RecorderContext], None] | None = None) -> None:
+    """Run a recorder in the foreground (the ``openenv-harness serve`` command). ``announce`` is
+    called with the new recorder's context before it starts serving (the command prints a one-time
+    viewer login link from it)."""
     app = create_recorder_app(config)
+    if announce is not None:
+        announce(app.state.ctx)
     freeze_startup_heap()
     trimmer = HeapTrimmer().start()
     try:
