@@ -16,7 +16,8 @@ def serve(
     port: int = typer.Option(8765, help="Port"),
     store: str = typer.Option("runs/recorder.db", "--store", envvar="OEH_STORE", help="SQLite file for records"),
     admin_token: str = typer.Option(None, "--admin-token", envvar="OEH_ADMIN_TOKEN",
-                                    help="Control-plane token (generated and printed once when absent)"),
+                                    help="Control-plane token (generated and printed once when absent); prefer "
+                                    "OEH_ADMIN_TOKEN: a flag shows in `ps`"),
     public_base_url: str = typer.Option(None, help="How agents reach this recorder, if not host:port"),
     max_body_mb: int = typer.Option(32, help="Largest accepted request body, in MiB"),
     pause_wait_s: float = typer.Option(30.0, help="How long a call waits on a paused engine before 503"),
@@ -41,6 +42,7 @@ def serve(
         typer.echo(f"admin token (shown once): {token}")
     os.makedirs(os.path.dirname(os.path.abspath(store)), exist_ok=True)
     config = RecorderConfig(store_path=store, engine_url=engine_url, admin_token=token,
+                            engine_api_key=os.environ.get("OEH_ENGINE_API_KEY") or None,
                             public_base_url=public_base_url, max_body_bytes=max_body_mb * 1024 * 1024,
                             pause_wait_s=pause_wait_s, index_priority=index_priority)
     typer.echo(f"recorder on http://{host}:{port}  store={store}  engine={engine_url or '-'}")

@@ -26,8 +26,8 @@ class RecorderConfig(BaseModel):
 
     store_path: str = Field(description="SQLite file for sessions and records")
     engine_url: str | None = Field(None, description="The trainer's engine (vLLM) root URL")
-    engine_api_key: str | None = None
-    admin_token: str | None = Field(None, description="Control-plane token; generated when absent")
+    engine_api_key: str | None = Field(None, repr=False, description="The engine's bearer key (never shown)")
+    admin_token: str | None = Field(None, repr=False, description="Control-plane token; generated when absent")
     public_base_url: str | None = Field(
         None, description="How agents reach this recorder (used in the base_url handed out per session)"
     )
@@ -71,7 +71,7 @@ class RecorderContext:
     fence: Fence
     upstreams: dict[str, Upstream]
     metrics: RecorderMetrics
-    admin_token: str
+    admin_token: str = field(repr=False)
     admin_auth: AdminAuth
     engine_info: dict[str, Any] = field(default_factory=dict)
     viewer_logins: ViewerLogins = field(default_factory=ViewerLogins)
