@@ -55,7 +55,7 @@ except ImportError:  # pragma: no cover -- httptools is a dependency of this pac
     HttpToolsProtocol = None  # type: ignore[assignment,misc]
 
 #: What this module uses of uvicorn's protocol: its methods, and attributes each instance must have.
-_METHODS = ("data_received", "on_message_begin", "on_headers_complete", "on_body", "on_message_complete",
+_METHODS = ("data_received", "send_400_response", "on_message_begin", "on_headers_complete", "on_body", "on_message_complete",
             "on_response_complete", "connection_made", "connection_lost", "shutdown")
 _ATTRIBUTES = ("parser", "headers", "transport", "tasks", "cycle", "server_state", "loop", "config",
                "expect_100_continue", "access_log", "access_logger", "client", "flow", "pipeline")
@@ -144,6 +144,7 @@ if HttpToolsProtocol is not None:
             self._timer: asyncio.TimerHandle | None = None
             self._refused = False  # answered with a refusal: the rest of the connection is discarded
             self._owed: AgentError | None = None  # a refusal waiting for the replies owed before it
+            self._replying: list[Any] = []  # this connection's request cycles whose replies are not all out
             self._discarded = 0
 
         # -- bounds: head size before parsing, count once parsed, time to arrive --------------------
@@ -245,8 +246,7 @@ if HttpToolsProtocol is not None:
             """Answer ``error`` and close, after any reply still owed on this connection."""
             self._refused = True
             self._disarm()
-            cycle = self.cycle
-            if self.pipeline or (cycle is not None and not cycle.response_complete):
+            if self._owing():
                 self._owed = error  # sent by on_response_complete once the replies before it are out
                 self.flow.pause_reading()
             else:
@@ -265,6 +265,28 @@ if HttpToolsProtocol is not None:
             else:
                 self.transport.close()
 
+        def send_400_response(self, msg: str) -> None:
+            """What uvicorn answers a request the parser rejects (bad request line, header or framing):
+            here in the OpenAI shape, after any reply still owed, and with the lingering close."""
+            error = AgentError(400, "invalid HTTP request: its request line, headers or framing could not be parsed",
+                               code="invalid_http")
+            cycle = self.cycle
+            if self._in_head or self._chat is not None or cycle is None:
+                self._refuse(error)  # no reply has begun for this request; any owed before it go first
+                return
+            queued = [entry for entry in self.pipeline if entry[0] is cycle]
+            if queued:  # its body broke while it waited its turn: it never runs, the refusal takes its place
+                self.pipeline.remove(queued[0])
+                cycle.response_complete = True
+                self._refuse(error)
+            elif cycle.response_complete or getattr(cycle, "response_started", False):
+                self._refused = True
+                self.transport.close()  # the app has answered (or begun to): nothing clear is left to say
+            else:
+                cycle.disconnected = True  # the app reading this body hears a disconnect; this answers
+                cycle.message_event.set()
+                self._send_refusal(error)
+
         def _discard(self, size: int) -> None:
             if self._owed is not None:  # replies are still owed: read no more until they are out
                 self.flow.pause_reading()
@@ -275,11 +297,15 @@ if HttpToolsProtocol is not None:
 
         def on_response_complete(self) -> None:
             super().on_response_complete()
+            owing = self._owing()  # also forgets the cycles whose replies are out
             owed = self._owed
-            if owed is not None and not self.pipeline and not self.transport.is_closing():
-                cycle = self.cycle
-                if cycle is None or cycle.response_complete:
-                    self._send_refusal(owed)
+            if owed is not None and not owing and not self.transport.is_closing():
+                self._send_refusal(owed)
+
+        def _owing(self) -> bool:
+            """Whether a reply to an earlier request on this connection is still to go out."""
+            self._replying = [cycle for cycle in self._replying if not cycle.response_complete]
+            return bool(self._replying)
 
         # -- parser callbacks: a chat request is collected here, anything else is uvicorn's -----------
 
@@ -288,7 +314,10 @@ if HttpToolsProtocol is not None:
                 return
             self._chat = self._chat_request()
             if self._chat is None:
+                before = self.cycle
                 super().on_headers_complete()
+                if self.cycle is not before and self.cycle is not None:
+                    self._replying.append(self.cycle)
             elif self._chat.too_large:  # declared over the limit: refused now, its body read and dropped
                 self._answer_at_once(self._chat)
 
@@ -313,6 +342,7 @@ if HttpToolsProtocol is not None:
                 return
             cycle = _Answering(request.keep_alive)
             self.cycle = cycle  # type: ignore[assignment]
+            self._replying.append(cycle)
             task = self.loop.create_task(self._answer(request, cycle))
             task.add_done_callback(self.tasks.discard)
             self.tasks.add(task)

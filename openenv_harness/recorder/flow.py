@@ -29,7 +29,7 @@ from openenv_harness.recorder.errors import AgentError
 from openenv_harness.recorder.fidelity import FidelityTracker
 from openenv_harness.recorder.provenance import call_provenance
 from openenv_harness.recorder.relay_errors import relay_upstream_error, relay_upstream_failure
-from openenv_harness.recorder.request_body import check_body
+from openenv_harness.recorder.request_body import check_body, not_json
 from openenv_harness.recorder.sessions import LiveSession
 from openenv_harness.recorder.sse import synthesize_sse
 from openenv_harness.recorder.store.base import PendingRecord
@@ -101,7 +101,7 @@ def parse(flow: Flow) -> None:
     try:
         body = orjson.loads(flow.raw)
     except orjson.JSONDecodeError as exc:
-        raise AgentError(400, f"request body is not valid JSON: {exc}", code="invalid_json") from None
+        raise not_json(exc, flow.raw) from None
     if not isinstance(body, dict):
         raise AgentError(400, "request body must be a JSON object", code="invalid_body")
     check_body(body, flow.raw, flow.ctx.config.max_json_depth)

@@ -70,6 +70,21 @@ def _exact_int(literal: str) -> int:
     return value
 
 
+def not_json(exc: ValueError, raw: bytes) -> AgentError:
+    """The 400 for a body orjson could not parse. A number beyond a double's range (more than about
+    309 digits, or ``1e400``) is valid JSON that orjson refuses as such: it is named for what it is."""
+    if "number is infinity" in str(exc):
+        try:
+            _check_integers(raw)
+        except AgentError as refusal:
+            return refusal
+        except (ValueError, RecursionError):
+            pass
+        return AgentError(400, "request body holds a number beyond the 64-bit float range; the recorder forwards "
+                          "bodies exactly and cannot represent it", code="number_out_of_range")
+    return AgentError(400, f"request body is not valid JSON: {exc}", code="invalid_json")
+
+
 def _check_integers(raw: bytes) -> None:
     """The exact check: the standard library's parser keeps integer literals as written."""
     try:

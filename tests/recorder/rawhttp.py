@@ -36,7 +36,7 @@ class Outcome:
         return [r.status for r in self.replies]
 
 
-def _parse(data: bytes) -> tuple[list[Reply], bytes]:
+def _parse(data: bytes, bodiless: bool = False) -> tuple[list[Reply], bytes]:
     replies: list[Reply] = []
     while b"\r\n\r\n" in data:
         head, rest = data.split(b"\r\n\r\n", 1)
@@ -49,7 +49,7 @@ def _parse(data: bytes) -> tuple[list[Reply], bytes]:
         for line in lines[1:]:
             name, _, value = line.partition(":")
             headers[name.strip().lower()] = value.strip()
-        length = int(headers.get("content-length", "0"))
+        length = 0 if bodiless else int(headers.get("content-length", "0"))
         if len(rest) < length:
             break
         replies.append(Reply(status, headers, rest[:length]))
@@ -58,10 +58,11 @@ def _parse(data: bytes) -> tuple[list[Reply], bytes]:
 
 
 def exchange(host: str, port: int, pieces: bytes | list[bytes], *, replies: int = 1, until_closed: bool = False,
-             pause_s: float = 0.0, read_timeout_s: float = 30.0) -> Outcome:
-    """Send ``pieces`` (``pause_s`` apart), then read until ``replies`` replies are complete (and, with
-    ``until_closed``, until the server closes), the server closes, or ``read_timeout_s`` passes
-    without a byte."""
+             pause_s: float = 0.0, read_timeout_s: float = 30.0, half_close: bool = False,
+             bodiless: bool = False) -> Outcome:
+    """Send ``pieces`` (``pause_s`` apart; with ``half_close`` the sending side is then shut), then read
+    until ``replies`` replies are complete (and, with ``until_closed``, until the server closes), the
+    server closes, or ``read_timeout_s`` passes without a byte."""
     if isinstance(pieces, bytes):
         pieces = [pieces]
     outcome = Outcome()
@@ -73,9 +74,14 @@ def exchange(host: str, port: int, pieces: bytes | list[bytes], *, replies: int 
                 sock.sendall(piece)
             except (BrokenPipeError, ConnectionResetError):
                 break  # the server refused and closed: what it answered is still to be read
+        if half_close:
+            try:
+                sock.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
         data = b""
         while True:
-            got, data_left = _parse(data)
+            got, _ = _parse(data, bodiless)
             if len(got) >= replies and not until_closed:
                 break
             try:
@@ -89,7 +95,7 @@ def exchange(host: str, port: int, pieces: bytes | list[bytes], *, replies: int 
                 outcome.closed = True
                 break
             data += more
-        outcome.replies, outcome.leftover = _parse(data)
+        outcome.replies, outcome.leftover = _parse(data, bodiless)
     return outcome
 
 

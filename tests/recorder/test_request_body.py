@@ -78,7 +78,8 @@ def test_the_depth_bound_is_configurable(tmp_path: Any, engine: EngineServer) ->
 
 
 @pytest.mark.parametrize("literal", [b"123456789012345678901234567890", b"18446744073709551616",
-                                     b"-9223372036854775809", b"-123456789012345678901234567890"])
+                                     b"-9223372036854775809", b"-123456789012345678901234567890",
+                                     b"7" * 400])  # past a double's range too: orjson refuses it outright
 def test_integers_beyond_64_bits_are_refused_never_turned_into_floats(
         literal: bytes, session: dict[str, Any], engine: EngineServer, admin: RecorderClient) -> None:
     body = b'{"model":"reference-model","messages":' + MESSAGES + b',"seed":' + literal + b"}"
@@ -116,3 +117,11 @@ def test_n_must_be_the_integer_one(n: bytes, session: dict[str, Any], engine: En
 @pytest.mark.parametrize("n", [b"1", b"null"])
 def test_n_one_or_absent_is_served(n: bytes, session: dict[str, Any]) -> None:
     assert post(session, b'{"model":"reference-model","messages":' + MESSAGES + b',"n":' + n + b"}").status_code == 200
+
+
+@pytest.mark.parametrize("literal", [b"1e400", b"-2E+999", b"1" + b"0" * 400 + b".5"])
+def test_numbers_beyond_a_double_are_named_not_called_invalid_json(
+        literal: bytes, session: dict[str, Any], engine: EngineServer) -> None:
+    r = post(session, b'{"model":"reference-model","messages":' + MESSAGES + b',"temperature":' + literal + b"}")
+    assert r.status_code == 400 and r.json()["error"]["code"] == "number_out_of_range", r.text
+    assert engine.requests(session["session_id"]) == []
