@@ -70,7 +70,7 @@ def test_a_thousand_malformed_requests(tmp_path: Path, engine: EngineServer, cap
     caplog.set_level(logging.WARNING)
     main = RecorderConfig(store_path=str(tmp_path / "main.db"), engine_url=engine.url, admin_token=ADMIN, **LIMITS)
     impatient = RecorderConfig(store_path=str(tmp_path / "slow.db"), engine_url=engine.url, admin_token=ADMIN,
-                               request_head_timeout_s=0.5, request_body_timeout_s=0.5, **LIMITS)
+                               request_head_timeout_s=2.0, request_body_timeout_s=2.0, **LIMITS)
     with RecorderServer(main) as server, RecorderServer(impatient) as slow_server, \
             RecorderClient(server.url, ADMIN) as admin, RecorderClient(slow_server.url, ADMIN) as slow_admin:
         session, slow_session = admin.create_session(), slow_admin.create_session()

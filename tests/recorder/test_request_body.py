@@ -4,11 +4,15 @@ uses a call number."""
 
 from __future__ import annotations
 
+import itertools
+import json
 from typing import Any
 
 import httpx
 import orjson
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from openenv_harness.recorder import RecorderClient, RecorderConfig, RecorderServer
 from openenv_harness.recorder.request_body import MAX_JSON_DEPTH_LIMIT
@@ -125,3 +129,44 @@ def test_numbers_beyond_a_double_are_named_not_called_invalid_json(
     r = post(session, b'{"model":"reference-model","messages":' + MESSAGES + b',"temperature":' + literal + b"}")
     assert r.status_code == 400 and r.json()["error"]["code"] == "number_out_of_range", r.text
     assert engine.requests(session["session_id"]) == []
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(min_value=-(2**70), max_value=2**70)
+    | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=12,
+)
+_FRESH = itertools.count()
+
+
+def _fits(value: Any) -> bool:
+    if isinstance(value, bool) or not isinstance(value, int):
+        if isinstance(value, dict):
+            return all(_fits(v) for v in value.values())
+        if isinstance(value, list):
+            return all(_fits(v) for v in value)
+        return True
+    return -(2**63) <= value < 2**64
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(extra=st.dictionaries(st.text(alphabet="abcdefgh", min_size=1, max_size=6).map(lambda k: "x_" + k), _JSON,
+                             max_size=4))
+def test_the_agents_body_reaches_the_engine_unaltered_or_is_refused(
+        extra: dict[str, Any], session: dict[str, Any], engine: EngineServer) -> None:
+    """Any JSON an agent adds to its body reaches the engine exactly as sent (types included), or --
+    when it holds an integer no 64-bit type can keep -- is refused before the engine sees it."""
+    content = f"fresh {next(_FRESH)}"
+    body = {"model": "reference-model", "messages": [{"role": "user", "content": content}], **extra}
+    r = post(session, json.dumps(body).encode())  # the standard library writes big integers exactly
+    last = (engine.requests(session["session_id"]) or [{"body": {}}])[-1]["body"]
+    reached = last.get("messages", [{}])[0].get("content") == content
+    if not _fits(extra):
+        assert r.status_code == 400 and r.json()["error"]["code"] == "integer_out_of_range", r.text
+        assert not reached
+        return
+    assert r.status_code == 200 and reached, r.text
+    sent = last
+    assert {k: sent[k] for k in extra} == extra
+    assert json.dumps({k: sent[k] for k in extra}, sort_keys=True) == json.dumps(extra, sort_keys=True)  # types too

@@ -36,8 +36,8 @@ def limited(tmp_path: Path, engine: EngineServer) -> Iterator[RecorderServer]:
 
 @pytest.fixture
 def impatient(tmp_path: Path, engine: EngineServer) -> Iterator[RecorderServer]:
-    """Default size limits; half a second to send a head or a body."""
-    config = _config(tmp_path, engine, request_head_timeout_s=0.5, request_body_timeout_s=0.5)
+    """Default size limits; two seconds to send a head or a body (ample for any client that means to)."""
+    config = _config(tmp_path, engine, request_head_timeout_s=2.0, request_body_timeout_s=2.0)
     with RecorderServer(config) as server:
         yield server
 
