@@ -22,6 +22,8 @@ import orjson
 import pytest
 
 from openenv_harness.recorder import RecorderClient, RecorderConfig, RecorderServer
+from openenv_harness.recorder.app import create_recorder_app
+from openenv_harness.recorder.server import ThreadedServer
 from openenv_harness.testing.engine import EngineServer
 
 from agentloop import ADMIN, tool_script
@@ -57,7 +59,7 @@ def _verdict(case: Case, out: Outcome) -> str | None:
     return None
 
 
-def _run(server: RecorderServer, case: Case) -> tuple[Case, Outcome]:
+def _run(server: ThreadedServer, case: Case) -> tuple[Case, Outcome]:
     return case, exchange(server.host, server.port, case.pieces, replies=case.replies, half_close=case.half_close,
                           until_closed=CLOSE in case.expect, bodiless=case.bodiless)
 
@@ -114,3 +116,26 @@ def test_a_thousand_malformed_requests(tmp_path: Path, engine: EngineServer, cap
         assert admin.session(session["session_id"])["status"] == "open"
     errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
     assert not errors, [r.getMessage() for r in errors[:5]]
+
+
+@pytest.mark.parametrize("http", ["httptools", "h11"])
+def test_the_body_corpus_on_the_asgi_path(http: str, tmp_path: Path, engine: EngineServer) -> None:
+    """The same bad bodies through the recorder app under uvicorn's own protocols (any ASGI server):
+    the same answers, the same codes, the same records."""
+    config = RecorderConfig(store_path=str(tmp_path / "asgi.db"), engine_url=engine.url, admin_token=ADMIN, **LIMITS)
+    with ThreadedServer(create_recorder_app(config), http=http) as server, RecorderClient(server.url, ADMIN) as admin:
+        session = admin.create_session()
+        engine.set_script(session["session_id"], tool_script(0, final="fine"))
+        path = "/" + session["base_url"].split("://", 1)[1].split("/", 1)[1] + "/chat/completions"
+        target = Target(chat_path=path, secret=session["secret"], admin_token=ADMIN, max_json_depth=config.max_json_depth,
+                        max_header_bytes=config.max_header_bytes, max_header_count=config.max_header_count,
+                        max_body_bytes=config.max_body_bytes)
+        cases = [c for c in build_corpus(target) if c.family == "body"]
+        with ThreadPoolExecutor(max_workers=16) as pool:
+            results = list(pool.map(lambda case: _run(server, case), cases))
+        wrong = [f"{case.name}: {problem}" for case, out in results if (problem := _verdict(case, out)) is not None]
+        assert not wrong, f"{len(wrong)} of {len(results)}:\n" + "\n".join(wrong[:40])
+        rejected = sum(c.engine_rejects for c in cases)
+        records = admin.records(session["session_id"])
+        assert [r["metadata"]["status"] for r in records] == ["failed"] * rejected
+        assert [r["metadata"]["call_index"] for r in records] == list(range(rejected))
