@@ -16,7 +16,8 @@ def serve(
     port: int = typer.Option(8765, help="Port"),
     store: str = typer.Option("runs/recorder.db", "--store", envvar="OEH_STORE", help="SQLite file for records"),
     admin_token: str = typer.Option(None, "--admin-token", envvar="OEH_ADMIN_TOKEN",
-                                    help="Control-plane token (generated and printed once when absent)"),
+                                    help="Control-plane token (generated and printed once when absent); prefer "
+                                    "OEH_ADMIN_TOKEN: a flag shows in `ps`"),
     public_base_url: str = typer.Option(None, help="How agents reach this recorder, if not host:port"),
     max_body_mb: int = typer.Option(32, help="Largest accepted request body, in MiB"),
     pause_wait_s: float = typer.Option(30.0, help="How long a call waits on a paused engine before 503"),
@@ -26,7 +27,7 @@ def serve(
     log_level: str = typer.Option("info", help="uvicorn log level"),
 ) -> None:
     from openenv_harness.recorder.auth import new_admin_token
-    from openenv_harness.recorder.context import RecorderConfig
+    from openenv_harness.recorder.context import RecorderConfig, RecorderContext
     from openenv_harness.recorder.server import serve as run_server
 
     if host not in ("127.0.0.1", "localhost", "::1") and not admin_token:
@@ -41,8 +42,15 @@ def serve(
         typer.echo(f"admin token (shown once): {token}")
     os.makedirs(os.path.dirname(os.path.abspath(store)), exist_ok=True)
     config = RecorderConfig(store_path=store, engine_url=engine_url, admin_token=token,
+                            engine_api_key=os.environ.get("OEH_ENGINE_API_KEY") or None,
                             public_base_url=public_base_url, max_body_bytes=max_body_mb * 1024 * 1024,
                             pause_wait_s=pause_wait_s, index_priority=index_priority)
     typer.echo(f"recorder on http://{host}:{port}  store={store}  engine={engine_url or '-'}")
-    typer.echo(f"trace viewer: http://{host}:{port}/viewer/ (log in with the admin token)")
-    run_server(config, host=host, port=port, log_level=log_level)
+
+    def announce(ctx: RecorderContext) -> None:
+        code = ctx.viewer_logins.new_code()
+        minutes = int(ctx.viewer_logins.code_s // 60)
+        typer.echo(f"trace viewer: http://{host}:{port}/viewer/login?code={code} (one-time link, valid {minutes} min; "
+                   f"after that log in at http://{host}:{port}/viewer/ with the admin token)")
+
+    run_server(config, host=host, port=port, log_level=log_level, announce=announce)

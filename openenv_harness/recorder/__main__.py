@@ -31,6 +31,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit("refusing to listen on a non-loopback address without --admin-token")
     config = RecorderConfig(
         store_path=a.store, engine_url=a.engine_url, admin_token=a.admin_token,
+        engine_api_key=os.environ.get("OEH_ENGINE_API_KEY") or None,  # never a flag: flags show in `ps`
         public_base_url=a.public_base_url, probe_template=not a.no_probe,
         pause_wait_s=a.pause_wait_s, index_priority=a.index_priority,
     )

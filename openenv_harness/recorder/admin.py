@@ -26,21 +26,21 @@ def _ctx(request: Request) -> RecorderContext:
     return request.app.state.ctx
 
 
-#: The trace viewer's login stores the admin token in this HttpOnly, SameSite=Strict cookie.
+#: The trace viewer's login (``auth.ViewerLogins``, never the admin token) is this HttpOnly,
+#: SameSite=Strict cookie.
 ADMIN_COOKIE = "oeh_admin"
 _READ_METHODS = frozenset({"GET", "HEAD"})
 
 
 def admin_authorized(request: Request) -> bool:
-    """The admin token as a bearer header on any route, or as the viewer's cookie on reads only:
+    """The admin token as a bearer header on any route, or a viewer login's cookie on reads only:
     a browser never holds a credential that can change state (the viewer only reads)."""
     ctx = _ctx(request)
     if ctx.admin_auth.check(request.headers):
         return True
-    cookie = request.cookies.get(ADMIN_COOKIE)
-    if not cookie or request.method not in _READ_METHODS:
+    if request.method not in _READ_METHODS:
         return False
-    return ctx.admin_auth.check({"authorization": f"Bearer {cookie}"})
+    return ctx.viewer_logins.valid(request.cookies.get(ADMIN_COOKIE))
 
 
 async def require_admin(request: Request) -> RecorderContext:
@@ -115,6 +115,15 @@ async def engine_reprobe(request: Request) -> Response:
     ctx = _ctx(request)
     await ctx.engine_watch.ensure_fresh(ctx.upstream_for(None), force="asked by an operator")
     return _json(ctx.engine_info)
+@router.post("/viewer/codes", status_code=201)
+async def new_viewer_code(request: Request) -> Response:
+    """A one-time code for the trace viewer: ``/viewer/login?code=...`` logs a browser in once, within
+    ``code_s``, without the admin token ever being in a URL (``auth.ViewerLogins``). Needs the token
+    itself: a viewer login's cookie only reads."""
+    ctx = _ctx(request)
+    code = ctx.viewer_logins.new_code()
+    return _json({"code": code, "login_path": f"/viewer/login?code={code}",
+                  "expires_in_s": ctx.viewer_logins.code_s}, status=201)
 
 
 @router.post("/sessions", status_code=201)

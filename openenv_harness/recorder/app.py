@@ -22,6 +22,7 @@ from openenv_harness.recorder.errors import AgentError, body_too_large, error_re
 from openenv_harness.recorder.fence import Fence
 from openenv_harness.recorder.flow import authenticate, handle_chat
 from openenv_harness.recorder.metrics import RecorderMetrics
+from openenv_harness.recorder.request_limits import RequestLimits, check_scope
 from openenv_harness.recorder.sessions import SessionRegistry
 from openenv_harness.recorder.store.base import RecordStore
 from openenv_harness.recorder.store.sqlite import SQLiteStore
@@ -108,8 +109,14 @@ class RecorderApp:
     def __init__(self, inner: FastAPI) -> None:
         self.inner = inner
         self.state = inner.state
+        self.limits = RequestLimits.of(inner.state.ctx.config)
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":  # the recorder's own protocol has checked this already; another server may not
+            refusal = check_scope(scope, self.limits)
+            if refusal is not None:
+                await refusal.to_response()(scope, receive, send)
+                return
         if scope["type"] == "http" and scope["method"] == "POST":
             matched, session_id = chat_target(scope["path"])
             if matched:

@@ -21,6 +21,18 @@ before the agent does, so ``cut_tool_calls`` applies them there, the way OpenEnv
 The record keeps the policy's sample untouched (its completion ids hold every sampled call); its
 ``response`` is what the agent received, and ``metadata.tool_limit`` names the cap, the counts and
 the dropped calls verbatim, so nothing is lost and a retried call is replayed exactly as cut.
+
+What each cap counts (``account``):
+
+* ``max_calls``: records -- every call the engine was asked, whether it served it or not (a failed
+  record counts: an agent that loops on calls the engine rejects must still end, and ``limits.calls``
+  is then the number of the session's records);
+* ``max_agent_calls``: agent calls the engine served (``ok`` and ``invalid`` records of kind agent);
+* the token caps: the prompt and completion ids of served calls;
+* nothing: calls refused before the engine (bad input, authentication, a paused engine, a cap),
+  replayed retries (no new sample), and calls whose record could not be stored (``refund``).
+
+``n`` must be the integer 1 (``flow.parse``): a budget counts calls, and one call is one sample.
 """
 
 from __future__ import annotations
@@ -126,6 +138,20 @@ def account(session: LiveSession, call_kind: str, evidence: "Evidence | None", *
         c.prompt_tokens += len(evidence.prompt_ids)
     if evidence.completion_ids is not None:
         c.completion_tokens += len(evidence.completion_ids)
+
+
+def refund(session: LiveSession, call_kind: str, evidence: "Evidence | None", *, served: bool) -> None:
+    """Undo ``account`` for a call whose record could not be stored: a budget counts records."""
+    c = session.counters
+    c.calls -= 1
+    if not served or evidence is None:
+        return
+    if call_kind == "agent":
+        c.agent_calls -= 1
+    if evidence.prompt_ids is not None:
+        c.prompt_tokens -= len(evidence.prompt_ids)
+    if evidence.completion_ids is not None:
+        c.completion_tokens -= len(evidence.completion_ids)
 
 
 def limits_state(session: LiveSession) -> dict[str, Any]:

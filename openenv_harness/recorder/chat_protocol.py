@@ -14,6 +14,12 @@ concurrency limit configured, no earlier request on the connection still being a
 (pipelining) -- and otherwise goes through uvicorn into the app's ASGI chat route, which runs the
 same flow. Both paths give the same answers; the tests run the recorder through this one.
 
+The protocol also bounds every request on every route, chat or not, as its bytes arrive
+(``request_limits.py``): the head's size is counted before the parser sees it (the parser would
+otherwise accumulate a header of any size), its header count once it is parsed, and timers bound the
+time a head and a body take to arrive. A refusal goes out after any reply still owed on the
+connection, and the connection then lingers, discarding, long enough for the client to read it.
+
 Coupling: this subclasses uvicorn's ``HttpToolsProtocol`` and uses a few of its attributes.
 ``chat_protocol_class`` checks them and returns None (plain uvicorn) when they are missing, and
 each connection checks its own instance, so a uvicorn release that changes them costs speed, not
@@ -22,6 +28,7 @@ correctness.
 
 from __future__ import annotations
 
+import asyncio
 import http
 import logging
 import urllib.parse
@@ -32,6 +39,13 @@ import httptools
 from openenv_harness.recorder.app import RecorderApp, chat_target
 from openenv_harness.recorder.errors import AgentError, body_too_large
 from openenv_harness.recorder.flow import handle_chat
+from openenv_harness.recorder.request_limits import (
+    RequestLimits,
+    check_head,
+    head_too_large,
+    raw_response,
+    request_timeout,
+)
 
 log = logging.getLogger(__name__)
 
@@ -41,10 +55,14 @@ except ImportError:  # pragma: no cover -- httptools is a dependency of this pac
     HttpToolsProtocol = None  # type: ignore[assignment,misc]
 
 #: What this module uses of uvicorn's protocol: its methods, and attributes each instance must have.
-_METHODS = ("on_headers_complete", "on_body", "on_message_complete", "on_response_complete", "connection_lost",
-            "shutdown")
+_METHODS = ("data_received", "send_400_response", "on_message_begin", "on_headers_complete", "on_body", "on_message_complete",
+            "on_response_complete", "connection_made", "connection_lost", "shutdown")
 _ATTRIBUTES = ("parser", "headers", "transport", "tasks", "cycle", "server_state", "loop", "config",
-               "expect_100_continue", "access_log", "access_logger", "client")
+               "expect_100_continue", "access_log", "access_logger", "client", "flow", "pipeline")
+#: After a refusal the connection discards what still arrives for this long (or this many bytes),
+#: so that closing it does not reset it before the client has read the answer.
+_LINGER_S = 2.0
+_LINGER_BYTES = 4 * 1024 * 1024
 
 class _NoEvent:
     """uvicorn sets its cycle's event when the connection goes; an answering call waits on nothing."""
@@ -73,7 +91,7 @@ class _Answering:
 class _ChatRequest:
     """A chat request being read: its route, headers and body so far."""
 
-    __slots__ = ("session_id", "headers", "keep_alive", "chunks", "size", "limit", "too_large")
+    __slots__ = ("session_id", "headers", "keep_alive", "chunks", "size", "limit", "too_large", "answered")
 
     def __init__(self, session_id: str | None, headers: list[tuple[bytes, bytes]], keep_alive: bool, limit: int) -> None:
         self.session_id = session_id
@@ -83,6 +101,7 @@ class _ChatRequest:
         self.size = 0
         self.limit = limit
         self.too_large = False
+        self.answered = False  #: refused from its head (a declared body over the limit) before its body came
 
     def add(self, chunk: bytes) -> None:
         if self.too_large:
@@ -108,7 +127,8 @@ _STATUS_LINES = {status: _status_line(status) for status in range(100, 600)}
 if HttpToolsProtocol is not None:
 
     class ChatProtocol(HttpToolsProtocol):  # type: ignore[misc,valid-type]
-        """uvicorn's httptools protocol, with agent chat calls answered without ASGI."""
+        """uvicorn's httptools protocol, with every request bounded and agent chat calls answered
+        without ASGI."""
 
         def __init__(self, config: Any, server_state: Any, app_state: dict[str, Any], _loop: Any = None) -> None:
             super().__init__(config, server_state, app_state, _loop)
@@ -117,27 +137,212 @@ if HttpToolsProtocol is not None:
                       and all(hasattr(self, name) for name in _ATTRIBUTES))
             self._recorder: RecorderApp | None = app if usable else None
             self._chat: _ChatRequest | None = None
+            self._limits = RequestLimits.of(app.state.ctx.config if isinstance(app, RecorderApp) else None)
+            self._in_head = True  # reading a request's head, or waiting for the next one
+            self._head_bytes = 0  # of the head being read, on the wire
+            self._started = False  # a byte of the current request has arrived
+            self._timer: asyncio.TimerHandle | None = None
+            self._refused = False  # answered with a refusal: the rest of the connection is discarded
+            self._owed: AgentError | None = None  # a refusal waiting for the replies owed before it
+            self._replying: list[Any] = []  # this connection's request cycles whose replies are not all out
+            self._discarded = 0
+
+        # -- bounds: head size before parsing, count once parsed, time to arrive --------------------
+
+        def connection_made(self, transport: Any) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._arm(self._limits.head_timeout_s)
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+        def data_received(self, data: bytes) -> None:
+            if self._refused:
+                self._discard(len(data))
+                return
+            limit = self._limits.max_header_bytes
+            while data:
+                piece: bytes | memoryview
+                if self._in_head:
+                    room = limit - self._head_bytes
+                    if room <= 0:
+                        self._refuse(head_too_large(limit))
+                        return
+                    if len(data) > room:  # feed only what the head may still take
+                        data = memoryview(data)
+                        piece, data = data[:room], data[room:]
+                    else:
+                        piece, data = data, b""
+                    self._head_bytes += len(piece)
+                else:
+                    piece, data = data, b""
+                super().data_received(piece)  # type: ignore[arg-type]  # the parser takes a memoryview too
+                if self._refused or self.parser is None or self.transport.is_closing():
+                    return
+                if self.transport.get_protocol() is not self:  # upgraded (WebSocket): no longer ours
+                    self._disarm()
+                    return
+
+        def on_message_begin(self) -> None:
+            if self._refused:
+                return
+            super().on_message_begin()
+            self._started = True
+            if self._timer is None:  # the first request's head is timed from the connection's start
+                self._arm(self._limits.head_timeout_s)
+
+        def _admit_head(self) -> bool:
+            """At the end of a head: its count and size checked, the body's timer armed."""
+            self._in_head = False
+            self._disarm()
+            refusal = check_head(self.parser.get_method(), len(self.url), self.headers, self._limits)
+            if refusal is not None:
+                self._refuse(refusal)
+                return False
+            self._arm(self._limits.body_timeout_s)
+            return True
+
+        def _end_message(self) -> None:
+            self._disarm()
+            self._in_head, self._head_bytes, self._started = True, 0, False
+
+        def _arm(self, seconds: float) -> None:
+            self._disarm()
+            self._timer = self.loop.call_later(seconds, self._timed_out, seconds)
+
+        def _disarm(self) -> None:
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+
+        def _timed_out(self, seconds: float) -> None:
+            self._timer = None
+            if self._refused or self.transport is None or self.transport.is_closing():
+                return
+            if self.flow is not None and self.flow.read_paused:  # we stopped reading, not the client
+                self._arm(seconds)
+                return
+            if self._in_head:
+                if not self._started:
+                    self.transport.close()  # never sent a byte of a request: nothing to answer
+                else:
+                    self._refuse(request_timeout("head", seconds))
+                return
+            chat, cycle = self._chat, self.cycle
+            if chat is not None:
+                if chat.answered:  # refused from its head already: all that is left is to stop reading
+                    self.transport.close()
+                    return
+            elif cycle is not None:
+                if cycle.response_complete or getattr(cycle, "response_started", False):
+                    self.transport.close()  # the app has answered (or begun to) without the whole body
+                    return
+                cycle.disconnected = True  # the app waiting on the body hears a disconnect, and its
+                cycle.message_event.set()  # reply (if any) is dropped: this connection answers 408
+            self._send_refusal(request_timeout("body", seconds))
+
+        def _refuse(self, error: AgentError) -> None:
+            """Answer ``error`` and close, after any reply still owed on this connection."""
+            self._refused = True
+            self._disarm()
+            if self._owing():
+                self._owed = error  # sent by on_response_complete once the replies before it are out
+                self.flow.pause_reading()
+            else:
+                self._send_refusal(error)
+
+        def _send_refusal(self, error: AgentError) -> None:
+            self._refused = True
+            self._owed = None
+            self.transport.write(raw_response(error, self.server_state.default_headers))
+            if self.access_log:
+                self.access_logger.info("%s - refused: %d", self.client and self.client[0], error.status)
+            if self.transport.can_write_eof():
+                self.transport.write_eof()  # the client reads the answer, then sees the end
+                self._timer = self.loop.call_later(_LINGER_S, self.transport.close)
+                self.flow.resume_reading()
+            else:
+                self.transport.close()
+
+        def send_400_response(self, msg: str) -> None:
+            """What uvicorn answers a request the parser rejects (bad request line, header or framing):
+            here in the OpenAI shape, after any reply still owed, and with the lingering close."""
+            error = AgentError(400, "invalid HTTP request: its request line, headers or framing could not be parsed",
+                               code="invalid_http")
+            cycle = self.cycle
+            if self._in_head or self._chat is not None or cycle is None:
+                self._refuse(error)  # no reply has begun for this request; any owed before it go first
+                return
+            queued = [entry for entry in self.pipeline if entry[0] is cycle]
+            if queued:  # its body broke while it waited its turn: it never runs, the refusal takes its place
+                self.pipeline.remove(queued[0])
+                cycle.response_complete = True
+                self._refuse(error)
+            elif cycle.response_complete or getattr(cycle, "response_started", False):
+                self._refused = True
+                self.transport.close()  # the app has answered (or begun to): nothing clear is left to say
+            else:
+                cycle.disconnected = True  # the app reading this body hears a disconnect; this answers
+                cycle.message_event.set()
+                self._send_refusal(error)
+
+        def _discard(self, size: int) -> None:
+            if self._owed is not None:  # replies are still owed: read no more until they are out
+                self.flow.pause_reading()
+                return
+            self._discarded += size
+            if self._discarded > _LINGER_BYTES and not self.transport.is_closing():
+                self.transport.close()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            owing = self._owing()  # also forgets the cycles whose replies are out
+            owed = self._owed
+            if owed is not None and not owing and not self.transport.is_closing():
+                self._send_refusal(owed)
+
+        def _owing(self) -> bool:
+            """Whether a reply to an earlier request on this connection is still to go out."""
+            self._replying = [cycle for cycle in self._replying if not cycle.response_complete]
+            return bool(self._replying)
 
         # -- parser callbacks: a chat request is collected here, anything else is uvicorn's -----------
 
         def on_headers_complete(self) -> None:
+            if self._refused or not self._admit_head():
+                return
             self._chat = self._chat_request()
             if self._chat is None:
+                before = self.cycle
                 super().on_headers_complete()
+                if self.cycle is not before and self.cycle is not None:
+                    self._replying.append(self.cycle)
+            elif self._chat.too_large:  # declared over the limit: refused now, its body read and dropped
+                self._answer_at_once(self._chat)
 
         def on_body(self, body: bytes) -> None:
+            if self._refused:
+                return
             if self._chat is not None:
                 self._chat.add(body)
             else:
                 super().on_body(body)
 
         def on_message_complete(self) -> None:
+            if self._refused:
+                return
+            self._end_message()
             request, self._chat = self._chat, None
             if request is None:
                 super().on_message_complete()
                 return
+            if request.answered:
+                self.on_response_complete()  # its reply is out: the connection takes the next request
+                return
             cycle = _Answering(request.keep_alive)
             self.cycle = cycle  # type: ignore[assignment]
+            self._replying.append(cycle)
             task = self.loop.create_task(self._answer(request, cycle))
             task.add_done_callback(self.tasks.discard)
             self.tasks.add(task)
@@ -159,9 +364,24 @@ if HttpToolsProtocol is not None:
             if not matched:
                 return None
             keep_alive = parser.get_http_version() != "1.0" and parser.should_keep_alive()
-            return _ChatRequest(session_id, self.headers, keep_alive, recorder.state.ctx.config.max_body_bytes)
+            request = _ChatRequest(session_id, self.headers, keep_alive, recorder.state.ctx.config.max_body_bytes)
+            for name, value in self.headers:
+                if name == b"content-length" and value.isdigit() and int(value) > request.limit:
+                    request.too_large = True
+            return request
 
         # -- answering -------------------------------------------------------------------------------
+
+        def _answer_at_once(self, request: _ChatRequest) -> None:
+            """413 from the head alone: a client that declared a body over the limit hears it now, not
+            once it has sent (or failed to send) that body."""
+            request.answered = True
+            if not request.keep_alive:  # the body will not be read: refuse and linger, as for a bad head
+                self._send_refusal(body_too_large(request.limit))
+                return
+            cycle = _Answering(request.keep_alive)
+            self.cycle = cycle  # type: ignore[assignment]
+            self._write(body_too_large(request.limit).to_response(), cycle)
 
         async def _answer(self, request: _ChatRequest, cycle: _Answering) -> None:
             assert self._recorder is not None
@@ -172,14 +392,18 @@ if HttpToolsProtocol is not None:
                 else:
                     headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in request.headers}
                     response = await handle_chat(ctx, request.session_id, headers, b"".join(request.chunks))
-                status, head, body = response.status_code, response.raw_headers, response.body
             except Exception:  # noqa: BLE001 -- what uvicorn does for an app that raises: log, 500
                 log.exception("recorder: a chat call failed unexpectedly")
-                failure = AgentError(500, "internal error in the recorder", type="server_error").to_response()
-                status, head, body = failure.status_code, failure.raw_headers, failure.body
+                response = AgentError(500, "internal error in the recorder", type="server_error").to_response()
                 cycle.keep_alive = False
             if cycle.disconnected or self.transport.is_closing():
                 return  # the agent hung up; the call was still recorded (or failed) as usual
+            self._write(response, cycle)
+            self.on_response_complete()
+
+        def _write(self, response: Any, cycle: _Answering) -> None:
+            """The reply in one write; the connection closed after it unless kept alive."""
+            status, head, body = response.status_code, response.raw_headers, response.body
             out = [_STATUS_LINES.get(status) or _status_line(status)]
             for name, value in (*self.server_state.default_headers, *head):
                 out += [name, b": ", value, b"\r\n"]
@@ -192,7 +416,6 @@ if HttpToolsProtocol is not None:
             cycle.response_complete = True
             if not cycle.keep_alive:
                 self.transport.close()
-            self.on_response_complete()
 
 else:  # pragma: no cover
     ChatProtocol = None  # type: ignore[assignment,misc]

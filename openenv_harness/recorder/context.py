@@ -10,9 +10,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from openenv_harness.recorder.auth import AdminAuth
+from openenv_harness.recorder.auth import AdminAuth, ViewerLogins
 from openenv_harness.recorder.fence import Fence
 from openenv_harness.recorder.metrics import RecorderMetrics
+from openenv_harness.recorder.request_body import MAX_JSON_DEPTH_LIMIT
 from openenv_harness.recorder.sessions import SessionRegistry
 from openenv_harness.recorder.store.base import RecordStore
 from openenv_harness.recorder.upstream.base import Upstream
@@ -25,12 +26,25 @@ class RecorderConfig(BaseModel):
 
     store_path: str = Field(description="SQLite file for sessions and records")
     engine_url: str | None = Field(None, description="The trainer's engine (vLLM) root URL")
-    engine_api_key: str | None = None
-    admin_token: str | None = Field(None, description="Control-plane token; generated when absent")
+    engine_api_key: str | None = Field(None, repr=False, description="The engine's bearer key (never shown)")
+    admin_token: str | None = Field(None, repr=False, description="Control-plane token; generated when absent")
     public_base_url: str | None = Field(
         None, description="How agents reach this recorder (used in the base_url handed out per session)"
     )
     max_body_bytes: int = Field(32 * 1024 * 1024, gt=0, description="Larger request bodies get 413")
+    max_json_depth: int = Field(
+        64, ge=2, le=MAX_JSON_DEPTH_LIMIT, description="Agent bodies nested deeper get 400 (the top-level "
+        "object is level 1); bounded so that every accepted body can be forwarded and stored unchanged")
+    max_header_bytes: int = Field(
+        64 * 1024, ge=1024, description="Largest request line plus header section, in bytes on the wire; "
+        "larger gets 431 and the connection is closed (every route, before authentication)")
+    max_header_count: int = Field(100, ge=8, description="Most header fields in one request; more gets 431")
+    request_head_timeout_s: float = Field(
+        30.0, gt=0, description="Time a connection has to send a request's line and headers (from its first "
+        "byte, or from connecting): then 408 and the connection is closed")
+    request_body_timeout_s: float = Field(
+        120.0, gt=0, description="Time a request has to send its whole body once its headers are in: then 408 "
+        "and the connection is closed")
     upstream_timeout_s: float = Field(600.0, gt=0)
     sqlite_synchronous: str = Field("NORMAL", description="NORMAL survives process kill; FULL survives power loss")
     store_indexer: Literal["process", "thread"] = Field(
@@ -67,11 +81,12 @@ class RecorderContext:
     fence: Fence
     upstreams: dict[str, Upstream]
     metrics: RecorderMetrics
-    admin_token: str
+    admin_token: str = field(repr=False)
     admin_auth: AdminAuth
     engine_info: dict[str, Any] = field(default_factory=dict)
     #: probes the default engine's template at start and again when it may have changed
     engine_watch: Any = None
+    viewer_logins: ViewerLogins = field(default_factory=ViewerLogins)
 
     def upstream_for(self, name: str | None) -> Upstream | None:
         return self.upstreams.get(name or "default")

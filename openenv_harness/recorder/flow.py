@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import time
 from array import array
 from dataclasses import dataclass, field
@@ -30,12 +31,15 @@ from openenv_harness.recorder.errors import AgentError
 from openenv_harness.recorder.fidelity import FidelityTracker
 from openenv_harness.recorder.provenance import call_provenance
 from openenv_harness.recorder.relay_errors import relay_upstream_error, relay_upstream_failure
+from openenv_harness.recorder.request_body import check_body, not_json
 from openenv_harness.recorder.sessions import LiveSession
 from openenv_harness.recorder.sse import synthesize_sse
 from openenv_harness.recorder.store.base import PendingRecord
 from openenv_harness.recorder.upstream.base import UpstreamFailure, UpstreamReply
 from openenv_harness.recorder.upstream.reply_parse import PromptIdsReader
 from openenv_harness.recorder.validate import Evidence, agent_view, extract_evidence
+
+log = logging.getLogger(__name__)
 
 #: What the recorder adds to every upstream body -- and nothing else (D3).
 _CAPTURE_FIELDS = {"return_token_ids": True, "logprobs": True, "stream": False}
@@ -68,6 +72,7 @@ class Flow:
     replayed: bool = False
     #: set when a tool-call cap cut the reply (``budget.cut_tool_calls``); kept in the record's metadata
     tool_limit: dict[str, Any] | None = None
+    stored: bool = False
 
 
 # -- authenticate ------------------------------------------------------------------------------
@@ -100,15 +105,17 @@ def parse(flow: Flow) -> None:
     try:
         body = orjson.loads(flow.raw)
     except orjson.JSONDecodeError as exc:
-        raise AgentError(400, f"request body is not valid JSON: {exc}", code="invalid_json") from None
+        raise not_json(exc, flow.raw) from None
     if not isinstance(body, dict):
         raise AgentError(400, "request body must be a JSON object", code="invalid_body")
+    check_body(body, flow.raw, flow.ctx.config.max_json_depth)
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise AgentError(400, "'messages' must be a non-empty array", code="invalid_messages")
     if not all(isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages):
         raise AgentError(400, "every message must be an object with a string 'role'", code="invalid_messages")
-    if body.get("n", 1) != 1:
+    n = body.get("n")
+    if n is not None and (type(n) is not int or n != 1):  # not True, not 1.0: the integer one, or absent
         raise AgentError(400, "only n=1 is supported (one sample per call)", code="invalid_n")
     tools = body.get("tools")
     if tools is not None and not isinstance(tools, list):
@@ -196,7 +203,6 @@ async def forward(flow: Flow) -> None:
     flow.upstream_body = upstream_body(flow.body, flow.session.spec.sampling)
     if ctx.fence.served_model:
         flow.upstream_body["model"] = ctx.fence.served_model
-    flow.call_index = flow.session.take_call_index()
     flow.version_start = ctx.fence.version
     ctx.fence.inflight += 1
     try:
@@ -237,7 +243,12 @@ def validate(flow: Flow) -> None:
 
 
 def _base_metadata(flow: Flow, status: str, trainable: bool) -> dict[str, Any]:
+    """The metadata every record has. The call gets its number here, when its record is built: a call
+    that ends without a record (refused, or unstorable: ``store_record`` gives the number back)
+    uses none, so a session's call numbers are its records' positions, with no gap."""
     session = flow.session
+    if flow.call_index < 0:
+        flow.call_index = session.take_call_index()
     return {
         "schema_version": SCHEMA_VERSION,
         "node_id": f"{session.id}/{flow.call_index}",
@@ -399,9 +410,26 @@ async def store_record(flow: Flow, pending: PendingRecord) -> None:
         await flow.ctx.store.append(pending)
     except Exception as exc:  # noqa: BLE001 -- any storage failure means "not durable"
         flow.ctx.metrics.errors.labels("store_unavailable").inc()
+        _unnumber(flow, pending)
         raise AgentError(503, f"the recorder could not store this call ({type(exc).__name__}: {exc}); retry shortly",
                          type="server_error", code="store_unavailable",
                          headers={"retry-after": str(flow.ctx.config.retry_after_s)}) from None
+    flow.stored = True
+
+
+def _unnumber(flow: Flow, pending: PendingRecord) -> None:
+    """Nothing was stored for this call: it gives its number back and counts against no budget.
+
+    The number can go back only while no later call of the session has taken one; the one case
+    where that is not so is two calls of one session whose journal writes overlap (under
+    ``sqlite_synchronous=FULL`` the write waits for an fsync) and where the store fails the first
+    and takes the second. Everything else is synchronous from numbering to journalling."""
+    session = flow.session
+    if session.next_call_index == flow.call_index + 1:
+        session.next_call_index = flow.call_index
+    flow.call_index = -1
+    served = pending.status != "failed"
+    budget.refund(session, flow.call_kind, flow.evidence if served else None, served=served)
 
 
 async def record_failure(flow: Flow, error: AgentError) -> None:
@@ -447,6 +475,29 @@ def reply(flow: Flow) -> Response:
 # -- the whole call ------------------------------------------------------------------------------
 
 
+async def serve_call(flow: Flow) -> None:
+    """forward → validate → record. A failure inside the recorder on the way (a bug, not an engine
+    or storage fault: those are ``AgentError``) may come after the engine was called, so it is
+    recorded as a failed, untrainable call -- with its number, like any other -- and the agent gets
+    a 500 that names no internals; the traceback goes to the recorder's log."""
+    try:
+        await forward(flow)
+        validate(flow)
+        cap = budget.cut_tool_calls(flow)
+        if cap == "max_total_tool_calls":
+            await budget.stop_for_tool_calls(flow, cap)
+        await record(flow)
+    except AgentError:
+        raise
+    except Exception as exc:  # noqa: BLE001 -- anything else is a recorder bug; see the docstring
+        log.exception("recorder: a chat call failed inside the recorder (session %s)", flow.session.id)
+        error = AgentError(500, f"internal error in the recorder ({type(exc).__name__}); the call is recorded "
+                           "as failed", type="server_error", code="recorder_error")
+        if not flow.stored:
+            await record_failure(flow, error)
+        raise error from None
+
+
 async def handle_chat(ctx: RecorderContext, path_session: str | None, headers: Mapping[str, str], raw: bytes) -> Response:
     started = time.perf_counter()
     try:
@@ -462,12 +513,7 @@ async def handle_chat(ctx: RecorderContext, path_session: str | None, headers: M
         twin: asyncio.Future = asyncio.get_running_loop().create_future()
         session.inflight[flow.digest] = twin
         try:
-            await forward(flow)
-            validate(flow)
-            cap = budget.cut_tool_calls(flow)
-            if cap == "max_total_tool_calls":
-                await budget.stop_for_tool_calls(flow, cap)
-            await record(flow)
+            await serve_call(flow)
             twin.set_result(flow.agent_reply)
         except BaseException as exc:
             if not twin.done():

@@ -13,11 +13,11 @@ import logging
 import socket
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 import uvicorn
 
-from openenv_harness.recorder.app import create_recorder_app
+from openenv_harness.recorder.app import RecorderApp, create_recorder_app
 from openenv_harness.recorder.chat_protocol import chat_protocol_class
 from openenv_harness.recorder.context import RecorderConfig, RecorderContext
 from openenv_harness.recorder.heap import HeapTrimmer, freeze_startup_heap
@@ -30,18 +30,28 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
+def server_limits(app: Any) -> dict[str, Any]:
+    """uvicorn settings that bound a request head when uvicorn's own h11 protocol serves it (the
+    chat protocol bounds heads itself: ``chat_protocol.py``)."""
+    if not isinstance(app, RecorderApp):
+        return {}
+    return {"h11_max_incomplete_event_size": app.state.ctx.config.max_header_bytes}
+
+
 class ThreadedServer:
     """A uvicorn server for any ASGI app on a daemon thread, bound to an ephemeral port."""
 
-    def __init__(self, app: Any, *, host: str = "127.0.0.1", port: int | None = None, log_level: str = "warning") -> None:
+    def __init__(self, app: Any, *, host: str = "127.0.0.1", port: int | None = None, log_level: str = "warning",
+                 http: str | type | None = None) -> None:
+        """``http``: uvicorn's protocol ("httptools", "h11", a class); the chat fast path by default."""
         self.app = app
         self.host = host
         self.port = port or free_port(host)
         self._config = uvicorn.Config(
             app, host=host, port=self.port, log_level=log_level, access_log=False, lifespan="on",
-            timeout_keep_alive=75, loop="asyncio", http=chat_protocol_class() or "auto",
+            timeout_keep_alive=75, loop="asyncio", http=http or chat_protocol_class() or "auto",
             # an in-process server must not reconfigure the host process's logging
-            log_config=None,
+            log_config=None, **server_limits(app),
         )
         self._server = uvicorn.Server(self._config)
         self._thread: threading.Thread | None = None
@@ -108,8 +118,11 @@ class RecorderServer(ThreadedServer):
         return self.ctx.admin_token
 
 
-def serve(config: RecorderConfig, *, host: str = "127.0.0.1", port: int = 8765, log_level: str = "info") -> None:
-    """Run a recorder in the foreground (the ``openenv-harness serve`` command)."""
+def serve(config: RecorderConfig, *, host: str = "127.0.0.1", port: int = 8765, log_level: str = "info",
+          announce: Callable[[RecorderContext], None] | None = None) -> None:
+    """Run a recorder in the foreground (the ``openenv-harness serve`` command). ``announce`` is
+    called with the new recorder's context before it starts serving (the command prints a one-time
+    viewer login link from it)."""
     app = create_recorder_app(config)
     # the recorder's own lines (the template certification at start, engine changes) beside uvicorn's
     ours = logging.getLogger("openenv_harness")
@@ -118,10 +131,12 @@ def serve(config: RecorderConfig, *, host: str = "127.0.0.1", port: int = 8765, 
         handler.setFormatter(logging.Formatter("%(levelname)s:     %(message)s"))
         ours.addHandler(handler)
         ours.setLevel(log_level.upper())
+    if announce is not None:
+        announce(app.state.ctx)
     freeze_startup_heap()
     trimmer = HeapTrimmer().start()
     try:
         uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False,
-                    http=chat_protocol_class() or "auto")
+                    http=chat_protocol_class() or "auto", **server_limits(app))
     finally:
         trimmer.stop()

@@ -1,9 +1,12 @@
 """The viewer's page routes: login, logout, the page itself and its script and stylesheet.
 
-Why a cookie: a browser cannot attach an ``Authorization`` header to a page load. Logging in with
-the admin token (``GET /viewer/login?token=...`` or the form on the 401 page) stores it in an
-HttpOnly, SameSite=Strict cookie that the recorder accepts on read-only admin routes. Everything
-else here answers 401 without it. The page is plain HTML, CSS and JavaScript shipped with the
+Why a cookie: a browser cannot attach an ``Authorization`` header to a page load. Logging in -- the
+admin token typed into the form on the 401 page (``POST /viewer/login``), or a one-time code in a
+link (``GET /viewer/login?code=...``, from ``POST /admin/viewer/codes``; ``openenv-harness serve``
+prints one) -- sets an HttpOnly, SameSite=Strict cookie naming a login (``auth.ViewerLogins``) that
+the recorder accepts on read-only admin routes. The admin token itself is never accepted in a URL
+(history, proxy logs, screenshots) and never handed to the browser. Everything else here answers
+401 without a login. The page is plain HTML, CSS and JavaScript shipped with the
 package and pinned by a Content-Security-Policy to this origin: it works offline and cannot load
 or send anything elsewhere.
 """
@@ -55,11 +58,11 @@ def _page(body: bytes | str, status: int = 200, media_type: str = "text/html; ch
     return Response(body, status_code=status, media_type=media_type, headers=dict(SECURITY_HEADERS))
 
 
-def _login_page(message: str, next_path: str = VIEWER_PATH) -> Response:
+def _login_page(message: str, next_path: str = VIEWER_PATH, status: int = 401) -> Response:
     """401 with a login form: says what is needed, reveals nothing else."""
     text = _static("login.html").decode("utf-8")
     text = text.replace("{{message}}", html.escape(message)).replace("{{next}}", html.escape(next_path, quote=True))
-    return _page(text, status=401)
+    return _page(text, status=status)
 
 
 def safe_next(next_path: str | None) -> str:
@@ -76,22 +79,31 @@ def _token_ok(request: Request, token: str | None) -> bool:
     return bool(token) and ctx.admin_auth.check({"authorization": f"Bearer {token}"})
 
 
-def _logged_in(request: Request, token: str, next_path: str) -> Response:
+def _logged_in(request: Request, next_path: str) -> Response:
+    """A new login in the viewer cookie, then ``next`` (a viewer path)."""
+    ctx: RecorderContext = request.app.state.ctx
     response = RedirectResponse(safe_next(next_path), status_code=303, headers=dict(SECURITY_HEADERS))
     response.set_cookie(
-        ADMIN_COOKIE, token, httponly=True, samesite="strict", path="/", secure=request.url.scheme == "https"
+        ADMIN_COOKIE, ctx.viewer_logins.new_login(), httponly=True, samesite="strict", path="/",
+        secure=request.url.scheme == "https", max_age=int(ctx.viewer_logins.login_s),
     )
     return response
 
 
 @pages_router.get("/viewer/login")
-async def login(request: Request, token: str | None = None, next: str | None = None) -> Response:
-    """Check the admin token, keep it in the viewer cookie, go to ``next`` (a viewer path)."""
-    if token is None:
+async def login(request: Request, code: str | None = None, next: str | None = None) -> Response:
+    """The login form; or, with a one-time ``code``, the login itself. A ``token`` here is refused."""
+    ctx: RecorderContext = request.app.state.ctx
+    if "token" in request.query_params:
+        return _login_page("The admin token is not accepted in a URL: it would stay in the browser's history "
+                           "and in proxy logs. Type it here instead (and consider changing it).", safe_next(next),
+                           status=400)
+    if code is None:
         return _login_page("Log in with the recorder's admin token.", safe_next(next))
-    if not _token_ok(request, token):
-        return _login_page("That is not this recorder's admin token.", safe_next(next))
-    return _logged_in(request, token, next or VIEWER_PATH)
+    if not ctx.viewer_logins.redeem(code):
+        return _login_page("That login link has been used or has expired: log in with the admin token, or ask "
+                           "for a new link.", safe_next(next))
+    return _logged_in(request, next or VIEWER_PATH)
 
 
 @pages_router.post("/viewer/login")
@@ -105,12 +117,14 @@ async def login_form(request: Request) -> Response:
     next_path = safe_next((fields.get("next") or [VIEWER_PATH])[0])
     if not _token_ok(request, token):
         return _login_page("That is not this recorder's admin token.", next_path)
-    return _logged_in(request, token, next_path)
+    return _logged_in(request, next_path)
 
 
 @pages_router.get("/viewer/logout")
 async def logout(request: Request) -> Response:
-    """Forget the cookie. Needs no token: it only removes the browser's own credential."""
+    """End the login and forget the cookie. Needs no token: it only ends the browser's own credential."""
+    ctx: RecorderContext = request.app.state.ctx
+    ctx.viewer_logins.end(request.cookies.get(ADMIN_COOKIE))
     response = RedirectResponse(VIEWER_PATH, status_code=303, headers=dict(SECURITY_HEADERS))
     response.delete_cookie(ADMIN_COOKIE, path="/", httponly=True, samesite="strict")
     return response

@@ -107,3 +107,43 @@ def test_doctor_exits_non_zero_when_the_engine_gives_no_token_evidence() -> None
     [line] = [ln for ln in done.stdout.splitlines() if "token ids + logprobs" in ln]
     assert "│ no  │" in line and "no prompt_token_ids" in line, line
     assert done.returncode == 1, (done.returncode, done.stdout)
+    assert "token ids + logprobs" in done.stdout and "tpl1-" in done.stdout, done.stdout
+
+
+def test_serve_prints_a_one_time_viewer_link_and_never_the_given_token(tmp_path: Path) -> None:
+    import re
+    import time
+
+    import httpx
+
+    from openenv_harness.recorder.server import free_port
+
+    token, port = "serve-admin-token-0123456789abcdef", free_port()
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([*CLI, "serve", "--store", str(tmp_path / "r.db"), "--port", str(port), "--admin-token",
+                             token, "--log-level", "warning"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env)
+    try:
+        assert proc.stdout is not None
+        printed = []
+        while not any("trace viewer:" in line for line in printed):
+            line = proc.stdout.readline()
+            assert line, "serve ended before printing the viewer link: " + "".join(printed)
+            printed.append(line)
+        link = re.search(r"(http://\S+/viewer/login\?code=\S+)", printed[-1])
+        assert link, printed
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2)
+                break
+            except httpx.HTTPError:
+                assert time.monotonic() < deadline, "serve did not start"
+                time.sleep(0.1)
+        first = httpx.get(link.group(1), timeout=10)
+        assert first.status_code == 303 and first.cookies.get("oeh_admin")
+        assert httpx.get(link.group(1), timeout=10).status_code == 401  # one time only
+    finally:
+        proc.terminate()
+        out, err = proc.communicate(timeout=30)
+    assert token not in "".join(printed) + out + err

@@ -221,3 +221,35 @@ def test_an_aborted_reply_is_not_counted_against_the_tool_calls(recorder: Record
     info = admin.session(s["session_id"])
     assert info["tool_calls"] == 2 and info["status"] == "open"
     assert [r["metadata"].get("tool_limit") for r in admin.records(s["session_id"])] == [None, None]
+def test_what_a_budget_counts(engine: EngineServer, recorder: RecorderServer, admin: RecorderClient) -> None:
+    """``max_calls`` counts records: every call the engine was asked, served or not (an agent looping on
+    calls the engine rejects still ends). ``max_agent_calls`` and the token caps count served calls.
+    Calls refused before the engine (bad input, auth) and replayed retries count against nothing."""
+    s = admin.create_session(budgets={"max_calls": 4, "max_agent_calls": 2})
+    engine.set_script(s["session_id"], LOOP)
+    url, auth = f"{s['base_url']}/chat/completions", {"authorization": f"Bearer {s['secret']}"}
+    agent = {"model": "reference-model", "messages": [{"role": "user", "content": "loop"}], "tools": TOOLS}
+    again = {**agent, "messages": [{"role": "user", "content": "again"}]}
+    with httpx.Client(timeout=30) as c:
+        assert c.post(url, content=b"{not json", headers=auth).status_code == 400  # refused: not counted
+        assert c.post(url, json={**agent, "n": True}, headers=auth).status_code == 400  # refused: not counted
+        rejected = c.post(url, json={**agent, "max_tokens": -5}, headers=auth)  # the engine says 400
+        assert rejected.status_code == 400 and rejected.json()["error"]["message"].startswith("engine:")
+        assert c.post(url, json=agent, headers=auth).status_code == 200
+        assert c.post(url, json=agent, headers=auth).status_code == 200  # a byte-identical retry: replayed
+        assert c.post(url, json=again, headers=auth).status_code == 200
+        records = admin.records(s["session_id"])
+        assert [r["metadata"]["status"] for r in records] == ["failed", "ok", "ok"]
+        assert [(r["metadata"]["limits"]["calls"], r["metadata"]["limits"]["agent_calls"]) for r in records] == [
+            (1, 0), (2, 1), (3, 2)]
+        refused = c.post(url, json={**agent, "messages": [{"role": "user", "content": "more"}]}, headers=auth)
+        assert refused.status_code == 400 and "max_agent_calls" in refused.json()["error"]["message"]
+
+        looping = admin.create_session(budgets={"max_calls": 2})
+        auth = {"authorization": f"Bearer {looping['secret']}"}
+        url = f"{looping['base_url']}/chat/completions"
+        for tokens in (-5, -6):  # the engine rejects both: each is a record, each counts
+            assert c.post(url, json={**agent, "max_tokens": tokens}, headers=auth).status_code == 400
+        stopped = c.post(url, json=agent, headers=auth)
+        assert stopped.status_code == 400 and "max_calls" in stopped.json()["error"]["message"]
+    assert len(admin.records(s["session_id"])) == 3 and len(admin.records(looping["session_id"])) == 2

@@ -156,10 +156,17 @@ def http(recorded: Recorded) -> Iterator[httpx.Client]:
 
 
 def login_cookie(http: httpx.Client) -> str:
-    """Log in through the viewer and return the cookie value it set."""
-    reply = http.get("/viewer/login", params={"token": ADMIN})
+    """Log in through the viewer's form and return the cookie value it set."""
+    reply = http.post("/viewer/login", data={"token": ADMIN})
     assert reply.status_code == 303, reply.text
     value = reply.cookies.get("oeh_admin")
     assert value, reply.headers
     http.cookies.clear()  # callers pass the cookie explicitly: the client stays unauthenticated
     return value
+
+
+def login_code(recorded: Recorded) -> str:
+    """A one-time viewer login code, minted with the admin token over the control plane."""
+    reply = httpx.post(f"{recorded.url}/admin/viewer/codes", headers={"authorization": f"Bearer {ADMIN}"}, timeout=30)
+    assert reply.status_code == 201, reply.text
+    return str(reply.json()["code"])

@@ -3,7 +3,8 @@
 Checked three ways: a screenshot (Pillow counts the mask-1 and replay-drift colours: the page is not
 blank and those meanings are drawn in quantity), the rendered DOM (every call, every fidelity
 class, the failed call's engine error, the budget stop), and a live page driven over the DevTools
-protocol (clicking a long prompt's expander loads exactly the ids the record holds). Set ``OEH_VIEWER_SCREENSHOT=path`` to keep
+protocol (clicking a long prompt's expander loads exactly the ids the record holds; typing the admin
+token into the login form logs in, and the token is in no URL the browser visited). Set ``OEH_VIEWER_SCREENSHOT=path`` to keep
 a copy of the screenshot (how ``docs/viewer.png`` is made).
 """
 
@@ -24,7 +25,7 @@ import pytest
 from PIL import Image
 from websockets.sync.client import ClientConnection, connect
 
-from conftest import ADMIN, ENGINE_ERROR, Recorded
+from conftest import ADMIN, ENGINE_ERROR, Recorded, login_code
 
 CHROMIUM = Path("/usr/bin/chromium")
 pytestmark = pytest.mark.skipif(
@@ -53,7 +54,8 @@ def chromium(tmp_path: Path, url: str, *extra: str) -> subprocess.CompletedProce
 
 
 def session_url(recorded: Recorded, session_id: str) -> str:
-    return f"{recorded.url}/viewer/login?token={ADMIN}&next=/viewer/%23session={session_id}"
+    """A one-time login link to a session: what ``openenv-harness serve`` prints, never the token."""
+    return f"{recorded.url}/viewer/login?code={login_code(recorded)}&next=/viewer/%23session={session_id}"
 
 
 def count_colour(image: Image.Image, rgb: tuple[int, int, int], tolerance: int = 6) -> int:
@@ -194,3 +196,21 @@ def test_expander_loads_the_records_ids(page: Page, recorded: Recorded) -> None:
     assert expanded == prompt[-(len(shown) + 1024):]  # exactly the 1024 ids before the shown ones, in place
     gap = page.js("document.querySelector('#call-0 .prompt-ids button.gap').textContent")
     assert gap.startswith(f"⋯ {len(prompt) - len(expanded):,} ids [0, {len(prompt) - len(expanded):,})")
+
+
+def test_the_login_form_logs_in_and_the_token_is_in_no_url(page: Page, recorded: Recorded) -> None:
+    page.call("Page.enable")
+    page.call("Page.navigate", url=f"{recorded.url}/viewer/login?next=/viewer/%23session={recorded.drift}")
+    page.wait_for("document.querySelector('form input[name=token]') !== null")
+    assert page.js("document.body.dataset.state") in (None, "")  # the login form, not the page
+    page.js(f"document.querySelector('input[name=token]').value = {json.dumps(ADMIN)}")
+    page.js("document.querySelector('form').submit()")
+    page.wait_for("document.body && document.body.dataset.state === 'ready'")
+    assert page.js(f"document.querySelector('[data-session=\"{recorded.drift}\"]') !== null")
+    assert page.js("document.querySelectorAll('section.card').length") == len(recorded.admin.records(recorded.drift))
+    history = page.call("Page.getNavigationHistory")["entries"]
+    urls = [entry["url"] for entry in history] + [page.js("location.href")]
+    assert any("/viewer/" in url for url in urls) and not any(ADMIN in url for url in urls), urls
+    page.call("Network.enable")
+    cookies = page.call("Network.getAllCookies")["cookies"]
+    assert [c["name"] for c in cookies] == ["oeh_admin"] and ADMIN not in cookies[0]["value"]

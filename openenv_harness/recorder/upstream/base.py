@@ -61,3 +61,28 @@ class Upstream(abc.ABC):
     ) -> UpstreamReply:
         """Engine control and introspection (``/version``, ``/tokenize``, ``/pause`` ...)."""
         raise UpstreamFailure("protocol", f"{self.name} does not support {method} {path}")
+
+
+#: What an engine's error shows in place of the recorder's engine API key.
+REDACTED_KEY = b"[engine API key]"
+
+
+def redact_key(raw: bytes, api_key: str | None) -> bytes:
+    """An engine's error reply without the recorder's API key in it.
+
+    Why: some engines and gateways quote the request's headers in an error ("invalid token: Bearer
+    sk-..."), and an engine's error is relayed to the agent and kept in the failed call's record.
+    The key must reach neither. Only error replies are scanned (a 200's ids are not text)."""
+    if not api_key or api_key.encode() not in raw:
+        return raw
+    return raw.replace(api_key.encode(), REDACTED_KEY)
+
+
+def check_engine_url(url: str) -> None:
+    """An engine URL names a place, never a credential: it is shown in provenance, health and errors."""
+    from urllib.parse import urlsplit  # noqa: PLC0415 -- only at construction
+
+    parts = urlsplit(url)
+    if parts.username is not None or parts.password is not None or parts.query:
+        raise ValueError("the engine URL must not carry credentials or a query (it is shown in every record's "
+                         "provenance): give the engine's key as engine_api_key (OEH_ENGINE_API_KEY)")

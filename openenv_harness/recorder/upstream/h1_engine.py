@@ -29,7 +29,13 @@ from urllib.parse import urlencode, urlsplit
 import httptools
 import orjson
 
-from openenv_harness.recorder.upstream.base import Upstream, UpstreamFailure, UpstreamReply
+from openenv_harness.recorder.upstream.base import (
+    Upstream,
+    UpstreamFailure,
+    UpstreamReply,
+    check_engine_url,
+    redact_key,
+)
 from openenv_harness.recorder.upstream.http import SESSION_HEADER, normalize_engine_url
 from openenv_harness.recorder.upstream.reply_parse import parse_engine_reply
 
@@ -150,8 +156,10 @@ class H1Engine(Upstream):
         api_key: str | None = None,
         max_connections: int = 512,
     ) -> None:
+        check_engine_url(base_url)
         self.base_url = normalize_engine_url(base_url)
         self.name = f"http:{self.base_url}"
+        self._api_key = api_key
         parts = urlsplit(self.base_url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"engine URL must be http(s)://host[:port][/prefix], got {base_url!r}")
@@ -210,6 +218,8 @@ class H1Engine(Upstream):
         async with self._slots:
             status, headers, raw = await self._exchange(head, body)
         elapsed_ms = (time.perf_counter() - started) * 1000.0
+        if status != 200:
+            raw = redact_key(raw, self._api_key)
         parsed, span = parse_engine_reply(raw, status=status, chat=chat)
         return UpstreamReply(status=status, json=parsed, prompt_span=span, body=raw, headers=headers,
                              elapsed_ms=elapsed_ms)

@@ -12,7 +12,13 @@ from typing import Any
 import httpx
 import orjson
 
-from openenv_harness.recorder.upstream.base import Upstream, UpstreamFailure, UpstreamReply
+from openenv_harness.recorder.upstream.base import (
+    Upstream,
+    UpstreamFailure,
+    UpstreamReply,
+    check_engine_url,
+    redact_key,
+)
 from openenv_harness.recorder.upstream.reply_parse import parse_engine_reply
 
 #: Header carrying the recorder's session id upstream: sticky routing for engines and routers that
@@ -41,8 +47,10 @@ class HTTPEngine(Upstream):
         api_key: str | None = None,
         max_connections: int = 512,
     ) -> None:
+        check_engine_url(base_url)
         self.base_url = normalize_engine_url(base_url)
         self.name = f"http:{self.base_url}"
+        self._api_key = api_key
         self._transport = transport
         self._timeout = httpx.Timeout(timeout_s, connect=connect_timeout_s)
         self._headers = {"content-type": "application/json"}
@@ -102,7 +110,7 @@ class HTTPEngine(Upstream):
         except httpx.TransportError as exc:
             raise UpstreamFailure("connect", f"engine unreachable: {type(exc).__name__}: {exc}") from exc
         elapsed = (time.perf_counter() - started) * 1000.0
-        raw = resp.content
+        raw = resp.content if resp.status_code == 200 else redact_key(resp.content, self._api_key)
         parsed, span = parse_engine_reply(raw, status=resp.status_code, chat=chat)
         return UpstreamReply(
             status=resp.status_code,

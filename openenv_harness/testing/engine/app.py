@@ -49,6 +49,10 @@ class EngineApp(FastAPI):
             transport = getattr(getattr(send, "__self__", None), "transport", None)
             if transport is not None:
                 scope[TRANSPORT_SCOPE_KEY] = transport
+            key = self.state.engine.config.api_key
+            if key and scope["path"].startswith("/v1") and (b"authorization", f"Bearer {key}".encode()) not in scope["headers"]:
+                await error_response(401, "Unauthorized")(scope, receive, send)  # what vLLM --api-key answers
+                return
         await super().__call__(scope, receive, send)
 
 

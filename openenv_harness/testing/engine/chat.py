@@ -156,7 +156,7 @@ async def chat_completions(state: EngineState, request: Request) -> Response:
     if fault is not None and fault.latency_s:
         await asyncio.sleep(fault.latency_s)
     if fault is not None and fault.status is not None:
-        return Response(dumps(fault.error_response_body()), status_code=fault.status,
+        return Response(dumps(fault.error_response_body(dict(request.headers))), status_code=fault.status,
                         media_type="application/json", headers=fault.error_headers())
     if fault is not None and fault.drop and not chat.stream:
         await drop_connection(request)

@@ -38,4 +38,5 @@ class EngineConfig(BaseModel):
     prefill_delay_s: float = Field(0.0, ge=0, description="Time before the first token of each request")
     dev_mode: bool = Field(True, description="Serve /pause, /resume, /is_paused (VLLM_SERVER_DEV_MODE=1)")
     max_recorded_requests: int = Field(1000, ge=0, description="Request log size for /_ref/requests (0: off)")
+    api_key: str | None = Field(None, description="vLLM --api-key: /v1 routes answer 401 without this bearer key")
     version: str = ENGINE_VERSION

@@ -49,6 +49,8 @@ class Fault(BaseModel):
     count: int = Field(1, ge=1, description="How many matching requests it hits")
     on_turn: int | None = Field(None, ge=0, description="Only the request serving this turn index")
     agent_only: bool = Field(False, description="Never hit calls without tools (titles, summaries)")
+    echo_headers: bool = Field(False, description="With status: the error message quotes the request's headers, "
+                               "credentials included, as some gateways do")
 
     @model_validator(mode="after")
     def _has_an_effect(self) -> Fault:
@@ -65,11 +67,13 @@ class Fault(BaseModel):
             raise ValueError("a fault needs at least one effect (status, latency_s, drop, or a reply defect)")
         return self
 
-    def error_response_body(self) -> dict[str, Any]:
+    def error_response_body(self, headers: dict[str, str] | None = None) -> dict[str, Any]:
         assert self.status is not None
         if self.body is not None:
             return self.body
         message = self.message or f"Injected {self.status} {HTTPStatus(self.status).phrase}"
+        if self.echo_headers:
+            message += f" (request headers: {headers or {}})"
         return error_body(self.status, message)
 
     def error_headers(self) -> dict[str, str]:

@@ -258,3 +258,22 @@ async def test_https_engines_are_verified_against_the_trust_store(
         assert reply.status == 200 and reply.prompt_span == b"1,2,3"
     finally:
         server.close()
+
+
+@pytest.mark.parametrize("url", ["http://user:pw-secret@127.0.0.1:8000", "http://127.0.0.1:8000/v1?api_key=pw-secret",
+                                 "http://:pw-secret@127.0.0.1:8000"])
+def test_an_engine_url_with_credentials_is_refused_without_echoing_them(url: str) -> None:
+    from openenv_harness.recorder.upstream.http import HTTPEngine
+
+    for engine_class in (H1Engine, HTTPEngine):
+        with pytest.raises(ValueError) as refused:
+            engine_class(url)
+        assert "engine_api_key" in str(refused.value) and "pw-secret" not in str(refused.value)
+
+
+def test_an_engine_error_quoting_the_key_is_redacted() -> None:
+    from openenv_harness.recorder.upstream.base import REDACTED_KEY, redact_key
+
+    raw = b'{"error":{"message":"bad token: Bearer sk-123 (sk-123)"}}'
+    assert redact_key(raw, "sk-123") == raw.replace(b"sk-123", REDACTED_KEY)
+    assert redact_key(raw, None) is raw and redact_key(raw, "other") is raw

@@ -9,7 +9,7 @@ import time
 import httpx
 import pytest
 
-from openenv_harness.testing.engine import EngineServer, Fault, Script, Turn
+from openenv_harness.testing.engine import EngineConfig, EngineServer, Fault, Script, Turn
 
 
 @pytest.mark.parametrize(("status", "kind"), [(400, "BadRequestError"), (500, "InternalServerError"),
@@ -123,3 +123,16 @@ def test_fault_registration_is_validated(engine: EngineServer) -> None:
     assert empty.status_code == 400 and "at least one effect" in empty.json()["error"]["message"]
     bad_status = httpx.post(engine.url + "/_ref/faults", json={"fault": {"status": 200}})
     assert bad_status.status_code == 400
+
+
+def test_api_key_and_a_fault_that_quotes_the_request_headers(wire) -> None:
+    with EngineServer(EngineConfig(api_key="engine-key-123")) as keyed:
+        body = wire.chat_body([wire.USER])
+        refused = wire.post_chat(keyed, body)
+        assert refused.status_code == 401 and refused.json() == {"error": "Unauthorized"}  # vLLM --api-key
+        key = {"authorization": "Bearer engine-key-123"}
+        assert wire.post_chat(keyed, body, key).status_code == 200
+        keyed.add_fault("*", Fault(status=500, echo_headers=True))
+        echoed = wire.post_chat(keyed, body, key)
+        assert echoed.status_code == 500 and "Bearer engine-key-123" in echoed.json()["error"]["message"]
+        assert httpx.get(keyed.url + "/health", timeout=10).status_code == 200  # only /v1 needs the key
