@@ -134,7 +134,7 @@ def _fidelity(metadata: Mapping[str, Any]) -> dict[str, Any] | None:
         "parent": fidelity.get("parent"),
         "divergence_at": fidelity.get("divergence_at"),
         "drift_tokens": fidelity.get("drift_tokens", 0),
-        "cause": fidelity.get("cause"),
+        **({"cause": fidelity["cause"]} if "cause" in fidelity else {}),  # drift and break only
     }
 
 
