@@ -36,7 +36,11 @@ _MAGIC = b"OEHJ"
 _TRAILER = b"JEHO"
 _HEAD = struct.Struct("<4sQI")
 _PARTS = struct.Struct("<Iiiii")  # head json, request json, prompt, completion, logprobs (-1: none)
-SEGMENT_BYTES = 64 << 20
+#: Segments rotate past this size, and only a closed segment is deleted (once all its records are
+#: indexed): so the journal on disk is about one segment plus the indexer's backlog. Each frame holds
+#: a whole prompt (SQLite keeps only its new ids), so a 64 MB segment was many times the bytes the
+#: same records take once indexed; a segment a second or two of calls long keeps that small.
+SEGMENT_BYTES = 4 << 20
 
 
 @dataclass

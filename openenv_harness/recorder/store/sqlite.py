@@ -36,7 +36,7 @@ from openenv_harness.recorder.store.base import PendingRecord, RecordStore, Sess
 from openenv_harness.recorder.store.index_priority import PRIORITIES
 from openenv_harness.recorder.store.indexer import MAX_BACKLOG as _MAX_BACKLOG
 from openenv_harness.recorder.store.indexer import IndexerFailed, ProcessIndexer, ThreadIndexer, make_indexer
-from openenv_harness.recorder.store.journal import Journal, decode_record, encode_record
+from openenv_harness.recorder.store.journal import SEGMENT_BYTES, Journal, decode_record, encode_record
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +89,12 @@ _PROMPT_BASES = 2
 #: How many sessions' "recently stored hashes" the writer remembers (a cache, not state).
 _HASH_CACHE_SESSIONS = 512
 #: The checkpointer copies the WAL into the database this often (seconds), off the writer thread.
-_CHECKPOINT_EVERY_S = 1.0
+_CHECKPOINT_EVERY_S = 0.25
+#: WAL size past which a checkpoint resets the log (``_checkpoint_loop``): the store's disk footprint
+#: is then its content, the journal's open segment and at most about this much more.
+WAL_LIMIT_BYTES = 8 << 20
+#: How long a resetting checkpoint waits for readers (and holds the indexer back) before it retries later.
+_CHECKPOINT_WAIT_MS = 200
 #: What the indexer runs, by the name an operation travels under (to a child process too).
 _OPS = {"append": "_op_append", "session": "_op_put_session", "forget": "_op_forget", "nothing": "_op_nothing"}
 
@@ -102,7 +107,8 @@ class SQLiteStore(RecordStore):
     """
 
     def __init__(self, path: str | Path, *, synchronous: str = "NORMAL", indexer: str = "thread",
-                 index_priority: str = "idle") -> None:
+                 index_priority: str = "idle", wal_limit_bytes: int = WAL_LIMIT_BYTES,
+                 journal_segment_bytes: int = SEGMENT_BYTES) -> None:
         if synchronous.upper() not in {"NORMAL", "FULL", "EXTRA"}:
             raise ValueError("synchronous must be NORMAL, FULL or EXTRA")
         if indexer not in {"thread", "process"}:
@@ -122,7 +128,10 @@ class SQLiteStore(RecordStore):
         self._recent: OrderedDict[str, _Tail] = OrderedDict()
         self._records_written = 0
         self._closed = False
-        self.journal = Journal(self.path + ".records-log", fsync=self.synchronous != "NORMAL")
+        #: WAL size past which the checkpointer resets the log (``_checkpoint_loop``)
+        self.wal_limit_bytes = wal_limit_bytes
+        self.journal = Journal(self.path + ".records-log", fsync=self.synchronous != "NORMAL",
+                               segment_bytes=journal_segment_bytes)
         self._append_lock = threading.Lock()
         self._next_seq = 1
         #: every record with a lower seq is in SQLite, except ``_unindexed`` (kept in the journal)
@@ -176,11 +185,25 @@ class SQLiteStore(RecordStore):
         self.journal.start(self._next_seq)
 
     def _checkpoint_loop(self) -> None:
+        """Copy the WAL into the database a few times a second, and reset it once past its bound.
+
+        A PASSIVE checkpoint never blocks anyone, but it cannot shrink the log: the file is reused
+        from its start only when a writer finds every frame copied and no reader on it, which a
+        writer that never pauses does not allow -- the WAL then grew with everything written until
+        the recorder stopped (15x the records' bytes in a long run). So past ``wal_limit_bytes`` the
+        checkpoint is a TRUNCATE: it holds the indexer's next transaction back while it copies what
+        is left (off the reply path: agents wait only on the journal) and empties the file. It waits
+        for readers on older snapshots at most ``_CHECKPOINT_WAIT_MS``; if one is still reading, the
+        copy done so far stays and the reset is tried again on the next tick.
+        """
         conn = self._connect()
+        conn.execute(f"PRAGMA busy_timeout={_CHECKPOINT_WAIT_MS}")
+        wal = Path(self.path + "-wal")
         try:
             while not self._stop_checkpoints.wait(_CHECKPOINT_EVERY_S):
                 try:
-                    conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+                    mode = "TRUNCATE" if _file_size(wal) > self.wal_limit_bytes else "PASSIVE"
+                    conn.execute(f"PRAGMA wal_checkpoint({mode})").fetchall()
                 except sqlite3.Error:
                     log.warning("WAL checkpoint failed; will retry", exc_info=True)
         finally:
@@ -191,6 +214,8 @@ class SQLiteStore(RecordStore):
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute(f"PRAGMA synchronous={self.synchronous}")
         conn.execute("PRAGMA busy_timeout=30000")
+        # a WAL reset by a completed checkpoint is also cut back to this size (not left at its peak)
+        conn.execute(f"PRAGMA journal_size_limit={self.wal_limit_bytes}")
         return conn
 
     def close(self) -> None:
@@ -730,6 +755,13 @@ class _Lists:
 
     def messages(self, seq: int) -> list[bytes] | None:
         return self._resolve(seq, 3, self._msgs)
+
+
+def _file_size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
 
 
 def _resolve(fut: asyncio.Future, value: Any, error: BaseException | None) -> None:
