@@ -26,7 +26,7 @@ import threading
 from array import array
 from collections import OrderedDict
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import orjson
 
@@ -96,6 +96,10 @@ _CHECKPOINT_EVERY_S = 0.25
 WAL_LIMIT_BYTES = 8 << 20
 #: How long a resetting checkpoint waits for readers (and holds the indexer back) before it retries later.
 _CHECKPOINT_WAIT_MS = 200
+#: Streamed reads (``iter_records``): records per page, resolved records kept as bases, blobs cached.
+_STREAM_PAGE = 16
+_STREAM_BASES = 8
+_STREAM_BLOBS = 4096
 #: What the indexer runs, by the name an operation travels under (to a child process too).
 _OPS = {"append": "_op_append", "session": "_op_put_session", "forget": "_op_forget", "nothing": "_op_nothing"}
 
@@ -581,6 +585,36 @@ class SQLiteStore(RecordStore):
         blob_cache: dict[bytes, bytes] = {}
         return [self._decode_row(conn, row, blob_cache, lists) for row in rows]
 
+    def iter_records(self, session_id: str, *, after_seq: int = 0) -> Iterator[dict[str, Any]]:
+        """A session's records one at a time, for exports that stream them (the admin API's reads).
+
+        Why: a long session's records read whole are tens of megabytes of JSON and several times
+        that in Python objects (a list of ints per prompt), and memory freed in pieces that large
+        does not all go back to the system: resident memory stayed 30-65 MB above its level after
+        one such read. Here only one record is built at a time, and only the last few records'
+        resolved prompts are kept as bases for the next. Records are read in pages, each in its own
+        short transaction: a reader holding one snapshot through a slow download would keep the WAL
+        from being reset all that time. Synchronous and on its own connection (any thread may drive
+        it); call ``caught_up`` first to see every acknowledged record.
+        """
+        conn = self._connect()
+        try:
+            lists = _Lists(conn, keep=_STREAM_BASES)
+            cache: dict[bytes, bytes] = {}
+            sql = f"SELECT {self._COLUMNS} FROM records WHERE session_id = ? AND seq > ? ORDER BY seq LIMIT ?"
+            last = after_seq
+            while True:
+                rows = conn.execute(sql, (session_id, last, _STREAM_PAGE)).fetchall()
+                for row in rows:
+                    yield self._decode_row(conn, row, cache, lists)
+                    last = row[0]
+                if len(rows) < _STREAM_PAGE:
+                    return
+                if len(cache) > _STREAM_BLOBS:
+                    cache.clear()
+        finally:
+            conn.close()
+
     def _blobs(self, conn: sqlite3.Connection, hashes: list[bytes], cache: dict[bytes, bytes]) -> None:
         missing = list({h for h in hashes if h not in cache})
         for i in range(0, len(missing), 500):
@@ -729,14 +763,21 @@ def _prompt_delta(candidates: list[tuple[int, bytes]], prompt: bytes) -> tuple[i
 class _Lists:
     """Resolves the delta-encoded hash lists of records, loading bases from the store as needed."""
 
-    def __init__(self, conn: sqlite3.Connection) -> None:
+    def __init__(self, conn: sqlite3.Connection, *, keep: int | None = None) -> None:
         self._conn = conn
+        #: resolved values kept (the latest first in line to stay), None: all -- a base dropped
+        #: early is only walked back to again
+        self._keep = keep
         self._rows: dict[int, tuple] = {}
         self._prompts: dict[int, bytes | None] = {}
         self._msgs: dict[int, list[bytes] | None] = {}
 
     def remember(self, seq: int, *row: Any) -> None:
         self._rows[seq] = row
+        if self._keep is not None:
+            for memo in (self._rows, self._prompts, self._msgs):
+                while len(memo) > self._keep:
+                    del memo[next(iter(memo))]  # dicts keep insertion order: the oldest goes
 
     def _row(self, seq: int) -> tuple:
         row = self._rows.get(seq)
