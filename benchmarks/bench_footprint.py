@@ -122,7 +122,8 @@ async def _open_sessions(url: str, admin: str, count: int, turns: int, prompt: i
     gen = loadgen.LoadGen(loadgen.Target("recorder", url, admin),
                           argparse.Namespace(seed=7, prompt_tokens=prompt, stream=False, tool_bytes=2048))
     ids: list[str] = []
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
+    # a fresh connection per request: the settling pauses outlast the server's keep-alive timeout
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, force_close=True),
                                      timeout=aiohttp.ClientTimeout(total=600)) as http:
         async def one(number: int) -> None:
             conv = loadgen.Conversation(gen.system, f"Task {number}".ljust(loadgen.USER_CHARS), False, False)
@@ -273,8 +274,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--idle-prompts", default="8192,65536", help="first prompts of the open-sessions part")
     p.add_argument("--read-turns", type=int, default=100)
     p.add_argument("--admin-s", type=float, default=20.0)
+    p.add_argument("--admin-reps", type=int, default=2, help="admin cells per version, alternated")
     p.add_argument("--settle-s", type=float, default=3.0)
-    p.add_argument("--out", type=Path, default=procs.BENCH / "results" / "footprint.json")
+    p.add_argument("--out", type=Path, default=RESULTS)
+    p.add_argument("--docs", type=Path, default=None, help="write the section into this page (docs/benchmarks.md)")
+    p.add_argument("--render", type=Path, default=None, help="only render RESULTS.json into --docs (no run)")
     a = p.parse_args(argv)
     if a.quick:
         a.disk_s, a.idle_sessions, a.read_turns, a.admin_s, a.disk_turns = 20.0, 40, 20, 8.0, 30
@@ -284,6 +288,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     a = parse_args(argv)
+    if a.render is not None:
+        write_docs(a.docs or procs.ROOT / "docs" / "benchmarks.md", page_section(a.render) or "")
+        return
     logs = Path(tempfile.mkdtemp(prefix="oeh-footprint-logs-"))
     trees = {"this": procs.ROOT}
     base = None
@@ -302,21 +309,135 @@ def main(argv: list[str] | None = None) -> None:
         a.out.write_bytes(orjson.dumps(results, option=orjson.OPT_INDENT_2))
         print(f"{part:<9} {name:<9} {_brief(part, value)}", flush=True)
 
+    def run_part(part: str, name: str, tree: Path) -> None:
+        if part == "disk":
+            keep(part, name, disk_part(tree, a, logs))
+        elif part == "read":
+            keep(part, name, read_part(tree, a, logs))
+        elif part == "sessions":
+            keep(part, name, [sessions_part(tree, a, logs, int(p)) for p in a.idle_prompts.split(",")])
+
     try:
         for part in a.parts.split(","):
-            for name, tree in trees.items():
-                if part == "disk":
-                    keep(part, name, disk_part(tree, a, logs))
-                elif part == "read":
-                    keep(part, name, read_part(tree, a, logs))
-                elif part == "admin":
-                    keep(part, name, admin_part(tree, a, logs))
-                elif part == "sessions":
-                    keep(part, name, [sessions_part(tree, a, logs, int(p)) for p in a.idle_prompts.split(",")])
+            for rep in range(a.admin_reps if part == "admin" else 1):
+                for name, tree in trees.items():  # alternated: baseline, this, baseline, this, ...
+                    if part == "admin":
+                        runs = results["parts"].get("admin", {}).get(name, []) if rep else []
+                        keep(part, name, [*runs, admin_part(tree, a, logs)])
+                    else:
+                        run_part(part, name, tree)
     finally:
         if base is not None:
             shutil.rmtree(base, ignore_errors=True)
     print(f"wrote {a.out}")
+    if a.docs is not None:
+        write_docs(a.docs, page_section(a.out) or "")
+        print(f"wrote {a.docs}")
+
+
+def _ratio(s: dict[str, int]) -> float:
+    return (s["db"] + s["wal"] + s["journal"]) / s["logical"] if s["logical"] else float("inf")
+
+
+def render_section(results: dict[str, Any]) -> str:
+    """The page's "Steady-state footprint" section from one results file (``--docs`` writes it)."""
+    parts = results["parts"]
+    names = [n for n in ("baseline", "this") if any(n in v for v in parts.values())]
+    label = {"baseline": f"before (`{(results.get('baseline') or '')[:7]}`)", "this": f"this tree (`{results['commit']}`)"}
+    out = ["## Steady-state footprint", "",
+           f"`{results['command']}` -- each part runs the code before these changes and this tree alternately, "
+           "each with a fresh lean engine and recorder (CLI defaults). Sizes in MB of 2^20 bytes.", ""]
+    if "disk" in parts:
+        out += ["**Disk over a long run** (64 sessions, chain mode from 8k ids, conversations of up to 100 turns "
+                "run back to back; bytes on disk = SQLite file + WAL + journal segments, logical = the indexed "
+                "records' and blobs' content). Ratio = on disk ÷ logical.", "",
+                "| t s | " + " | ".join(f"{label[n]} on disk (db / WAL / journal) | logical | ratio" for n in names) + " |",
+                "|---|" + "---|---|---|" * len(names)]
+        series = {n: parts["disk"][n]["samples"] for n in names}
+        longest = max(len(v) for v in series.values())
+        for i in sorted({*range(0, longest, max(1, longest // 14)), longest - 1}):
+            row = [f"{series[names[0]][min(i, len(series[names[0]]) - 1)]['t']:.0f}"]
+            for n in names:
+                smp = series[n][min(i, len(series[n]) - 1)]
+                row += [f"{(smp['db'] + smp['wal'] + smp['journal']) / MB:.1f} ({smp['db'] / MB:.1f} / {smp['wal'] / MB:.1f}"
+                        f" / {smp['journal'] / MB:.1f})", f"{smp['logical'] / MB:.1f}", f"{_ratio(smp):.2f}×"]
+            out.append("| " + " | ".join(row) + " |")
+        out.append("")
+        for n in names:
+            d = parts["disk"][n]
+            big = [_ratio(s) for s in d["samples"] if s["logical"] >= 16 * MB]
+            anyr = [_ratio(s) for s in d["samples"] if s["logical"]]
+            a = d["after_stop"]
+            out.append(f"- {label[n]}: {d['load']['calls']:,} calls; worst ratio {max(big, default=float('nan')):.2f}× once 16 MB are "
+                       f"indexed ({max(anyr):.2f}× over every sample); peak WAL "
+                       f"{max(s['wal'] for s in d['samples']) / MB:.1f} MB, peak journal "
+                       f"{max(s['journal'] for s in d['samples']) / MB:.1f} MB; after a clean stop "
+                       f"{(a['db'] + a['wal'] + a['journal']) / MB:.1f} MB for {a['logical'] / MB:.1f} MB logical.")
+        out.append("")
+    if "sessions" in parts:
+        out += ["**Memory per open session** (resident memory of the recorder and its index process, read "
+                f"{3:.0f} s after each quarter of the sessions has made its calls; the sessions stay open).", "",
+                "| version | first prompt ids | calls per session | RSS at 0 / 25 / 50 / 75 / 100 % of the sessions, MB | per open session |",
+                "|---|---|---|---|---|"]
+        for n in names:
+            for smp in parts["sessions"].get(n, []):
+                pts = " / ".join(f"{r / MB:.0f}" for _, r in smp["points"])
+                out.append(f"| {label[n]} | {smp['prompt']:,} | {smp['turns']} | {pts} (n = "
+                           f"{smp['points'][-1][0]:,}) | {smp['bytes_per_session'] / 1024:.0f} KB |")
+        out.append("")
+    if "read" in parts:
+        out += ["**Memory after a large read** (one 100-turn session from 8k ids read back whole through "
+                "`GET /admin/sessions/{id}/records`; RSS of recorder and index process before the read, then "
+                "each second after it).", "", "| version | JSON | read s | RSS before → after, each second MB | last vs before |",
+                "|---|---|---|---|---|"]
+        for n in names:
+            r = parts["read"][n]
+            series_ = " ".join(f"{x / MB:.0f}" for x in r["rss_after"])
+            out.append(f"| {label[n]} | {r['json_bytes'] / MB:.1f} MB ({r['records']} records, last prompt "
+                       f"{r['final_prompt_ids']:,} ids) | {r['read_s']:.2f} | {r['rss_before'] / MB:.0f} → {series_} | "
+                       f"{(r['rss_after'][-1] - r['rss_before']) / r['rss_before'] * 100:+.0f} % |")
+        out.append("")
+    if "admin" in parts:
+        out += ["**Admin calls under load** (a client creates and closes a session every 20 ms while 64 sessions "
+                "run flat out, chain mode from 8k ids).", "",
+                "| version | run | create p50 / p99 / max ms | close p50 / p99 / max ms | probes | chat p50 / p99 ms | chat calls/s |",
+                "|---|---|---|---|---|---|---|"]
+        for key, runs in parts["admin"].items():
+            for i, v in enumerate(runs if isinstance(runs, list) else [runs], 1):
+                out.append(f"| {label.get(key, key)} | {i} | {v['create_p50_ms']:.1f} / {v['create_p99_ms']:.1f} / "
+                           f"{v['create_max_ms']:.1f} | {v['close_p50_ms']:.1f} / {v['close_p99_ms']:.1f} / "
+                           f"{v['close_max_ms']:.1f} | {v['probes']} | {v['load']['p50_ms']:.1f} / "
+                           f"{v['load']['p99_ms']:.1f} | {v['load']['throughput']:.0f} |")
+        out.append("")
+    return "\n".join(out)
+
+
+NOTES = procs.BENCH / "footprint_notes.md"
+RESULTS = procs.BENCH / "results" / "footprint.json"
+
+
+def page_section(results_path: Path = RESULTS) -> str | None:
+    """The section with its notes, or None when no footprint run was kept (``docs_page.py`` asks)."""
+    if not results_path.exists():
+        return None
+    section = render_section(orjson.loads(results_path.read_bytes()))
+    if NOTES.exists():
+        section += "\n" + NOTES.read_text().strip() + "\n"
+    return section
+
+
+def write_docs(page: Path, section: str) -> None:
+    """Put ``section`` in ``page``: in place of an earlier one, else before "## How to reproduce"."""
+    text = page.read_text()
+    head = "## Steady-state footprint"
+    if head in text:
+        start = text.index(head)
+        end = text.find("\n## ", start + len(head))
+        text = text[:start] + section.rstrip() + "\n" + (text[end:] if end >= 0 else "")
+    else:
+        at = text.index("## How to reproduce")
+        text = text[:at] + section.rstrip() + "\n\n" + text[at:]
+    page.write_text(text)
 
 
 def _brief(part: str, v: Any) -> str:
@@ -331,6 +452,7 @@ def _brief(part: str, v: Any) -> str:
         return (f"{v['json_bytes'] / MB:.1f} MB JSON in {v['read_s']:.2f}s; rss {v['rss_before'] / MB:.0f} -> "
                 + " ".join(f"{r / MB:.0f}" for r in v["rss_after"]) + " MB")
     if part == "admin":
+        v = v[-1]
         return (f"create p50/p99 {v['create_p50_ms']:.2f}/{v['create_p99_ms']:.2f} ms, close {v['close_p50_ms']:.2f}/"
                 f"{v['close_p99_ms']:.2f} ms ({v['probes']} probes); chat p50/p99 {v['load']['p50_ms']:.1f}/"
                 f"{v['load']['p99_ms']:.1f} ms {v['load']['throughput']:.0f}/s")
