@@ -161,6 +161,11 @@ def render_page(results: list[dict[str, Any]], *, command: str, earlier: list[di
     if earlier:
         parts += ["## Earlier run", "", f"**{earlier_title}.** Same method and machine; command: `{earlier_command}`.", ""]
         parts += _run_sections(earlier, "###")
+    from bench_footprint import page_section  # the footprint run's own section, when one was kept
+
+    footprint = page_section()
+    if footprint:
+        parts += [footprint, ""]
     parts += [
         "## How to reproduce",
         "",
@@ -171,6 +176,7 @@ def render_page(results: list[dict[str, Any]], *, command: str, earlier: list[di
         "[--earlier OTHER.jsonl --earlier-title T] [--notes benchmarks/findings.md]   # render this page",
         "python benchmarks/run.py            # the full matrix, ~15-20 min on 2 shared cores; writes this page",
         "python benchmarks/run.py --quick    # ~2 minute smoke of the same path (prints, writes no page)",
+        "python benchmarks/bench_footprint.py --baseline REF --docs docs/benchmarks.md   # disk, memory, admin calls (~20 min)",
         "python benchmarks/profile_recorder.py --mode chain --prompt-tokens 8192 --sessions 64 --duration 10",
         "```",
         "",

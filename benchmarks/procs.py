@@ -135,6 +135,8 @@ class Proc:
     ready_path: str
     log_path: Path
     popen: subprocess.Popen | None = None
+    #: where it runs: ``python -m`` imports from here first (an A/B runs other code from its own tree)
+    cwd: Path = ROOT
     _log: IO[bytes] | None = field(default=None, repr=False)
 
     @property
@@ -149,7 +151,7 @@ class Proc:
     def start(self, timeout_s: float = 60.0) -> Proc:
         self._log = open(self.log_path, "ab")
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        self.popen = subprocess.Popen(self.argv, cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT, env=env)
+        self.popen = subprocess.Popen(self.argv, cwd=self.cwd, stdout=self._log, stderr=subprocess.STDOUT, env=env)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.popen.poll() is not None:

@@ -221,24 +221,22 @@ def training_trace_dict(entries: list[dict[str, Any]]) -> dict[str, Any]:
     Served by the recorder (which must not pay OpenEnv's import); consumers validate it with
     OpenEnv's own ``TrainingTrace.model_validate`` (``to_training_trace`` below does).
     """
-    turns = []
-    for e in entries:
-        if not is_training_entry(e):
-            continue
-        md = e.get("metadata", {})
-        turns.append(
-            {
-                "node_id": md["node_id"],
-                "prompt_token_ids": e["prompt_token_ids"],
-                "completion_token_ids": e["completion_token_ids"],
-                "per_token_logps": e["per_token_logps"],
-                "loss_mask": e["loss_mask"],
-                "request": e.get("request", {}),
-                "response": e.get("response", {}),
-                "metadata": md,
-            }
-        )
-    return {"schema_version": 1, "turns": turns}
+    return {"schema_version": 1, "turns": [training_turn(e) for e in entries if is_training_entry(e)]}
+
+
+def training_turn(e: dict[str, Any]) -> dict[str, Any]:
+    """One turn of ``training_trace_dict``, from an entry ``is_training_entry`` accepts (exports stream these)."""
+    md = e.get("metadata", {})
+    return {
+        "node_id": md["node_id"],
+        "prompt_token_ids": e["prompt_token_ids"],
+        "completion_token_ids": e["completion_token_ids"],
+        "per_token_logps": e["per_token_logps"],
+        "loss_mask": e["loss_mask"],
+        "request": e.get("request", {}),
+        "response": e.get("response", {}),
+        "metadata": md,
+    }
 
 
 def to_training_trace(entries: list[dict[str, Any]]) -> Any:

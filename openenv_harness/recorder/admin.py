@@ -16,8 +16,8 @@ from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from pydantic import BaseModel, Field
 from starlette.responses import Response
 
-from openenv_harness.contract import is_training_entry, training_trace_dict
 from openenv_harness.recorder.context import RecorderContext
+from openenv_harness.recorder.exports import records_response, training_trace_response
 from openenv_harness.recorder.sessions import LiveSession, SessionError, SessionSpec
 from openenv_harness.recorder.upstream.base import UpstreamFailure
 
@@ -213,22 +213,15 @@ async def session_records(
 ) -> Response:
     ctx = _ctx(request)
     _session_or_404(ctx, session_id)
-    entries = await ctx.store.read_records(session_id, after_seq=after_seq)
-    if include == "tokens":
-        entries = [e for e in entries if e["metadata"].get("status") != "failed"]
-    elif include == "training":
-        entries = [e for e in entries if is_training_entry(e)]
-    if format == "jsonl":
-        return Response(b"".join(orjson.dumps(e) + b"\n" for e in entries), media_type="application/x-ndjson")
-    return _json(entries)
+    return await records_response(ctx.store, session_id, after_seq=after_seq, include=include,
+                                  jsonl=format == "jsonl")
 
 
 @router.get("/sessions/{session_id}/training_trace")
 async def training_trace(session_id: str, request: Request) -> Response:
     ctx = _ctx(request)
     _session_or_404(ctx, session_id)
-    entries = await ctx.store.read_records(session_id)
-    return _json(training_trace_dict(entries))
+    return await training_trace_response(ctx.store, session_id)
 
 
 @router.get("/sessions/{session_id}/wait")

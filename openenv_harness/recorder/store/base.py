@@ -10,7 +10,7 @@ from __future__ import annotations
 import abc
 from array import array
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterator
 
 
 @dataclass
@@ -83,6 +83,14 @@ class RecordStore(abc.ABC):
     @abc.abstractmethod
     async def read_records(self, session_id: str, *, after_seq: int = 0) -> list[dict[str, Any]]:
         """A session's records as ``TraceEntry`` dicts, in sequence order."""
+
+    def iter_records(self, session_id: str, *, after_seq: int = 0) -> Iterator[dict[str, Any]]:
+        """``read_records`` one record at a time, synchronously (for exports that stream); call
+        ``caught_up`` first. A backend that cannot read that way leaves this unimplemented."""
+        raise NotImplementedError(f"{type(self).__name__} cannot stream records")
+
+    async def caught_up(self) -> None:
+        """Return once every record appended so far is visible to readers (a no-op where it always is)."""
 
     @abc.abstractmethod
     async def find_by_digest(self, session_id: str, request_digest: str) -> dict[str, Any] | None:

@@ -19,6 +19,7 @@ acknowledged. Segments are named by their first sequence number and rotate past 
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import os
 import struct
@@ -30,13 +31,20 @@ from typing import Iterator
 
 import orjson
 
-from openenv_harness.recorder.store.base import PendingRecord
+from openenv_harness.recorder.store.base import PendingRecord, SessionRow
 
 _MAGIC = b"OEHJ"
 _TRAILER = b"JEHO"
 _HEAD = struct.Struct("<4sQI")
 _PARTS = struct.Struct("<Iiiii")  # head json, request json, prompt, completion, logprobs (-1: none)
-SEGMENT_BYTES = 64 << 20
+#: A session row's payload starts with this; a record's starts with its head's length, which would
+#: have to be over a gigabyte to read the same.
+_SESSION_TAG = b"OEHSESSION\x00"
+#: Segments rotate past this size, and only a closed segment is deleted (once all its records are
+#: indexed): so the journal on disk is about one segment plus the indexer's backlog. Each frame holds
+#: a whole prompt (SQLite keeps only its new ids), so a 64 MB segment was many times the bytes the
+#: same records take once indexed; a segment a second or two of calls long keeps that small.
+SEGMENT_BYTES = 4 << 20
 
 
 @dataclass
@@ -244,6 +252,18 @@ def decode_record(payload: bytes) -> PendingRecord:
         completion_tokens=head["completion_tokens"], trainable=head["trainable"], metadata=head["metadata"],
         created_at=head["created_at"], request_json=request_json,
     )
+
+
+def encode_session(row: SessionRow) -> list[bytes]:
+    """A session row as a frame's payload: sessions are journalled like records (``SQLiteStore.put_session``)."""
+    return [_SESSION_TAG, orjson.dumps(dataclasses.asdict(row))]
+
+
+def decode_session(payload: bytes) -> SessionRow | None:
+    """The session row a payload holds, or None when it holds a record."""
+    if not payload.startswith(_SESSION_TAG):
+        return None
+    return SessionRow(**orjson.loads(payload[len(_SESSION_TAG):]))
 
 
 def _raw(values: array | None) -> bytes | None:

@@ -26,7 +26,7 @@ import threading
 from array import array
 from collections import OrderedDict
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import orjson
 
@@ -36,7 +36,8 @@ from openenv_harness.recorder.store.base import PendingRecord, RecordStore, Sess
 from openenv_harness.recorder.store.index_priority import PRIORITIES
 from openenv_harness.recorder.store.indexer import MAX_BACKLOG as _MAX_BACKLOG
 from openenv_harness.recorder.store.indexer import IndexerFailed, ProcessIndexer, ThreadIndexer, make_indexer
-from openenv_harness.recorder.store.journal import Journal, decode_record, encode_record
+from openenv_harness.recorder.store.journal import (SEGMENT_BYTES, Journal, decode_record, decode_session,
+                                                    encode_record, encode_session)
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +90,16 @@ _PROMPT_BASES = 2
 #: How many sessions' "recently stored hashes" the writer remembers (a cache, not state).
 _HASH_CACHE_SESSIONS = 512
 #: The checkpointer copies the WAL into the database this often (seconds), off the writer thread.
-_CHECKPOINT_EVERY_S = 1.0
+_CHECKPOINT_EVERY_S = 0.25
+#: WAL size past which a checkpoint resets the log (``_checkpoint_loop``): the store's disk footprint
+#: is then its content, the journal's open segment and at most about this much more.
+WAL_LIMIT_BYTES = 8 << 20
+#: How long a resetting checkpoint waits for readers (and holds the indexer back) before it retries later.
+_CHECKPOINT_WAIT_MS = 200
+#: Streamed reads (``iter_records``): records per page, resolved records kept as bases, blobs cached.
+_STREAM_PAGE = 16
+_STREAM_BASES = 8
+_STREAM_BLOBS = 4096
 #: What the indexer runs, by the name an operation travels under (to a child process too).
 _OPS = {"append": "_op_append", "session": "_op_put_session", "forget": "_op_forget", "nothing": "_op_nothing"}
 
@@ -102,7 +112,8 @@ class SQLiteStore(RecordStore):
     """
 
     def __init__(self, path: str | Path, *, synchronous: str = "NORMAL", indexer: str = "thread",
-                 index_priority: str = "idle") -> None:
+                 index_priority: str = "idle", wal_limit_bytes: int = WAL_LIMIT_BYTES,
+                 journal_segment_bytes: int = SEGMENT_BYTES) -> None:
         if synchronous.upper() not in {"NORMAL", "FULL", "EXTRA"}:
             raise ValueError("synchronous must be NORMAL, FULL or EXTRA")
         if indexer not in {"thread", "process"}:
@@ -122,7 +133,10 @@ class SQLiteStore(RecordStore):
         self._recent: OrderedDict[str, _Tail] = OrderedDict()
         self._records_written = 0
         self._closed = False
-        self.journal = Journal(self.path + ".records-log", fsync=self.synchronous != "NORMAL")
+        #: WAL size past which the checkpointer resets the log (``_checkpoint_loop``)
+        self.wal_limit_bytes = wal_limit_bytes
+        self.journal = Journal(self.path + ".records-log", fsync=self.synchronous != "NORMAL",
+                               segment_bytes=journal_segment_bytes)
         self._append_lock = threading.Lock()
         self._next_seq = 1
         #: every record with a lower seq is in SQLite, except ``_unindexed`` (kept in the journal)
@@ -163,6 +177,12 @@ class SQLiteStore(RecordStore):
         last = int(conn.execute("SELECT COALESCE(MAX(seq), 0) FROM records").fetchone()[0])
         for seq, payload in self.journal.recover():
             last = max(last, seq)
+            row = decode_session(payload)
+            if row is not None:  # re-applied in journal order: the latest frame of a session wins
+                results = self._run_batch(conn, [("session", (seq, row))])
+                if results[0][1] is not None:
+                    raise RuntimeError(f"cannot index journalled session {row.session_id}: {results[0][1]}")
+                continue
             if conn.execute("SELECT 1 FROM records WHERE seq = ?", (seq,)).fetchone() is not None:
                 continue
             results = self._run_batch(conn, [("append", (seq, decode_record(payload)))])
@@ -176,11 +196,25 @@ class SQLiteStore(RecordStore):
         self.journal.start(self._next_seq)
 
     def _checkpoint_loop(self) -> None:
+        """Copy the WAL into the database a few times a second, and reset it once past its bound.
+
+        A PASSIVE checkpoint never blocks anyone, but it cannot shrink the log: the file is reused
+        from its start only when a writer finds every frame copied and no reader on it, which a
+        writer that never pauses does not allow -- the WAL then grew with everything written until
+        the recorder stopped (15x the records' bytes in a long run). So past ``wal_limit_bytes`` the
+        checkpoint is a TRUNCATE: it holds the indexer's next transaction back while it copies what
+        is left (off the reply path: agents wait only on the journal) and empties the file. It waits
+        for readers on older snapshots at most ``_CHECKPOINT_WAIT_MS``; if one is still reading, the
+        copy done so far stays and the reset is tried again on the next tick.
+        """
         conn = self._connect()
+        conn.execute(f"PRAGMA busy_timeout={_CHECKPOINT_WAIT_MS}")
+        wal = Path(self.path + "-wal")
         try:
             while not self._stop_checkpoints.wait(_CHECKPOINT_EVERY_S):
                 try:
-                    conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+                    mode = "TRUNCATE" if _file_size(wal) > self.wal_limit_bytes else "PASSIVE"
+                    conn.execute(f"PRAGMA wal_checkpoint({mode})").fetchall()
                 except sqlite3.Error:
                     log.warning("WAL checkpoint failed; will retry", exc_info=True)
         finally:
@@ -191,6 +225,8 @@ class SQLiteStore(RecordStore):
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute(f"PRAGMA synchronous={self.synchronous}")
         conn.execute("PRAGMA busy_timeout=30000")
+        # a WAL reset by a completed checkpoint is also cut back to this size (not left at its peak)
+        conn.execute(f"PRAGMA journal_size_limit={self.wal_limit_bytes}")
         return conn
 
     def close(self) -> None:
@@ -232,17 +268,18 @@ class SQLiteStore(RecordStore):
         """
         if self._closed or self._indexer is None:
             raise RuntimeError("store is closed")
-        parts = encode_record(record)
-        if self.journal.fsync:  # an fsync takes milliseconds: not on the event loop
-            seq = await asyncio.to_thread(self._journal_and_queue, record, parts)
-        else:  # a write to the page cache takes microseconds
-            seq = self._journal_and_queue(record, parts)
+        seq = await self._journal(record, encode_record(record), "append")
         drained = self._hold_if_behind()
         if drained is not None:
             await asyncio.shield(drained)
         return seq
 
-    def _journal_and_queue(self, record: PendingRecord, parts: list[bytes]) -> int:
+    async def _journal(self, item: PendingRecord | SessionRow, parts: list[bytes], name: str) -> int:
+        if self.journal.fsync:  # an fsync takes milliseconds: not on the event loop
+            return await asyncio.to_thread(self._journal_and_queue, item, parts, name)
+        return self._journal_and_queue(item, parts, name)  # a write to the page cache takes microseconds
+
+    def _journal_and_queue(self, item: PendingRecord | SessionRow, parts: list[bytes], name: str = "append") -> int:
         assert self._indexer is not None
         with self._append_lock:  # seq order, journal order and queue order are one order
             if self._indexer.failed:  # refuse before journalling: the agent's retry must not be a twin
@@ -250,7 +287,8 @@ class SQLiteStore(RecordStore):
             seq = self._next_seq
             where = self.journal.append(seq, parts)
             self._next_seq = seq + 1
-            self._indexer.submit(("append", (seq, record, where), None, None))
+            arg = (seq, item, where) if name == "append" else (seq, item)
+            self._indexer.submit((name, arg, None, None))
         return seq
 
     def _hold_if_behind(self) -> asyncio.Future | None:
@@ -298,11 +336,23 @@ class SQLiteStore(RecordStore):
             raise TimeoutError(f"the store writer did not catch up in {timeout_s}s")
 
     async def put_session(self, row: SessionRow) -> None:
-        await self._submit("session", row)
+        """Journal the row (durable when this returns) and hand it to the indexer, as ``append`` does.
+
+        Why not wait for its commit: the indexer commits in submission order, so a session's create
+        or close then waited behind every record queued before it -- 48-81 ms at 64 busy sessions, for
+        a write that takes microseconds here. Not held back by the backlog either: a session row is
+        tiny and creating sessions is how a trainer starts the work the backlog is made of.
+        """
+        if self._closed or self._indexer is None:
+            raise RuntimeError("store is closed")
+        await self._journal(row, encode_session(row), "session")
 
     async def forget(self, session_id: str) -> None:
-        """Drop what the writer caches for a finished session (it only speeds up later appends)."""
-        await self._submit("forget", session_id)
+        """Drop what the writer caches for a finished session (it only speeds up later appends).
+        Queued behind the session's records, and not waited for: nothing depends on when it runs."""
+        if self._closed or self._indexer is None:
+            return
+        self._indexer.submit(("forget", session_id, None, None))
 
     def _op_forget(self, conn: sqlite3.Connection, session_id: str) -> None:
         self._recent.pop(session_id, None)
@@ -340,11 +390,11 @@ class SQLiteStore(RecordStore):
         the journal drop what SQLite now holds, wake whoever waits. ``done`` holds
         ``(name, argument, waiter, loop, value, error)`` per operation, in submission order."""
         for name, arg, _, _, _, error in done:
-            if name == "append":
+            if name in ("append", "session"):  # the journalled operations: (seq, ...)
                 seq = arg[0]
                 if error is not None:
                     self._unindexed.add(seq)  # stays journalled: the next open indexes it again
-                else:
+                elif name == "append":
                     self._records_written += 1
                 self._indexed_through = max(self._indexed_through, seq)
         floor = min(self._unindexed) - 1 if self._unindexed else self._indexed_through
@@ -444,7 +494,8 @@ class SQLiteStore(RecordStore):
         tail.known = written
         return seq
 
-    def _op_put_session(self, conn: sqlite3.Connection, row: SessionRow) -> None:
+    def _op_put_session(self, conn: sqlite3.Connection, item: tuple[int, SessionRow]) -> None:
+        row = item[1]  # (seq in the journal, row)
         conn.execute(
             "INSERT INTO sessions(id, secret_digest, status, created_at, closed_at, stop_reason, spec, state)"
             " VALUES (?,?,?,?,?,?,?,?) ON CONFLICT(id) DO UPDATE SET status=excluded.status,"
@@ -533,6 +584,36 @@ class SQLiteStore(RecordStore):
         lists = _Lists(conn)
         blob_cache: dict[bytes, bytes] = {}
         return [self._decode_row(conn, row, blob_cache, lists) for row in rows]
+
+    def iter_records(self, session_id: str, *, after_seq: int = 0) -> Iterator[dict[str, Any]]:
+        """A session's records one at a time, for exports that stream them (the admin API's reads).
+
+        Why: a long session's records read whole are tens of megabytes of JSON and several times
+        that in Python objects (a list of ints per prompt), and memory freed in pieces that large
+        does not all go back to the system: resident memory stayed 30-65 MB above its level after
+        one such read. Here only one record is built at a time, and only the last few records'
+        resolved prompts are kept as bases for the next. Records are read in pages, each in its own
+        short transaction: a reader holding one snapshot through a slow download would keep the WAL
+        from being reset all that time. Synchronous and on its own connection (any thread may drive
+        it); call ``caught_up`` first to see every acknowledged record.
+        """
+        conn = self._connect()
+        try:
+            lists = _Lists(conn, keep=_STREAM_BASES)
+            cache: dict[bytes, bytes] = {}
+            sql = f"SELECT {self._COLUMNS} FROM records WHERE session_id = ? AND seq > ? ORDER BY seq LIMIT ?"
+            last = after_seq
+            while True:
+                rows = conn.execute(sql, (session_id, last, _STREAM_PAGE)).fetchall()
+                for row in rows:
+                    yield self._decode_row(conn, row, cache, lists)
+                    last = row[0]
+                if len(rows) < _STREAM_PAGE:
+                    return
+                if len(cache) > _STREAM_BLOBS:
+                    cache.clear()
+        finally:
+            conn.close()
 
     def _blobs(self, conn: sqlite3.Connection, hashes: list[bytes], cache: dict[bytes, bytes]) -> None:
         missing = list({h for h in hashes if h not in cache})
@@ -682,14 +763,21 @@ def _prompt_delta(candidates: list[tuple[int, bytes]], prompt: bytes) -> tuple[i
 class _Lists:
     """Resolves the delta-encoded hash lists of records, loading bases from the store as needed."""
 
-    def __init__(self, conn: sqlite3.Connection) -> None:
+    def __init__(self, conn: sqlite3.Connection, *, keep: int | None = None) -> None:
         self._conn = conn
+        #: resolved values kept (the latest first in line to stay), None: all -- a base dropped
+        #: early is only walked back to again
+        self._keep = keep
         self._rows: dict[int, tuple] = {}
         self._prompts: dict[int, bytes | None] = {}
         self._msgs: dict[int, list[bytes] | None] = {}
 
     def remember(self, seq: int, *row: Any) -> None:
         self._rows[seq] = row
+        if self._keep is not None:
+            for memo in (self._rows, self._prompts, self._msgs):
+                while len(memo) > self._keep:
+                    del memo[next(iter(memo))]  # dicts keep insertion order: the oldest goes
 
     def _row(self, seq: int) -> tuple:
         row = self._rows.get(seq)
@@ -730,6 +818,13 @@ class _Lists:
 
     def messages(self, seq: int) -> list[bytes] | None:
         return self._resolve(seq, 3, self._msgs)
+
+
+def _file_size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
 
 
 def _resolve(fut: asyncio.Future, value: Any, error: BaseException | None) -> None:

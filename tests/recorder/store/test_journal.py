@@ -294,3 +294,53 @@ async def test_full_synchronous_fsyncs_each_record_off_the_event_loop(
         assert [e["metadata"]["seq"] for e in await store.read_records("s")] == seqs
     finally:
         store.close()
+
+
+_SESSION_CHILD = textwrap.dedent("""
+    import asyncio, sys, time
+    sys.path.insert(0, {tests!r})
+    from openenv_harness.recorder.store import SessionRow, SQLiteStore
+    from test_journal import _rec
+
+    def stalled(self, conn, batch):  # the writer never gets to commit anything
+        time.sleep(3600)
+    SQLiteStore._run_batch = stalled
+
+    async def main():
+        store = SQLiteStore({db!r})
+        store.open()
+        row = SessionRow("s", "digest-s", "open", 1.0, {{"harness": "pi"}})
+        await store.put_session(row)  # returns once journalled: the stalled writer is not waited for
+        await store.append(_rec(0))
+        row.status, row.closed_at = "closed", 2.0
+        await store.put_session(row)
+        print("acked", flush=True)
+        await asyncio.sleep(3600)
+
+    asyncio.run(main())
+""")
+
+
+def test_a_session_row_is_durable_once_journalled_without_waiting_for_the_writer(tmp_path: Path) -> None:
+    db = tmp_path / "r.db"
+    child = subprocess.Popen(
+        [sys.executable, "-c", _SESSION_CHILD.format(tests=str(Path(__file__).parent), db=str(db))],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None
+        line = child.stdout.readline()
+        assert line.strip() == "acked", child.stderr.read() if child.stderr else ""
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait(30)
+
+    store = SQLiteStore(db)
+    store.open()
+    try:
+        (row,) = store.load_sessions()
+        assert (row.session_id, row.secret_digest, row.status, row.closed_at) == ("s", "digest-s", "closed", 2.0)
+        assert row.spec == {"harness": "pi"} and row.next_call_index == 1
+        assert [e["metadata"]["seq"] for e in asyncio.run(store.read_records("s"))] == [2]
+    finally:
+        store.close()
+    assert store.journal.segments() == []
