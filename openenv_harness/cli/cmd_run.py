@@ -74,7 +74,7 @@ def _summary(reports: list[Any]) -> Table:
 
 
 def run(
-    harness: str = typer.Option("pi,opencode", "--harness", help="Comma-separated: pi, opencode"),
+    harness: str = typer.Option("pi,opencode", "--harness", help="Comma-separated: pi, opencode, codex, claude-code"),
     task: str = typer.Option("fix-add", "--task", help="Comma-separated built-in task ids"),
     engine_url: str = typer.Option(None, "--engine-url", help="A real vLLM (default: the embedded reference engine)"),
     model: str = typer.Option(None, "--model", help="Served model name (required with --engine-url)"),
@@ -120,7 +120,7 @@ def run(
             h, t, i = job
             factory = HarnessSessionFactory(
                 harness=h, recorder_url=stack.recorder.url, admin_token=stack.admin_token,
-                model=stack.model_for(t), tasks={t.id: t}, budgets=budgets,
+                model=stack.model_for(t, h), tasks={t.id: t}, budgets=budgets,
                 sandbox_factory=sandbox_factory, metadata={"rollout": i},
                 # a remote sandbox runs the CLI its image provides (on PATH), not this machine's copy
                 executable=get_preset(h).bin_name if sandbox != "local" else None,
