@@ -17,6 +17,9 @@ DEFAULT_AUX_RULES: tuple[AuxRule, ...] = (
     AuxRule(name="opencode-title", system_prompt_startswith="You are a title generator"),
     AuxRule(name="opencode-compaction", system_prompt_startswith="You are a context summarization agent"),
     AuxRule(name="pi-compaction", system_prompt_startswith="You are a context summarization assistant"),
+    AuxRule(name="codex-compaction", no_tools=True,
+            last_user_message_startswith="You are performing a CONTEXT CHECKPOINT COMPACTION"),
+    AuxRule(name="claude-code-title", no_tools=True, system_prompt_contains="You are naming a coding session"),
     # Coding agents always offer their tools on policy calls; a call without tools is bookkeeping.
     AuxRule(name="no-tools", no_tools=True),
 )
