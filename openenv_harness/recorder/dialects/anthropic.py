@@ -11,8 +11,9 @@ the way vLLM's route maps it, and usage. Streamed, it is Anthropic's typed event
 record committed, so ``message_stop`` can never precede durability.
 
 Errors: ``{"type": "error", "error": {"type", "message"}}`` with the same status and Retry-After.
-Anthropic's SDK retries 408/409/429/5xx on its own and obeys ``x-should-retry``; every other
-4xx says ``x-should-retry: false`` so a budget stop or a closed session ends Claude Code at once.
+Anthropic's SDK retries 408/409/429/5xx on its own and obeys ``x-should-retry``; every 4xx but
+408 and 429 says ``x-should-retry: false``, so a budget stop or a closed session (409) ends Claude
+Code at once instead of after its retries.
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ from openenv_harness.recorder.errors import AgentError
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                 404: "not_found_error", 409: "invalid_request_error", 413: "request_too_large",
                 422: "invalid_request_error", 429: "rate_limit_error", 501: "api_error", 503: "overloaded_error"}
-_SDK_RETRIES = {408, 409, 429}
+#: 4xx statuses worth the SDK's own retry; our 409 means "session closed", which no retry mends.
+_RETRYABLE_4XX = {408, 429}
 
 
 def error_type(status: int) -> str:
@@ -40,7 +42,7 @@ def error_type(status: int) -> str:
 
 def anthropic_error(status: int, message: str, headers: dict[str, str] | None = None) -> Response:
     out = dict(headers or {})
-    if status < 500 and status not in _SDK_RETRIES:
+    if status < 500 and status not in _RETRYABLE_4XX:
         out["x-should-retry"] = "false"
     body = {"type": "error", "error": {"type": error_type(status), "message": message}}
     return Response(orjson.dumps(body), status_code=status, media_type="application/json", headers=out)
