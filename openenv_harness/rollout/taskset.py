@@ -11,6 +11,7 @@ form agents replay, so a canonical-sampling run chains exactly.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from openenv_harness.rollout.tasks import Task
@@ -100,10 +101,12 @@ def script_for(turns: list[Any], harness: str) -> list[dict[str, Any]]:
             call = dict(call)
             if call.get("name") == "bash" and (name, argument) != ("bash", "command"):
                 args = call.get("arguments")
-                parsed = json.loads(args) if isinstance(args, str) else dict(args or {})
-                parsed = {argument if k == "command" else k: v for k, v in parsed.items()}
                 call["name"] = name
-                call["arguments"] = json.dumps(parsed, separators=(",", ":")) if isinstance(args, str) else parsed
+                if isinstance(args, str):  # the text is what the model samples: only the key is renamed
+                    call["arguments"] = re.sub(r'"command"(\s*):', lambda m: f'"{argument}"{m.group(1)}:', args,
+                                               count=1)
+                else:
+                    call["arguments"] = {argument if k == "command" else k: v for k, v in (args or {}).items()}
             calls.append(call)
         if calls:
             data["tool_calls"] = calls
