@@ -10,6 +10,7 @@ import contextlib
 import logging
 from typing import Any, AsyncIterator
 
+import orjson
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.responses import Response
@@ -18,6 +19,7 @@ from openenv_harness.recorder import admin
 from openenv_harness.recorder.auth import AdminAuth, new_admin_token
 from openenv_harness.recorder.context import RecorderConfig, RecorderContext
 from openenv_harness.recorder.dialects import ANTHROPIC, CHAT_SUFFIX, RESPONSES, Dialect, agent_target
+from openenv_harness.recorder.dialects.anthropic import anthropic_models
 from openenv_harness.recorder.dialects.count_tokens import count_tokens_route
 from openenv_harness.recorder.errors import AgentError, body_too_large, error_response
 from openenv_harness.recorder.fence import Fence
@@ -64,19 +66,27 @@ async def chat_route(request: Request) -> Response:
 
 
 async def models_route(request: Request) -> Response:
-    """``GET /v1/models`` for agents that list models: authenticated, answered from the engine."""
+    """``GET /v1/models`` for agents that list models: authenticated, answered from the engine.
+
+    A client that sends ``anthropic-version`` (Claude Code with gateway model discovery on) gets
+    the list in Anthropic's shape, and its errors in Anthropic's error shape.
+    """
     ctx: RecorderContext = request.app.state.ctx
+    headers = _agent_headers(request)
+    dialect = ANTHROPIC if "anthropic-version" in headers else None
     try:
-        session = authenticate(ctx, request.path_params.get("session_id"), _agent_headers(request))
+        session = authenticate(ctx, request.path_params.get("session_id"), headers)
+        upstream = ctx.upstream_for(session.spec.upstream)
+        if upstream is None:
+            raise AgentError(503, "no engine configured", type="server_error")
+        try:
+            reply = await upstream.request("GET", "/v1/models")
+        except UpstreamFailure as exc:
+            raise AgentError(502, exc.message, type="server_error") from None
     except AgentError as exc:
-        return exc.to_response()
-    upstream = ctx.upstream_for(session.spec.upstream)
-    if upstream is None:
-        return error_response(503, "no engine configured", type="server_error")
-    try:
-        reply = await upstream.request("GET", "/v1/models")
-    except UpstreamFailure as exc:
-        return error_response(502, exc.message, type="server_error")
+        return dialect.error(exc) if dialect is not None else exc.to_response()
+    if dialect is not None and reply.status == 200 and isinstance(reply.json, dict):
+        return Response(orjson.dumps(anthropic_models(reply.json)), media_type="application/json")
     return Response(reply.body, status_code=reply.status, media_type="application/json")
 
 

@@ -19,6 +19,7 @@ Code at once instead of after its retries.
 from __future__ import annotations
 
 import json
+import time
 from typing import Any, ClassVar
 
 import orjson
@@ -108,6 +109,15 @@ def content_blocks(reply: dict[str, Any], call: DialectCall, memory: ReplayMemor
     if not blocks:
         blocks.append(({"type": "text", "text": ""}, ""))
     return blocks
+
+
+def anthropic_models(engine_list: dict[str, Any]) -> dict[str, Any]:
+    """The engine's OpenAI-shaped model list in Anthropic's ``GET /v1/models`` shape."""
+    cards = [c for c in engine_list.get("data") or [] if isinstance(c, dict) and isinstance(c.get("id"), str)]
+    data = [{"type": "model", "id": c["id"], "display_name": c["id"],
+             "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(c.get("created") or 0))} for c in cards]
+    return {"data": data, "has_more": False, "first_id": data[0]["id"] if data else None,
+            "last_id": data[-1]["id"] if data else None}
 
 
 class AnthropicDialect(Dialect):

@@ -167,3 +167,17 @@ def test_retried_call_is_answered_from_the_record(engine: EngineServer, recorder
     first, again = agent.call(), agent.call()  # byte-identical bodies: a retry
     assert first == again
     assert len(admin.records(s["session_id"])) == 1 and len(engine.requests(s["session_id"])) == 1
+
+
+def test_model_list_in_anthropics_shape(engine: EngineServer, recorder: RecorderServer, admin: RecorderClient) -> None:
+    s = admin.create_session()
+    headers = {"x-api-key": s["secret"], "anthropic-version": "2023-06-01"}
+    r = httpx.get(f"{recorder.url}/rollout/{s['session_id']}/v1/models", headers=headers)
+    assert r.status_code == 200
+    body = r.json()
+    served = engine.info()["served_model_name"]
+    assert [m["id"] for m in body["data"]] == [served] and body["data"][0]["type"] == "model"
+    assert body["has_more"] is False and body["first_id"] == served
+    denied = httpx.get(f"{recorder.url}/v1/models", headers={**headers, "x-api-key": "nope"})
+    assert denied.status_code == 401 and denied.json()["type"] == "error"
+    assert httpx.get(f"{recorder.url}/v1/models", headers={"x-api-key": s["secret"]}).json()["object"] == "list"
