@@ -259,7 +259,7 @@ def to_chat(body: dict[str, Any], memory: ReplayMemory, *, count_only: bool = Fa
             chat_messages.append({"role": "system", "content": text})
     for i, msg in enumerate(messages):
         chat_messages.extend(_message(msg, f"messages[{i}]", memory, changes))
-    chat: dict[str, Any] = {"model": model, "messages": chat_messages}
+    chat: dict[str, Any] = {"model": model, "messages": chat_messages} if model is not None else {"messages": chat_messages}
     raw_tools = body.get("tools")
     if raw_tools is not None and not isinstance(raw_tools, list):
         raise invalid("'tools' must be an array")

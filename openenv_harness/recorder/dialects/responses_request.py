@@ -211,7 +211,7 @@ def to_chat(body: dict[str, Any], memory: ReplayMemory) -> tuple[dict[str, Any],
         raise invalid("'input' must be a string or a non-empty array of items")
     if not messages:
         raise invalid("the request holds no message the model could read")
-    chat: dict[str, Any] = {"model": model, "messages": messages}
+    chat: dict[str, Any] = {"model": model, "messages": messages} if model is not None else {"messages": messages}
     dropped: list[str] = []
     if body.get("tools"):
         tools, dropped = _tools(body["tools"])
