@@ -10,7 +10,7 @@ from openenv_harness.recorder.upstream.base import Upstream, UpstreamFailure, Up
 from openenv_harness.testing.engine import EngineServer, Fault, Script, ToolCallSpec, Turn, reference_tokenizer
 
 from agentloop import ADMIN
-from dialect_clients import ANTHROPIC_TOOLS, AnthropicAgent, anthropic_message
+from dialect_clients import ANTHROPIC_TOOLS, AnthropicAgent
 
 SPACED = '{"command":  "ls -la"}'  # as sampled; the engine's parser returns it re-serialized (one space)
 
