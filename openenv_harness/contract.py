@@ -144,7 +144,11 @@ class RecordMetadata(BaseModel):
     policy_version_end: int = 0
     straddled_sync: bool = False
     request_digest: str = Field("", description="sha256 of the agent's request body")
-    harness_session_id: str | None = Field(None, description="The agent's own session header (x-session-id)")
+    harness_session_id: str | None = Field(
+        None, description="The agent's own conversation header (x-session-id; Codex session-id; Claude Code "
+        "x-claude-code-session-id)")
+    dialect: str = Field("chat", description="The API the agent spoke: chat, responses (Codex) or anthropic (Claude "
+                         "Code); 'request' is always the chat body the engine rendered and sampled from")
     received_at: float = 0.0
     upstream_ms: float | None = None
     provenance: Provenance = Field(default_factory=Provenance)
@@ -162,7 +166,9 @@ class TraceRecord(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    request: dict[str, Any] = Field(description="The agent's chat body as received (messages, tools, sampling)")
+    request: dict[str, Any] = Field(
+        description="The agent's chat body as received (messages, tools, sampling); for an agent speaking another "
+        "dialect (metadata.dialect), the chat body it was translated to")
     response: dict[str, Any] = Field(description="The engine's reply in OpenAI chat.completion shape")
     prompt_token_ids: list[int] = Field(description="Engine-canonical prompt ids (after its chat template)")
     completion_token_ids: list[int] = Field(description="Sampled ids, verbatim")

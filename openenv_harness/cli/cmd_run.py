@@ -74,7 +74,7 @@ def _summary(reports: list[Any]) -> Table:
 
 
 def run(
-    harness: str = typer.Option("pi,opencode", "--harness", help="Comma-separated: pi, opencode"),
+    harness: str = typer.Option("pi,opencode", "--harness", help="Comma-separated: pi, opencode, codex, claude-code"),
     task: str = typer.Option("fix-add", "--task", help="Comma-separated built-in task ids"),
     engine: str = typer.Option("reference", "--engine", help="reference (embedded test double) | vllm (the "
                                "project's real vLLM with Qwen2.5-Coder-0.5B-Instruct, installed on first use)"),
@@ -134,7 +134,7 @@ def run(
             h, t, i = job
             factory = HarnessSessionFactory(
                 harness=h, recorder_url=stack.recorder.url, admin_token=stack.admin_token,
-                model=stack.model_for(t), tasks={t.id: t}, budgets=budgets, sampling=stack.sampling,
+                model=stack.model_for(t, h), tasks={t.id: t}, budgets=budgets, sampling=stack.sampling,
                 sandbox_factory=sandbox_factory, metadata={"rollout": i},
                 # a remote sandbox runs the CLI its image provides (on PATH), not this machine's copy
                 executable=get_preset(h).bin_name if sandbox != "local" else None,

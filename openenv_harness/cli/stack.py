@@ -49,9 +49,16 @@ class LocalStack:
     def embedded(self) -> bool:
         return self.engine_kind == "reference"
 
-    def model_for(self, task: Task) -> str:
+    def model_for(self, task: Task, harness: str | None = None) -> str:
+        """The model name a rollout of ``task`` by ``harness`` asks for (the embedded engine's script key:
+        one per shell-tool spelling, ``rollout.taskset.script_for``)."""
         if self.embedded:
-            return f"reference/{task.id}"
+            if harness is None:
+                return f"reference/{task.id}"
+            from openenv_harness.harnesses.registry import get_preset
+
+            name, _ = get_preset(harness).shell_tool
+            return f"reference/{task.id}" if name == "bash" else f"reference/{task.id}/{name}"
         assert self.model is not None
         return self.model
 
@@ -77,12 +84,16 @@ class LocalStack:
         if self.engine_kind == "vllm":
             url, extra = self._start_vllm()
         elif url is None:
+            from openenv_harness.harnesses.registry import list_presets
+            from openenv_harness.rollout.taskset import script_for
             from openenv_harness.testing.engine import EngineServer, Script
 
             self.engine = EngineServer().start()
             for task in self.tasks:
                 turns = task.reference_script or [{"content": "I cannot solve this task."}]
-                self.engine.set_script(self.model_for(task), Script(turns=turns, segmentation=self.segmentation))
+                for preset in list_presets():
+                    self.engine.set_script(self.model_for(task, preset.name),
+                                           Script(turns=script_for(turns, preset.name), segmentation=self.segmentation))
             url = self.engine.url
         config = RecorderConfig(store_path=self.store_path, engine_url=url, admin_token=self.admin_token, **extra)
         try:

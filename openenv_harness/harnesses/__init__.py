@@ -1,7 +1,7 @@
 """Harness presets: how to configure, launch and read each supported agent CLI.
 
-A preset is declarative (``HarnessPreset``); ``get_preset("pi")`` / ``get_preset("opencode")`` return
-them, ``ensure_installed`` puts the pinned CLIs in the project's node prefix, and ``doctor`` says
+A preset is declarative (``HarnessPreset``); ``get_preset("pi")``, ``"opencode"``, ``"codex"`` and
+``"claude-code"`` return them, ``ensure_installed`` puts the pinned CLIs in the project's node prefix, and ``doctor`` says
 whether each one is installed and runs.
 """
 

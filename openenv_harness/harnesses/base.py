@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from openenv_harness.sandbox.base import ModelEndpoint
 
@@ -35,12 +35,27 @@ PROVIDER_ID = "rollout"
 
 
 class AuxCondition(BaseModel):
-    """When a call is aux: every condition given here must hold."""
+    """When a call is aux: every condition given here must hold (at least one text marker is given).
+
+    The markers are read from the chat body the recorder runs on -- for Codex and Claude Code, the
+    translation of their Responses / Messages request (``recorder/dialects``).
+    """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     no_tools: bool = Field(default=True, description="The request carries no tools")
-    system_prompt_startswith: str = Field(min_length=1, description="Opening words of the first system prompt")
+    system_prompt_startswith: str | None = Field(
+        default=None, min_length=1, description="Opening words of the first system prompt")
+    system_prompt_contains: str | None = Field(
+        default=None, min_length=1, description="Words somewhere in the first system prompt")
+    last_user_message_startswith: str | None = Field(
+        default=None, min_length=1, description="Opening words of the last user message")
+
+    @model_validator(mode="after")
+    def _one_marker(self) -> "AuxCondition":
+        if not (self.system_prompt_startswith or self.system_prompt_contains or self.last_user_message_startswith):
+            raise ValueError("an aux condition needs a system-prompt or last-user-message marker")
+        return self
 
 
 class AuxRule(BaseModel):
@@ -52,19 +67,41 @@ class AuxRule(BaseModel):
     when: AuxCondition
 
     def as_data(self) -> dict[str, Any]:
-        """``{name, when: {no_tools, system_prompt_startswith}}``, the shape rule lists are shared in."""
-        return self.model_dump()
+        """``{name, when: {no_tools, <markers>}}``, the shape rule lists are shared in."""
+        return self.model_dump(exclude_none=True)
 
     def as_flat(self) -> dict[str, Any]:
-        """``{name, no_tools, system_prompt_startswith}``, the flat shape the recorder's sessions take."""
-        return {"name": self.name, **self.when.model_dump()}
+        """``{name, no_tools, <markers>}``, the flat shape the recorder's sessions take."""
+        return {"name": self.name, **self.when.model_dump(exclude_none=True)}
 
     def matches(self, body: Mapping[str, Any]) -> bool:
         """Whether a chat request body is this kind of aux call."""
-        has_tools = bool(body.get("tools"))
-        if self.when.no_tools and has_tools:
+        when = self.when
+        if when.no_tools and bool(body.get("tools")):
             return False
-        return first_system_prompt(body).startswith(self.when.system_prompt_startswith)
+        prompt = first_system_prompt(body)
+        if when.system_prompt_startswith is not None and not prompt.startswith(when.system_prompt_startswith):
+            return False
+        if when.system_prompt_contains is not None and when.system_prompt_contains not in prompt:
+            return False
+        return when.last_user_message_startswith is None or last_user_message(body).startswith(
+            when.last_user_message_startswith)
+
+
+def _text_of(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(p.get("text", "") for p in content if isinstance(p, Mapping) and isinstance(p.get("text"), str))
+    return ""
+
+
+def last_user_message(body: Mapping[str, Any]) -> str:
+    """Text of the last user message of a chat body ('' when it has none)."""
+    for message in reversed(body.get("messages") or []):
+        if isinstance(message, Mapping) and message.get("role") == "user":
+            return _text_of(message.get("content"))
+    return ""
 
 
 def first_system_prompt(body: Mapping[str, Any]) -> str:
@@ -207,6 +244,11 @@ class HarnessPreset:
     requires: tuple[str, ...] = ()
     #: Programs the agent's tools use and would otherwise try to download.
     recommends: tuple[str, ...] = ()
+    #: The agent's shell tool as ``(tool name, command argument)``: how a scripted ``bash`` call
+    #: of the built-in tasks is written for this agent (``rollout.taskset.script_for``).
+    shell_tool: tuple[str, str] = ("bash", "command")
+    #: The API the agent speaks to the recorder (``chat``, ``responses``, ``anthropic``).
+    dialect: str = "chat"
 
     @property
     def npm_spec(self) -> str:

@@ -7,10 +7,13 @@ preset's ``package@version`` goes into one prefix (``<repo>/.cache/harnesses`` b
 
 Idempotent and cheap when done: after a verified install a stamp records the binary's size and
 mtime; a later call that finds the same stamp does not start a process. A verified install means
-the binary answered ``--version`` with the pinned version -- which also catches OpenCode installed
-with scripts disabled (its launcher is then a stub), repaired by running the preset's postinstall.
+the binary answered ``--version`` with the pinned version -- which also catches a package installed
+with its install scripts disabled (``--ignore-scripts``, an npm policy that blocks them): OpenCode's
+launcher and Claude Code's ``bin/claude.exe`` are then stubs that only say so. Both packages ship
+their native binary in a platform package and link it into place from a postinstall script; the
+installer runs that script itself (the preset's ``postinstall``) and verifies again.
 
-Run ``python -m openenv_harness.harnesses.install [pi] [opencode] [--prefix DIR]``.
+Run ``python -m openenv_harness.harnesses.install [pi] [opencode] [codex] [claude-code] [--prefix DIR]``.
 """
 
 from __future__ import annotations

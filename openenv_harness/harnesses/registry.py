@@ -10,11 +10,13 @@ from types import MappingProxyType
 from typing import Mapping
 
 from openenv_harness.harnesses.base import HarnessPreset
+from openenv_harness.harnesses.claude_code import CLAUDE_CODE
+from openenv_harness.harnesses.codex import CODEX
 from openenv_harness.harnesses.opencode import OPENCODE
 from openenv_harness.harnesses.pi import PI
 
 #: Read-only: presets are fixed facts about pinned CLI versions, not runtime state.
-PRESETS: Mapping[str, HarnessPreset] = MappingProxyType({preset.name: preset for preset in (PI, OPENCODE)})
+PRESETS: Mapping[str, HarnessPreset] = MappingProxyType({preset.name: preset for preset in (PI, OPENCODE, CODEX, CLAUDE_CODE)})
 
 
 class UnknownHarnessError(KeyError):
@@ -25,7 +27,7 @@ class UnknownHarnessError(KeyError):
 
 
 def get_preset(name: str) -> HarnessPreset:
-    """The preset called ``name`` (``pi``, ``opencode``)."""
+    """The preset called ``name`` (``pi``, ``opencode``, ``codex``, ``claude-code``)."""
     try:
         return PRESETS[name]
     except KeyError:

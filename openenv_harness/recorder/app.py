@@ -10,6 +10,7 @@ import contextlib
 import logging
 from typing import Any, AsyncIterator
 
+import orjson
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.responses import Response
@@ -17,6 +18,9 @@ from starlette.responses import Response
 from openenv_harness.recorder import admin
 from openenv_harness.recorder.auth import AdminAuth, new_admin_token
 from openenv_harness.recorder.context import RecorderConfig, RecorderContext
+from openenv_harness.recorder.dialects import ANTHROPIC, CHAT_SUFFIX, RESPONSES, Dialect, agent_target
+from openenv_harness.recorder.dialects.anthropic import anthropic_models
+from openenv_harness.recorder.dialects.count_tokens import count_tokens_route
 from openenv_harness.recorder.engine_watch import EngineWatch
 from openenv_harness.recorder.errors import AgentError, body_too_large, error_response
 from openenv_harness.recorder.fence import Fence
@@ -52,28 +56,38 @@ def _agent_headers(request: Request) -> dict[str, str]:
 
 
 async def chat_route(request: Request) -> Response:
+    """Every agent call route (chat, Responses, Messages): the dialect is read from the path."""
     ctx: RecorderContext = request.app.state.ctx
+    _, _, dialect = agent_target(request.url.path)
     try:
         raw = await _read_body(request, ctx.config.max_body_bytes)
     except AgentError as exc:
-        return exc.to_response()
-    return await handle_chat(ctx, request.path_params.get("session_id"), _agent_headers(request), raw)
+        return dialect.error(exc) if dialect is not None else exc.to_response()
+    return await handle_chat(ctx, request.path_params.get("session_id"), _agent_headers(request), raw, dialect)
 
 
 async def models_route(request: Request) -> Response:
-    """``GET /v1/models`` for agents that list models: authenticated, answered from the engine."""
+    """``GET /v1/models`` for agents that list models: authenticated, answered from the engine.
+
+    A client that sends ``anthropic-version`` (Claude Code with gateway model discovery on) gets
+    the list in Anthropic's shape, and its errors in Anthropic's error shape.
+    """
     ctx: RecorderContext = request.app.state.ctx
+    headers = _agent_headers(request)
+    dialect = ANTHROPIC if "anthropic-version" in headers else None
     try:
-        session = authenticate(ctx, request.path_params.get("session_id"), _agent_headers(request))
+        session = authenticate(ctx, request.path_params.get("session_id"), headers)
+        upstream = ctx.upstream_for(session.spec.upstream)
+        if upstream is None:
+            raise AgentError(503, "no engine configured", type="server_error")
+        try:
+            reply = await upstream.request("GET", "/v1/models")
+        except UpstreamFailure as exc:
+            raise AgentError(502, exc.message, type="server_error") from None
     except AgentError as exc:
-        return exc.to_response()
-    upstream = ctx.upstream_for(session.spec.upstream)
-    if upstream is None:
-        return error_response(503, "no engine configured", type="server_error")
-    try:
-        reply = await upstream.request("GET", "/v1/models")
-    except UpstreamFailure as exc:
-        return error_response(502, exc.message, type="server_error")
+        return dialect.error(exc) if dialect is not None else exc.to_response()
+    if dialect is not None and reply.status == 200 and isinstance(reply.json, dict):
+        return Response(orjson.dumps(anthropic_models(reply.json)), media_type="application/json")
     return Response(reply.body, status_code=reply.status, media_type="application/json")
 
 
@@ -82,18 +96,10 @@ async def healthz(request: Request) -> Response:
     return Response(b'{"status":"ok"}', media_type="application/json")
 
 
-_CHAT_SUFFIX = "/v1/chat/completions"
-
-
 def chat_target(path: str) -> tuple[bool, str | None]:
-    """Whether ``path`` is an agent chat route, and its session id (None on the bare route)."""
-    if path == _CHAT_SUFFIX:
-        return True, None
-    if path.startswith("/rollout/") and path.endswith(_CHAT_SUFFIX):
-        session_id = path[len("/rollout/") : -len(_CHAT_SUFFIX)]
-        if session_id and "/" not in session_id:
-            return True, session_id
-    return False, None
+    """Whether ``path`` is an agent call route (any dialect), and its session id (None on a bare route)."""
+    matched, session_id, _ = agent_target(path)
+    return matched, session_id
 
 
 class RecorderApp:
@@ -118,20 +124,21 @@ class RecorderApp:
                 await refusal.to_response()(scope, receive, send)
                 return
         if scope["type"] == "http" and scope["method"] == "POST":
-            matched, session_id = chat_target(scope["path"])
+            matched, session_id, dialect = agent_target(scope["path"])
             if matched:
-                response = await self._chat(scope, receive, session_id)
+                response = await self._chat(scope, receive, session_id, dialect)
                 await response(scope, receive, send)
                 return
         await self.inner(scope, receive, send)
 
-    async def _chat(self, scope: dict, receive: Any, session_id: str | None) -> Response:
+    async def _chat(self, scope: dict, receive: Any, session_id: str | None, dialect: Dialect | None) -> Response:
         ctx: RecorderContext = self.state.ctx
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         limit = ctx.config.max_body_bytes
+        too_large = body_too_large(limit)
         declared = headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
-            return body_too_large(limit).to_response()
+            return dialect.error(too_large) if dialect is not None else too_large.to_response()
         chunks: list[bytes] = []
         size = 0
         while True:
@@ -141,11 +148,11 @@ class RecorderApp:
             body = message.get("body", b"")
             size += len(body)
             if size > limit:
-                return body_too_large(limit).to_response()
+                return dialect.error(too_large) if dialect is not None else too_large.to_response()
             chunks.append(body)
             if not message.get("more_body", False):
                 break
-        return await handle_chat(ctx, session_id, headers, b"".join(chunks))
+        return await handle_chat(ctx, session_id, headers, b"".join(chunks), dialect)
 
 
 def create_recorder_app(
@@ -195,8 +202,11 @@ def create_recorder_app(
                   openapi_url=None)
     app.state.ctx = ctx
     app.add_route("/healthz", healthz, methods=["GET"])
-    app.add_route("/rollout/{session_id}/v1/chat/completions", chat_route, methods=["POST"])
-    app.add_route("/v1/chat/completions", chat_route, methods=["POST"])
+    for suffix in (CHAT_SUFFIX, RESPONSES.path_suffix, ANTHROPIC.path_suffix):
+        app.add_route("/rollout/{session_id}" + suffix, chat_route, methods=["POST"])
+        app.add_route(suffix, chat_route, methods=["POST"])
+    app.add_route("/rollout/{session_id}/v1/messages/count_tokens", count_tokens_route, methods=["POST"])
+    app.add_route("/v1/messages/count_tokens", count_tokens_route, methods=["POST"])
     app.add_route("/rollout/{session_id}/v1/models", models_route, methods=["GET"])
     app.add_route("/v1/models", models_route, methods=["GET"])
     app.include_router(admin.router)

@@ -36,7 +36,8 @@ from typing import Any
 
 import httptools
 
-from openenv_harness.recorder.app import RecorderApp, chat_target
+from openenv_harness.recorder.app import RecorderApp
+from openenv_harness.recorder.dialects import Dialect, agent_target
 from openenv_harness.recorder.errors import AgentError, body_too_large
 from openenv_harness.recorder.flow import handle_chat
 from openenv_harness.recorder.request_limits import (
@@ -91,10 +92,12 @@ class _Answering:
 class _ChatRequest:
     """A chat request being read: its route, headers and body so far."""
 
-    __slots__ = ("session_id", "headers", "keep_alive", "chunks", "size", "limit", "too_large", "answered")
+    __slots__ = ("session_id", "dialect", "headers", "keep_alive", "chunks", "size", "limit", "too_large", "answered")
 
-    def __init__(self, session_id: str | None, headers: list[tuple[bytes, bytes]], keep_alive: bool, limit: int) -> None:
+    def __init__(self, session_id: str | None, dialect: Dialect | None, headers: list[tuple[bytes, bytes]],
+                 keep_alive: bool, limit: int) -> None:
         self.session_id = session_id
+        self.dialect = dialect
         self.headers = headers
         self.keep_alive = keep_alive
         self.chunks: list[bytes] = []
@@ -360,11 +363,12 @@ if HttpToolsProtocol is not None:
             path = raw_path.decode("ascii")
             if "%" in path:
                 path = urllib.parse.unquote(path)
-            matched, session_id = chat_target(path)
+            matched, session_id, dialect = agent_target(path)
             if not matched:
                 return None
             keep_alive = parser.get_http_version() != "1.0" and parser.should_keep_alive()
-            request = _ChatRequest(session_id, self.headers, keep_alive, recorder.state.ctx.config.max_body_bytes)
+            request = _ChatRequest(session_id, dialect, self.headers, keep_alive,
+                                   recorder.state.ctx.config.max_body_bytes)
             for name, value in self.headers:
                 if name == b"content-length" and value.isdigit() and int(value) > request.limit:
                     request.too_large = True
@@ -388,10 +392,12 @@ if HttpToolsProtocol is not None:
             ctx = self._recorder.state.ctx
             try:
                 if request.too_large:
-                    response = body_too_large(request.limit).to_response()
+                    error = body_too_large(request.limit)
+                    response = request.dialect.error(error) if request.dialect is not None else error.to_response()
                 else:
                     headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in request.headers}
-                    response = await handle_chat(ctx, request.session_id, headers, b"".join(request.chunks))
+                    response = await handle_chat(ctx, request.session_id, headers, b"".join(request.chunks),
+                                                 request.dialect)
             except Exception:  # noqa: BLE001 -- what uvicorn does for an app that raises: log, 500
                 log.exception("recorder: a chat call failed unexpectedly")
                 response = AgentError(500, "internal error in the recorder", type="server_error").to_response()

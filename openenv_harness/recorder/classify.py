@@ -17,6 +17,9 @@ DEFAULT_AUX_RULES: tuple[AuxRule, ...] = (
     AuxRule(name="opencode-title", system_prompt_startswith="You are a title generator"),
     AuxRule(name="opencode-compaction", system_prompt_startswith="You are a context summarization agent"),
     AuxRule(name="pi-compaction", system_prompt_startswith="You are a context summarization assistant"),
+    AuxRule(name="codex-compaction", no_tools=True,
+            last_user_message_startswith="You are performing a CONTEXT CHECKPOINT COMPACTION"),
+    AuxRule(name="claude-code-title", no_tools=True, system_prompt_contains="You are naming a coding session"),
     # Coding agents always offer their tools on policy calls; a call without tools is bookkeeping.
     AuxRule(name="no-tools", no_tools=True),
 )
@@ -40,12 +43,32 @@ def system_prompt(body: dict[str, Any]) -> str:
     return ""
 
 
+def last_user_message(body: dict[str, Any]) -> str:
+    """The text of the last user message ('' when there is none): Codex puts its compaction
+    instruction there, under its usual system prompt."""
+    for message in reversed(body.get("messages") or []):
+        if isinstance(message, dict) and message.get("role") == "user":
+            content = message.get("content")
+            if isinstance(content, str):
+                return content
+            if isinstance(content, list):
+                return "".join(
+                    part.get("text", "") for part in content if isinstance(part, dict) and isinstance(part.get("text"), str)
+                )
+            return ""
+    return ""
+
+
 def _matches(rule: AuxRule, body: dict[str, Any], has_tools: bool, prompt: str) -> bool:
     if rule.no_tools is not None and rule.no_tools == has_tools:
         return False
     if rule.system_prompt_startswith is not None and not prompt.startswith(rule.system_prompt_startswith):
         return False
     if rule.system_prompt_contains is not None and rule.system_prompt_contains not in prompt:
+        return False
+    if rule.last_user_message_startswith is not None and not last_user_message(body).startswith(
+        rule.last_user_message_startswith
+    ):
         return False
     if rule.model is not None and body.get("model") != rule.model:
         return False

@@ -4,7 +4,9 @@
     → reply
 
 Each step is a function of the ``Flow``; reading them top to bottom follows one call from the
-agent's request to the stored record and the bytes sent back. Errors are ``AgentError`` raised by
+agent's request to the stored record and the bytes sent back. Agents that speak the Responses or the
+Anthropic Messages API enter and leave through their dialect's adapter (``dialects/``); the steps
+in between are the same for every agent. Errors are ``AgentError`` raised by
 a step; once the engine has been called, even a failure is recorded before the agent hears of it.
 """
 
@@ -16,7 +18,7 @@ import logging
 import time
 from array import array
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 import orjson
 from starlette.responses import Response
@@ -40,6 +42,9 @@ from openenv_harness.recorder.upstream.reply_parse import PromptIdsReader
 from openenv_harness.recorder.validate import Evidence, agent_view, extract_evidence
 
 log = logging.getLogger(__name__)
+
+if TYPE_CHECKING:
+    from openenv_harness.recorder.dialects.base import Dialect
 
 #: What the recorder adds to every upstream body -- and nothing else (D3).
 _CAPTURE_FIELDS = {"return_token_ids": True, "logprobs": True, "stream": False}
@@ -73,6 +78,9 @@ class Flow:
     #: set when a tool-call cap cut the reply (``budget.cut_tool_calls``); kept in the record's metadata
     tool_limit: dict[str, Any] | None = None
     stored: bool = False
+    #: the agent's API when it is not chat (``dialects/``): it translates at entry and at reply
+    dialect: "Dialect | None" = None
+    dialect_call: Any = None
 
 
 # -- authenticate ------------------------------------------------------------------------------
@@ -263,7 +271,8 @@ def _base_metadata(flow: Flow, status: str, trainable: bool) -> dict[str, Any]:
         "policy_version_end": flow.version_end,
         "straddled_sync": flow.version_start != flow.version_end,
         "request_digest": flow.digest,
-        "harness_session_id": flow.headers.get("x-session-id"),
+        "harness_session_id": flow.headers.get(flow.dialect.session_header if flow.dialect else "x-session-id"),
+        "dialect": flow.dialect.name if flow.dialect is not None else "chat",
         "received_at": flow.received_at,
         "upstream_ms": flow.reply.elapsed_ms if flow.reply is not None else None,
         "provenance": call_provenance(flow.ctx, session, flow.upstream_body or flow.body, flow.body),
@@ -463,6 +472,8 @@ async def record_failure(flow: Flow, error: AgentError) -> None:
 
 def reply(flow: Flow) -> Response:
     assert flow.agent_reply is not None
+    if flow.dialect is not None:
+        return flow.dialect.reply(flow)
     if flow.wants_stream:
         return Response(
             synthesize_sse(flow.agent_reply, include_usage=flow.include_usage),
@@ -498,11 +509,14 @@ async def serve_call(flow: Flow) -> None:
         raise error from None
 
 
-async def handle_chat(ctx: RecorderContext, path_session: str | None, headers: Mapping[str, str], raw: bytes) -> Response:
+async def handle_chat(ctx: RecorderContext, path_session: str | None, headers: Mapping[str, str], raw: bytes,
+                      dialect: "Dialect | None" = None) -> Response:
     started = time.perf_counter()
     try:
         session = authenticate(ctx, path_session, headers)
-        flow = Flow(ctx=ctx, session=session, headers=headers, raw=raw)
+        flow = Flow(ctx=ctx, session=session, headers=headers, raw=raw, dialect=dialect)
+        if dialect is not None:
+            dialect.enter(flow)  # the agent's Responses/Messages body becomes the chat body parsed next
         parse(flow)
         classify(flow)
         await budget.enforce(flow)
@@ -531,4 +545,4 @@ async def handle_chat(ctx: RecorderContext, path_session: str | None, headers: M
             ctx.metrics.overhead.observe(max(0.0, elapsed - flow.reply.elapsed_ms / 1000.0))
         return response
     except AgentError as exc:
-        return exc.to_response()
+        return dialect.error(exc) if dialect is not None else exc.to_response()

@@ -52,6 +52,7 @@ class AuxRule(BaseModel):
     no_tools: bool | None = None
     system_prompt_startswith: str | None = None
     system_prompt_contains: str | None = None
+    last_user_message_startswith: str | None = None
     model: str | None = None
 
 
@@ -129,6 +130,8 @@ class LiveSession:
     provenance_cache: dict[str, Any] | None = None
     #: the session's caps as each record's ``limits`` shows them (the spec does not change), built on first use
     caps_cache: dict[str, Any] | None = None
+    #: what dialect replies sent back (sampled tool arguments, reasoning), to recognise their replay
+    dialect_memory: Any = None
     _changed: asyncio.Event | None = None
 
     def take_call_index(self) -> int:
@@ -291,5 +294,6 @@ class SessionRegistry:
             session.prompt_ids = None
             session.recent_digests.clear()
             session.provenance_cache = None
+            session.dialect_memory = None
             await self._store.forget(session.id)
             session.notify()

@@ -1,14 +1,18 @@
 """A small built-in task set: tiny repositories with a failing test, each with its own verifier.
 
 Each task also carries a scripted solution for the embedded reference engine, written with the one
-tool every supported agent has (``bash`` with a ``command`` argument), so the demo and the tests
-drive the real agents through real multi-turn tool use. Tool-call arguments are compact JSON, the
+tool every supported agent has: a shell. The scripts name it as Pi and OpenCode do (``bash`` with a
+``command`` argument); ``script_for`` writes the same calls for an agent whose shell tool is named
+otherwise (Codex's ``exec_command`` with ``cmd``, Claude Code's ``Bash``), so the demo and the tests
+drive every real agent through real multi-turn tool use. Tool-call arguments are compact JSON, the
 form agents replay, so a canonical-sampling run chains exactly.
 """
 
 from __future__ import annotations
 
 import json
+import re
+from typing import Any
 
 from openenv_harness.rollout.tasks import Task
 
@@ -82,3 +86,29 @@ WRITE_GREETING = Task(
 )
 
 BUILTIN_TASKS: dict[str, Task] = {t.id: t for t in (FIX_ADD, FIX_WORDCOUNT, WRITE_GREETING)}
+
+
+def script_for(turns: list[Any], harness: str) -> list[dict[str, Any]]:
+    """Scripted turns (dicts or ``Turn`` models) with their ``bash`` calls written for ``harness``'s shell tool."""
+    from openenv_harness.harnesses.registry import get_preset
+
+    name, argument = get_preset(harness).shell_tool
+    out = []
+    for turn in turns:
+        data = turn.model_dump(exclude_none=True) if hasattr(turn, "model_dump") else dict(turn)
+        calls = []
+        for call in data.get("tool_calls") or []:
+            call = dict(call)
+            if call.get("name") == "bash" and (name, argument) != ("bash", "command"):
+                args = call.get("arguments")
+                call["name"] = name
+                if isinstance(args, str):  # the text is what the model samples: only the key is renamed
+                    call["arguments"] = re.sub(r'"command"(\s*):', lambda m: f'"{argument}"{m.group(1)}:', args,
+                                               count=1)
+                else:
+                    call["arguments"] = {argument if k == "command" else k: v for k, v in (args or {}).items()}
+            calls.append(call)
+        if calls:
+            data["tool_calls"] = calls
+        out.append(data)
+    return out

@@ -154,3 +154,17 @@ def test_the_floor_proxy_records_exact_ids_and_answers_without_engine_fields(tmp
     assert [ids.tolist() for _, _, ids in frames] == prompts  # exactly the engine's prompt ids
     assert all(head["valid"] and head["key"] == f"Bearer {key}" for head, _, _ in frames)
     assert [orjson.loads(body)["messages"] for _, body, _ in frames][-1] == messages[:-2]
+
+
+@pytest.mark.slow
+def test_the_dialect_benchmark_drives_all_three_apis_through_the_recorder(tmp_path: Path, capsys) -> None:
+    import bench_dialects
+
+    out = tmp_path / "dialects.jsonl"
+    assert bench_dialects.main(["--settings", "chain:1024:1:3:stream", "--duration", "1", "--out", str(out)]) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["dialect"] for r in rows] == ["chat", "responses", "anthropic"]
+    for r in rows:  # every reply was checked: the dialect's terminal event, a tool call to continue from
+        assert r["calls"] >= 3 and r["calls"] % 3 == 0 and r["n_errors"] == 0, r
+        assert r["recorder_cpu_ms_per_call"] > 0
+    assert "| chain P=1k N=1 T=3 stream | anthropic |" in capsys.readouterr().out

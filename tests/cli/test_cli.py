@@ -37,6 +37,18 @@ def test_run_writes_records_and_a_summary(run_dir: Path) -> None:
 
 
 @pytest.mark.cli
+@pytest.mark.slow
+def test_run_codex_and_claude_code_on_the_embedded_engine(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    done = cli("run", "--harness", "codex,claude-code", "--task", "fix-add", "--out", str(out))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert [(r["harness"], r["task"], r["exit_code"], r["reward"], r["agent_calls"]) for r in summary] == [
+        ("codex", "fix-add", 0, 1.0, 4), ("claude-code", "fix-add", 0, 1.0, 4)]
+    assert all(r["fidelity"]["break"] == 0 and r["fidelity"]["replay_drift"] == 0 and r["rows"] == 1 for r in summary)
+
+
+@pytest.mark.cli
 def test_trace_list_show_export(run_dir: Path) -> None:
     store = str(run_dir / "records.db")
     sid = json.loads((run_dir / "summary.json").read_text())[1]["session_id"]
@@ -84,6 +96,7 @@ def test_the_command_starts_without_importing_the_rollout_stack() -> None:
 def test_doctor_reports_the_harnesses() -> None:
     done = cli("doctor")
     assert "harness pi" in done.stdout and "harness opencode" in done.stdout and "python" in done.stdout
+    assert "harness codex" in done.stdout and "harness claude-code" in done.stdout
 
 
 def test_doctor_checks_an_engine_for_token_evidence() -> None:

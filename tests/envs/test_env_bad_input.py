@@ -39,7 +39,8 @@ def test_unknown_task_is_a_clear_error_and_the_session_survives(env_server: Thre
 
 
 @pytest.mark.parametrize(("options", "message"), [
-    ({"task_id": "fix-add", "harness": "codex"}, r"unknown harness 'codex'; known harnesses: opencode, pi"),
+    ({"task_id": "fix-add", "harness": "gemini"},
+     r"unknown harness 'gemini'; known harnesses: claude-code, codex, opencode, pi"),
     ({"taskid": "fix-add"}, r"unknown reset option\(s\) taskid; accepted: seed, episode_id, task_id"),
     ({"task_id": 3}, r"task_id must be a string"),
     ({"seed": -1}, r"seed must be a non-negative integer"),

@@ -54,8 +54,8 @@ def stub_engine() -> Iterator[Callable[..., Any]]:
 
 @pytest.fixture(scope="session")
 def node_prefix() -> Path:
-    """The project's node prefix with both pinned CLIs installed (installs them once if needed)."""
-    ensure_installed(["pi", "opencode"])
+    """The project's node prefix with every pinned CLI installed (installs them once if needed)."""
+    ensure_installed()
     return default_node_prefix()
 
 
@@ -80,6 +80,19 @@ def _strace_works(strace: str | None) -> bool:
 
 
 _ADDRESS = re.compile(r'(?:inet_addr\("([^"]+)"\)|inet_pton\(AF_INET6, "([^"]+)")')
+_PORT = re.compile(r"sin6?_port=htons\((\d+)\)")
+
+
+def inet_connects(trace: str) -> list[tuple[str, int]]:
+    """``(address, port)`` of every AF_INET/AF_INET6 connect() in an strace log, loopback included."""
+    found = []
+    for line in trace.splitlines():
+        if "connect(" not in line or "AF_INET" not in line:
+            continue
+        address, port = _ADDRESS.search(line), _PORT.search(line)
+        found.append(((address.group(1) or address.group(2)) if address else line.strip(),
+                      int(port.group(1)) if port else -1))
+    return found
 
 
 def _non_loopback(trace: str) -> list[str]:
@@ -116,6 +129,37 @@ def run_traced() -> Callable[[LocalSandbox, LaunchSpec, float], tuple[CommandRes
     return run
 
 
+@pytest.fixture(scope="session")
+def run_connects() -> Callable[[LocalSandbox, LaunchSpec, float], tuple[CommandResult, list[tuple[str, int]] | None]]:
+    """Like ``run_traced``, but returns every inet connect() with its port (None without strace)."""
+    strace = shutil.which("strace")
+    usable = _strace_works(strace)
+
+    def run(box: LocalSandbox, spec: LaunchSpec, timeout_s: float) -> tuple[CommandResult, list[tuple[str, int]] | None]:
+        if not usable:
+            return box.run(spec.argv, env=spec.env, cwd=spec.cwd, stdin=spec.stdin, timeout_s=timeout_s), None
+        log = os.path.join(box.logs_dir, "connect.trace")
+        argv = [str(strace), "-f", "-qq", "-e", "trace=connect", "-o", log, *spec.argv]
+        result = box.run(argv, env=spec.env, cwd=spec.cwd, stdin=spec.stdin, timeout_s=timeout_s)
+        return result, inet_connects(Path(log).read_text())
+
+    return run
+
+
+@pytest.fixture(scope="module")
+def recording_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, Any, Any]]:
+    """The reference engine and a recorder in front of it, for the CLIs that only speak a dialect."""
+    from openenv_harness.recorder import RecorderClient, RecorderConfig, RecorderServer
+    from openenv_harness.testing.engine import EngineServer
+
+    admin_token = "harness-tests-admin-0123456789"
+    store = tmp_path_factory.mktemp("recorder") / "records.db"
+    with EngineServer() as engine:
+        config = RecorderConfig(store_path=str(store), engine_url=engine.url, admin_token=admin_token)
+        with RecorderServer(config) as recorder, RecorderClient(recorder.url, admin_token) as admin:
+            yield engine, recorder, admin
+
+
 @pytest.fixture
 def broken_opencode_prefix(node_prefix: Path, tmp_path: Path) -> Path:
     """A copy of the installed prefix as ``npm install --ignore-scripts`` leaves it for OpenCode.
@@ -136,5 +180,24 @@ def broken_opencode_prefix(node_prefix: Path, tmp_path: Path) -> Path:
     launcher = prefix / "node_modules" / "opencode-ai" / "bin" / "opencode.exe"
     launcher.unlink()
     launcher.write_text('#!/bin/sh\necho "postinstall script was not run" >&2\nexit 1\n')
+    launcher.chmod(0o755)
+    return prefix
+
+
+@pytest.fixture
+def broken_claude_prefix(node_prefix: Path, tmp_path: Path) -> Path:
+    """A copy of the installed prefix as ``npm install --ignore-scripts`` leaves Claude Code: the
+    package's ``bin/claude.exe`` is its shell stub, the platform package's binary sits unused.
+
+    Hard links keep the copy cheap (the binary is ~400 MB); the stub is a fresh file, so the shared
+    prefix is never written through.
+    """
+    prefix = tmp_path / "prefix"
+    prefix.mkdir()
+    subprocess.run(["cp", "-al", str(node_prefix / "node_modules"), str(prefix)], check=True)
+    launcher = prefix / "node_modules" / "@anthropic-ai" / "claude-code" / "bin" / "claude.exe"
+    launcher.unlink()
+    # like the package's own stub: shell lines without a "#!" line (exec() refuses it; a shell runs it)
+    launcher.write_text('echo "Error: claude native binary not installed." >&2\necho "Run the postinstall" >&2\nexit 1\n')
     launcher.chmod(0o755)
     return prefix

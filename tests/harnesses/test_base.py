@@ -43,6 +43,8 @@ def test_aux_rule_shapes() -> None:
     assert TITLE.as_flat() == flat
     with pytest.raises(ValidationError):
         AuxRule(name="x", when=AuxCondition(system_prompt_startswith=""))
+    with pytest.raises(ValidationError, match="marker"):
+        AuxCondition(no_tools=True)
     with pytest.raises(ValidationError):
         AuxRule.model_validate({"name": "x", "when": {"system_prompt_startswith": "a", "typo": 1}})
 
@@ -57,6 +59,18 @@ def test_aux_rule_matching() -> None:
     assert not TITLE.matches(user_first)
     assert not TITLE.matches({"messages": []})
     assert first_system_prompt({"messages": [{"role": "developer", "content": "dev"}]}) == "dev"
+
+
+def test_aux_rule_markers_beyond_the_opening_words() -> None:
+    title = AuxRule(name="t", when=AuxCondition(system_prompt_contains="naming a coding session"))
+    assert title.as_flat() == {"name": "t", "no_tools": True, "system_prompt_contains": "naming a coding session"}
+    assert title.matches({"messages": [{"role": "system", "content": "You are X. You are naming a coding session."}]})
+    assert not title.matches({"messages": [{"role": "system", "content": "You are X."}]})
+    compact = AuxRule(name="c", when=AuxCondition(last_user_message_startswith="Summarize"))
+    body = {"messages": [{"role": "system", "content": "sys"}, {"role": "user", "content": "task"},
+                         {"role": "user", "content": [{"type": "text", "text": "Summarize it"}]}]}
+    assert compact.matches(body)
+    assert not compact.matches({**body, "messages": body["messages"][:2]})
 
 
 def test_setup_validation() -> None:

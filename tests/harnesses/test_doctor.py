@@ -12,7 +12,7 @@ from openenv_harness.harnesses.doctor import doctor
 
 def test_nothing_installed(tmp_path: Path) -> None:
     statuses = {s.name: s for s in doctor(prefix=tmp_path)}
-    assert set(statuses) == {"pi", "opencode"}
+    assert set(statuses) == {"pi", "opencode", "codex", "claude-code"}
     for name, status in statuses.items():
         assert not status.ok and not status.installed and not status.runs and status.version is None
         assert f"python -m openenv_harness.harnesses.install {name}" in status.message
@@ -28,6 +28,8 @@ def test_unknown_name(tmp_path: Path) -> None:
 def test_installed_clis_run(node_prefix: Path) -> None:
     statuses = doctor(prefix=node_prefix)
     assert [(s.name, s.ok, s.version, s.message) for s in statuses] == [
+        ("claude-code", True, "2.1.332", "ok"),
+        ("codex", True, "0.171.0", "ok"),
         ("opencode", True, "1.18.33", "ok"),
         ("pi", True, "0.73.1", "ok"),
     ]
@@ -40,6 +42,14 @@ def test_broken_launcher_is_named(broken_opencode_prefix: Path) -> None:
     assert status.installed and not status.runs and not status.ok
     assert "postinstall script was not run" in status.message
     assert "python -m openenv_harness.harnesses.install opencode" in status.message
+
+
+@pytest.mark.cli
+def test_claude_code_without_its_native_binary_is_named(broken_claude_prefix: Path) -> None:
+    [status] = doctor(["claude-code"], prefix=broken_claude_prefix)
+    assert status.installed and not status.runs and not status.ok
+    assert "does not run" in status.message
+    assert "python -m openenv_harness.harnesses.install claude-code" in status.message
 
 
 @pytest.mark.cli

@@ -40,9 +40,9 @@ def test_done_install_is_fast_and_starts_nothing(node_prefix: Path, monkeypatch:
     monkeypatch.setattr(install, "_npm_install", _forbid("npm install"))
     monkeypatch.setattr(install, "probe_version", _forbid("a --version probe"))
     started = time.monotonic()
-    paths = ensure_installed(["pi", "opencode"], prefix=node_prefix)
+    paths = ensure_installed(None, prefix=node_prefix)
     assert time.monotonic() - started < 1.0
-    assert set(paths) == {"pi", "opencode"}
+    assert set(paths) == {"pi", "opencode", "codex", "claude-code"}
     for name, path in paths.items():
         assert path == node_prefix / get_preset(name).binary
         assert os.access(path, os.X_OK)
@@ -63,6 +63,24 @@ def test_repairs_an_install_whose_scripts_did_not_run(
     assert ensure_installed(["opencode"], prefix=prefix) == paths
     (prefix / ".openenv-harness" / "opencode.json").unlink()
     assert ensure_installed(["opencode"], prefix=prefix) == paths
+
+
+@pytest.mark.cli
+def test_claude_codes_native_binary_is_linked_when_npm_ran_no_scripts(
+    broken_claude_prefix: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    prefix = broken_claude_prefix
+    preset = get_preset("claude-code")
+    stub = install.probe_version(preset, prefix / preset.binary)
+    assert not stub.runs
+    npm_runs: list[list[str]] = []
+    monkeypatch.setattr(install, "_npm_install", lambda root, specs: npm_runs.append(specs))  # npm that runs no scripts
+    paths = ensure_installed(["claude-code"], prefix=prefix)
+    assert npm_runs == [["@anthropic-ai/claude-code@2.1.332"]]
+    probe = install.probe_version(preset, paths["claude-code"])
+    assert probe.runs and probe.output == "2.1.332 (Claude Code)"  # the installer ran install.cjs itself
+    monkeypatch.setattr(install, "_npm_install", _forbid("npm install"))
+    assert ensure_installed(["claude-code"], prefix=prefix) == paths
 
 
 def test_npm_failure_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

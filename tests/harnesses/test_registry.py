@@ -10,11 +10,15 @@ from openenv_harness.harnesses import UnknownHarnessError, get_preset, list_pres
 
 
 def test_lookup() -> None:
-    assert preset_names() == ["opencode", "pi"]
-    assert [p.name for p in list_presets()] == ["opencode", "pi"]
+    assert preset_names() == ["claude-code", "codex", "opencode", "pi"]
+    assert [p.name for p in list_presets()] == ["claude-code", "codex", "opencode", "pi"]
     assert get_preset("pi").npm_spec == "@mariozechner/pi-coding-agent@0.73.1"
     assert get_preset("opencode").npm_spec == "opencode-ai@1.18.33"
-    with pytest.raises(UnknownHarnessError, match="known harnesses: opencode, pi"):
+    assert get_preset("codex").npm_spec == "@openai/codex@0.171.0"
+    assert get_preset("claude-code").npm_spec == "@anthropic-ai/claude-code@2.1.332"
+    assert [(p.name, p.dialect) for p in list_presets()] == [
+        ("claude-code", "anthropic"), ("codex", "responses"), ("opencode", "chat"), ("pi", "chat")]
+    with pytest.raises(UnknownHarnessError, match="known harnesses: claude-code, codex, opencode, pi"):
         get_preset("claude")
 
 
@@ -35,5 +39,6 @@ def test_aux_rules_are_plain_data() -> None:
     for preset in list_presets():
         for data in preset.aux_rules_data():
             assert set(data) == {"name", "when"}
-            assert set(data["when"]) == {"no_tools", "system_prompt_startswith"}
+            markers = {"system_prompt_startswith", "system_prompt_contains", "last_user_message_startswith"}
+            assert set(data["when"]) - {"no_tools"} <= markers and set(data["when"]) & markers
             assert data["when"]["no_tools"] is True

@@ -55,6 +55,38 @@ def test_agent_routes_need_the_right_session_key(recorder: RecorderServer, two_s
         assert ok.status_code == 200 and ok.json()["data"][0]["id"]
 
 
+MESSAGES = {"model": "m", "max_tokens": 32, "messages": [{"role": "user", "content": "hi"}]}
+RESPONSES = {"model": "m", "input": "hi"}
+DIALECT_ROUTES = [("/v1/responses", RESPONSES), ("/v1/messages", MESSAGES), ("/v1/messages/count_tokens", MESSAGES)]
+
+
+def _error_type(path: str, body: dict) -> str:
+    return body["error"]["type"] if path.endswith("responses") else (body["type"], body["error"]["type"])
+
+
+@pytest.mark.parametrize("suffix, payload", DIALECT_ROUTES)
+def test_dialect_routes_need_the_right_session_key(suffix: str, payload: dict, recorder: RecorderServer,
+                                                   two_sessions: tuple[dict, dict]) -> None:
+    a, b = two_sessions
+    own = f"/rollout/{a['session_id']}{suffix}"
+    refused = [
+        (own, {}), (own, {"x-api-key": "oeh-not-a-real-key"}), (own, {"authorization": "Bearer oeh-not-a-real-key"}),
+        (own, {"x-api-key": b["secret"]}), (own, {"authorization": f"Bearer {b['secret']}"}),  # another session's
+        (own, {"x-api-key": ADMIN}), (own, {"authorization": f"Basic {a['secret']}"}),
+        (f"/rollout/no-such-session{suffix}", {"x-api-key": a["secret"]}), (suffix, {"x-api-key": "oeh-nope"}),
+    ]
+    for path, headers in refused:
+        r = httpx.post(recorder.url + path, json=payload, headers=headers, timeout=30)
+        assert r.status_code == 401, (path, headers, r.text)
+        expected = "authentication_error" if suffix.endswith("responses") else ("error", "authentication_error")
+        assert _error_type(path, r.json()) == expected
+    accepted = [(own, {"x-api-key": a["secret"]}), (own, {"authorization": f"Bearer {a['secret']}"}),
+                (suffix, {"x-api-key": b["secret"]}), (suffix, {"authorization": f"Bearer {b['secret']}"})]
+    for path, headers in accepted:  # Anthropic clients send x-api-key or a Bearer token; both route
+        r = httpx.post(recorder.url + path, json=payload, headers=headers, timeout=30)
+        assert r.status_code == 200, (path, headers, r.text)
+
+
 def test_records_only_in_the_owning_session(recorder: RecorderServer, admin: RecorderClient,
                                             two_sessions: tuple[dict, dict]) -> None:
     a, b = two_sessions

@@ -16,7 +16,7 @@ from rollout_helpers import ADMIN
 
 @pytest.fixture(scope="session")
 def cli_paths() -> dict[str, Path]:
-    return ensure_installed(["pi", "opencode"])
+    return ensure_installed(["pi", "opencode", "codex", "claude-code"])
 
 
 @pytest.fixture(scope="module")

@@ -24,6 +24,7 @@ from openenv.core.harness import TrainingTrace
 
 from openenv_harness.recorder import RecorderClient, RecorderServer
 from openenv_harness.rollout import BUILTIN_TASKS, HarnessSession, HarnessSessionFactory, TRLSessionFactory
+from openenv_harness.rollout.taskset import script_for
 from openenv_harness.testing.engine import (
     EngineServer, Fault, Script, ToolCallSpec, Turn, is_noncanonical, reference_tokenizer,
 )
@@ -36,6 +37,8 @@ from trl.experimental.async_grpo.openenv_harness import _HarnessRolloutLoop, _tu
 pytestmark = [pytest.mark.compat, pytest.mark.cli]
 
 HARNESSES = ["pi", pytest.param("opencode", marks=pytest.mark.slow)]  # an OpenCode run takes ~5 s
+#: plus the agents that speak the Responses (Codex) and Messages (Claude Code) dialects
+ALL_HARNESSES = [*HARNESSES, "codex", pytest.param("claude-code", marks=pytest.mark.slow)]
 TASK = BUILTIN_TASKS["fix-add"]
 PROMPT = [{"role": "user", "content": TASK.id}]  # a dataset row's prompt, as TRL passes it
 TEMPERATURE = 0.7
@@ -131,7 +134,9 @@ class Rollouts:
             factory: Callable[..., Callable[..., Any]] | None = None, **factory_kw: Any) -> Rollout:
         if (harness, label) not in self._cache:
             model = f"trl-{harness}-{label}"
-            self.engine.set_script(model, script or SCRIPTS[label])
+            chosen = script or SCRIPTS[label]  # written for the agent's own shell tool
+            self.engine.set_script(model, Script.model_validate({**chosen.model_dump(),
+                                                                 "turns": script_for(chosen.turns, harness)}))
             for fault in faults:
                 self.engine.add_fault(model, fault)
             make = factory or (lambda **kw: TRLSessionFactory(harness=harness, **kw))
@@ -194,7 +199,7 @@ def assert_rows_cover_turns_once(rows: list, groups: list[list], requests: list[
 # -- 1. canonical sampling, byte-identical replay: one CLEAN chain, one row ---------------------------------
 
 
-@pytest.mark.parametrize("harness", HARNESSES)
+@pytest.mark.parametrize("harness", ALL_HARNESSES)
 def test_canonical_rollout_is_one_clean_training_row(harness: str, rollouts: Rollouts) -> None:
     run = rollouts.get(harness, "canonical")
     assert run.reward == 1.0
@@ -249,7 +254,7 @@ def test_drift_forks_exactly_where_the_recorder_saw_it(harness: str, label: str,
 # -- 3. TRL's loop-owning path end to end ---------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("harness", HARNESSES)
+@pytest.mark.parametrize("harness", ALL_HARNESSES)
 def test_run_session_returns_the_rollout_trl_trains(harness: str, rollouts: Rollouts) -> None:
     run = rollouts.get(harness, "canonical")
     completion, completion_ids, sequences, tool_calls, tool_failures, reward = run.result

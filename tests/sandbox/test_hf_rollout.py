@@ -67,3 +67,30 @@ def test_remote_pi_rollout_matches_local(tmp_path: Path, stack) -> None:
     assert shape(remote_records) == shape(local_records)
     assert [r["metadata"]["fidelity"]["class"] for r in remote_records] == ["root", "exact", "exact", "exact"]
     assert remote.fidelity == local.fidelity and remote.rows == local.rows == 1
+
+
+def test_remote_codex_rollout_speaks_the_responses_api_through_the_relay(tmp_path: Path, stack) -> None:
+    from openenv_harness.rollout.taskset import script_for
+
+    engine, recorder = stack
+    engine.set_script("ref-fix-add-codex", Script(turns=script_for(BUILTIN_TASKS["fix-add"].reference_script, "codex")))
+    binary = str(ensure_installed(["codex"])["codex"])
+    factory = HarnessSessionFactory(harness="codex", recorder_url=recorder.url, admin_token=ADMIN,
+                                    model="ref-fix-add-codex", executable=binary,
+                                    sandbox_factory=lambda: HFSandbox(ws_scheme="ws://"))
+    with HFEmulator() as emulator, hub_pointed_at(emulator, tmp_path / "hf-home"):
+        remote, session = run_rollout(factory, "fix-add", timeout_s=180)
+        try:
+            assert remote.exit_code == 0 and remote.reward == 1.0, remote
+            config = session.sandbox.read_file(f"{session.sandbox.home}/.codex/config.toml").decode()
+            assert "127.0.0.1" in config and recorder.url not in config  # the relay's address, not ours
+            assert f"/rollout/{remote.session_id}/v1" in config
+        finally:
+            session.close()
+    with RecorderClient(recorder.url, ADMIN) as admin:
+        records = admin.records(remote.session_id)
+    assert [r["metadata"]["dialect"] for r in records] == ["responses"] * 4
+    assert [r["metadata"]["stream"] for r in records] == [True] * 4  # the event stream came back through the relay
+    assert [r["metadata"]["fidelity"]["class"] for r in records] == ["root", "exact", "exact", "exact"]
+    sampled = [r["sampled"]["token_ids"] for r in engine.requests("ref-fix-add-codex")]
+    assert [r["completion_token_ids"] for r in records] == sampled

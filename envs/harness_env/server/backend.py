@@ -118,9 +118,9 @@ class HarnessBackend:
     def agent_recorder_url(self) -> str:
         return (self.config.agent_recorder_url or self.recorder_url).rstrip("/")
 
-    def model_for(self, task: Task) -> str:
+    def model_for(self, task: Task, harness: str | None = None) -> str:
         if self._stack is not None:
-            return self._stack.model_for(task)
+            return self._stack.model_for(task, harness)
         assert self.config.model is not None  # the config requires it with an external recorder
         return self.config.model
 
@@ -154,7 +154,7 @@ class HarnessBackend:
             recorder_url=self.recorder_url,
             agent_recorder_url=self.agent_recorder_url,
             admin_token=self.admin_token,
-            model=self.model_for(task),
+            model=self.model_for(task, preset.name),
             tasks={task.id: task},
             budgets=budgets,
             metadata=metadata,

@@ -57,7 +57,7 @@ class EnvServerConfig(BaseModel):
     agent_recorder_url: str | None = Field(None, description="How agents reach the external recorder, if different")
     recorder_public_url: str | None = Field(None, description="The recorder URL reported in observations")
     admin_token: str | None = Field(None, min_length=16, description="The recorder's admin token")
-    harness: str = Field("pi", min_length=1, description="Default agent CLI: pi | opencode")
+    harness: str = Field("pi", min_length=1, description="Default agent CLI: pi | opencode | codex | claude-code")
     data_dir: str | None = Field(None, description="Where our recorder keeps its records (default: a temp dir)")
     tasks_file: str | None = Field(None, description="JSON list (or JSONL) of extra tasks")
     max_concurrent_envs: int = Field(4, ge=1, le=256, description="Concurrent WebSocket episodes")

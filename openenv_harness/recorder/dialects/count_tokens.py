@@ -1,0 +1,72 @@
+"""``POST /v1/messages/count_tokens``: Anthropic's token count, answered by the engine's tokenizer.
+
+Why from the engine and never from a guess: Claude Code sizes its context (``/context``, tool
+search) from these counts, and only the engine knows what its template makes of the messages. The
+body is translated exactly as a Messages call would be (same ``to_chat``, same replay memory) and
+sent to the engine's ``/tokenize`` in its chat form, so the count is the length of the prompt a
+call with this body would have. Nothing is sampled and nothing is recorded: it is not a policy
+sample (and no budget is charged). An engine without ``/tokenize`` (the white-box ``ModelStep``
+upstream) answers 501, which Claude Code reads as "count some other way".
+"""
+
+from __future__ import annotations
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+
+from openenv_harness.recorder.context import RecorderContext
+from openenv_harness.recorder.dialects import anthropic_request
+from openenv_harness.recorder.dialects.anthropic import anthropic_error
+from openenv_harness.recorder.dialects.base import decode_object, memory_for
+from openenv_harness.recorder.errors import AgentError, body_too_large
+from openenv_harness.recorder.flow import authenticate
+from openenv_harness.recorder.relay_errors import relay_upstream_error
+from openenv_harness.recorder.upstream.base import UpstreamFailure
+
+
+async def _body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise body_too_large(limit)
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise body_too_large(limit)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def count_tokens_route(request: Request) -> Response:
+    ctx: RecorderContext = request.app.state.ctx
+    headers = {k.lower(): v for k, v in request.headers.items()}
+    try:
+        session = authenticate(ctx, request.path_params.get("session_id"), headers)
+        raw = await _body(request, ctx.config.max_body_bytes)
+        body = decode_object(raw, ctx.config.max_body_bytes)
+        chat, _ = anthropic_request.to_chat(body, memory_for(session), count_only=True)
+    except AgentError as exc:
+        return anthropic_error(exc.status, exc.message, exc.headers)
+    upstream = ctx.upstream_for(session.spec.upstream)
+    if upstream is None:
+        return anthropic_error(503, "no engine is configured for this session",
+                               {"retry-after": str(ctx.config.retry_after_s)})
+    tokenize = {"model": ctx.fence.served_model or chat.get("model"), "messages": chat["messages"],
+                "add_generation_prompt": True}
+    if chat.get("tools"):
+        tokenize["tools"] = chat["tools"]
+    try:
+        reply = await upstream.request("POST", "/tokenize", json=tokenize)
+    except UpstreamFailure as exc:
+        if exc.kind == "protocol":
+            return anthropic_error(501, f"count_tokens is not available on this engine: {exc.message}")
+        return anthropic_error(504 if exc.kind == "timeout" else 502, exc.message,
+                               {"retry-after": str(ctx.config.retry_after_s)})
+    count = reply.json.get("count") if reply.status == 200 and isinstance(reply.json, dict) else None
+    if not isinstance(count, int):
+        if reply.status == 200:
+            return anthropic_error(502, "the engine's /tokenize reply holds no 'count'")
+        error = relay_upstream_error(reply)
+        return anthropic_error(error.status, error.message, error.headers)
+    return Response(orjson.dumps({"input_tokens": count}), media_type="application/json")
