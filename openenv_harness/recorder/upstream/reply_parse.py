@@ -7,11 +7,15 @@ cost of a call in the profiles (``docs/benchmarks.md``). Here that one span is c
 bytes and read by simdjson into a native integer buffer directly; orjson parses the small rest.
 
 The fast path is taken only when it is certainly right, and the full parse decides otherwise:
-- the key occurs exactly once, outside any string (inside a JSON string its quotes would be
-  escaped, so ``"prompt_token_ids":[`` cannot match there);
-- the span, read as a JSON array, is a flat list of integers, each in [0, 2**32);
-- after the span is replaced by ``null``, the top-level object has ``prompt_token_ids: null`` --
-  so the span was the top-level field, not one nested deeper.
+- the name ``"prompt_token_ids"`` occurs exactly once in the body, followed by ``:[`` (inside a
+  JSON string its quotes would be escaped, so it cannot match there): a duplicated key, or the
+  key nested in another object as well (``kv_transfer_params``), is never guessed at;
+- the span, read as a JSON array, is a flat list of integers, each in [0, 2**32) -- so it holds
+  no quote, and the name and the marker below cannot hide inside it;
+- after the span is replaced by a marker string that occurs nowhere else in the body, the
+  top-level object's ``prompt_token_ids`` *is that marker* -- so the span was the top-level
+  field's value (the last one, as every JSON parser reads duplicates), not one nested deeper
+  under a top level whose own key is null, absent, or spelled with an escape (``prompt\u005f...``).
 Anything else (negative ids, floats, an id too large, a malformed list) goes through the full
 parse, so ``validate.py`` sees the original values and rejects them with its usual reasons.
 
@@ -35,7 +39,11 @@ from openenv_harness.recorder.per_thread import per_thread
 if TYPE_CHECKING:
     from openenv_harness.recorder.upstream.base import UpstreamReply
 
-_KEY = b'"prompt_token_ids":['
+_NAME = b'"prompt_token_ids"'
+_KEY = _NAME + b":["
+#: What the span is replaced with before the rest is parsed; a body that holds it takes the full parse.
+_MARK_VALUE = "oeh:prompt-token-ids-span"
+_MARK = b'"' + _MARK_VALUE.encode() + b'"'
 _UINT32_END = 1 << 32
 
 
@@ -65,16 +73,21 @@ def split_chat_reply(raw: bytes) -> tuple[dict[str, Any] | None, bytes | None]:
     top-level ``prompt_token_ids`` and ``reply["prompt_token_ids"]`` is None; otherwise ``reply`` is
     exactly the full parse. The span is not checked here: ``read_ids`` (or the full parse, when it
     refuses) decides what it holds."""
-    start = raw.find(_KEY)
-    if start < 0 or raw.find(_KEY, start + 1) >= 0:
+    start = raw.find(_NAME)
+    if start < 0 or not raw.startswith(_KEY, start):
         return parse_json_object(raw), None
     first = start + len(_KEY)
     end = raw.find(b"]", first)
     if end < 0:
         return parse_json_object(raw), None
-    rest = parse_json_object(raw[:start] + b'"prompt_token_ids":null' + raw[end + 1 :])
-    if rest is None or "prompt_token_ids" not in rest or rest["prompt_token_ids"] is not None:
+    # Only the text outside the span is searched: a span the reader accepts holds nothing but digits,
+    # commas and blanks, and one it refuses sends the reply through the full parse anyway.
+    if raw.find(_NAME, end) >= 0 or raw.find(_MARK, 0, start) >= 0 or raw.find(_MARK, end) >= 0:
         return parse_json_object(raw), None
+    rest = parse_json_object(raw[:start] + _NAME + b":" + _MARK + raw[end + 1 :])
+    if rest is None or rest.get("prompt_token_ids") != _MARK_VALUE:
+        return parse_json_object(raw), None
+    rest["prompt_token_ids"] = None
     return rest, raw[first:end]
 
 
