@@ -241,8 +241,12 @@ async def engine_pause(request: Request, mode: str = Query("keep", pattern="^(ke
 
 @router.post("/engine/resume")
 async def engine_resume(request: Request) -> Response:
-    """Resume the engine, bump the policy version, open the fence."""
+    """Bump the policy version, resume the engine, open the fence -- in that order (``fence.py``):
+    a kept call the engine finishes before acknowledging the resume must end at the new version.
+    If the engine does not acknowledge, the fence stays closed and a retry does not bump again."""
     ctx = _ctx(request)
+    ctx.fence.advance()
+    ctx.metrics.policy_version.set(ctx.fence.version)
     engine = await _engine_call(ctx, "/resume")
     ctx.fence.resume(bump=True)
     ctx.metrics.paused.set(0)
@@ -261,6 +265,10 @@ async def fence_pause(request: Request) -> Response:
 
 @router.post("/fence/resume")
 async def fence_resume(request: Request, bump: bool = Query(True)) -> Response:
+    """Open the fence held by ``/fence/pause``. A trainer that resumes its engine itself and keeps
+    calls across the sync should give the new version before resuming the engine
+    (``POST /admin/policy_version`` while the fence is closed), then call this with ``bump=false``:
+    a kept call can end between the engine's resume and this request."""
     ctx = _ctx(request)
     ctx.fence.resume(bump=bump)
     ctx.metrics.paused.set(0)
