@@ -134,7 +134,10 @@ async def dedupe(flow: Flow) -> bool:
     """A retried call (identical body in the same session) is answered from the record.
 
     Both CLIs resend byte-identical bodies on retry; sampling again would put a second, different
-    answer in the trace for one agent turn. Returns True when the reply was replayed.
+    answer in the trace for one agent turn. A replay is exactly what the first attempt was sent --
+    from its in-flight twin, or from the stored record's ``response``, which keeps the logprobs
+    when the call asked for them (``record``) -- so a retry under the same ``Idempotency-Key``
+    whose body differs gets the logical call's one answer too. Returns True when replayed.
     """
     session = flow.session
     twin = session.inflight.get(flow.digest)
@@ -270,7 +273,8 @@ async def record(flow: Flow) -> None:
     budget.account(session, flow.call_kind, ev, served=True)
     md["limits"] = budget.limits_state(session)
     flow.metadata = md
-    response = agent_view(flow.reply.json, keep_logprobs=False)
+    # what the agent is sent, logprobs included when it asked: a replayed retry is answered with it
+    response = agent_view(flow.reply.json, keep_logprobs=flow.keep_logprobs)
     pending = PendingRecord(
         session_id=session.id,
         call_index=flow.call_index,
@@ -296,7 +300,7 @@ async def record(flow: Flow) -> None:
     recent[flow.digest] = flow.call_index
     while len(recent) > flow.ctx.config.dedupe_window:
         recent.popitem(last=False)
-    flow.agent_reply = agent_view(flow.reply.json, keep_logprobs=flow.keep_logprobs)
+    flow.agent_reply = response
 
 
 async def store_record(flow: Flow, pending: PendingRecord) -> None:
