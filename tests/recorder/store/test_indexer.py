@@ -339,6 +339,22 @@ def test_idle_priority_adapts_where_allowed_and_falls_back_to_low_where_not() ->
         index_priority.Scheduling("realtime")
 
 
+def test_an_index_process_raised_by_the_recorder_lowers_itself_once_caught_up() -> None:
+    """The recorder raises the index process from outside (``_wake_child``), without the process
+    noticing it was behind: once its queue is empty it must go back to idle all the same."""
+
+    def raised_from_outside():
+        s = index_priority.Scheduling("idle")
+        s.apply(leave_idle_allowed=True)
+        os.sched_setscheduler(threading.get_native_id(), os.SCHED_OTHER, os.sched_param(0))  # as the recorder does
+        seen = [os.sched_getscheduler(0)]
+        s.caught_up()
+        seen.append(os.sched_getscheduler(0))
+        return seen
+
+    assert _in_thread(raised_from_outside) == [os.SCHED_OTHER, os.SCHED_IDLE]
+
+
 async def test_pending_appends_hold_no_record_while_the_index_process_works(tmp_path: Path) -> None:
     store = SQLiteStore(tmp_path / "r.db", indexer="process")
     store.open()
