@@ -78,12 +78,27 @@ router = APIRouter(prefix="/admin", dependencies=[Depends(require_admin)])
 
 @router.get("/health")
 async def health(request: Request) -> Response:
+    """Everything a person or an orchestrator needs to tell whether calls can be recorded; 503 with
+    ``status: store_unavailable`` (and the store's ``failure``) when they cannot."""
     ctx = _ctx(request)
     by_status: dict[str, int] = {}
     for s in ctx.sessions.all():
         by_status[s.status] = by_status.get(s.status, 0) + 1
-    return _json({"status": "ok", "sessions": by_status, "fence": ctx.fence.state(),
-                  "engine": ctx.engine_info, "store": ctx.store.stats()})
+    store = ctx.store.stats()
+    failed = ctx.store.failure() is not None
+    return _json({"status": "store_unavailable" if failed else "ok", "sessions": by_status,
+                  "fence": ctx.fence.state(), "engine": ctx.engine_info, "store": store},
+                 status=503 if failed else 200)
+
+
+@router.post("/store/recover")
+async def store_recover(request: Request) -> Response:
+    """Bring a failed store back without restarting the recorder (``RecordStore.recover``): the
+    index process is replaced and every record it left unindexed is sent to it again."""
+    ctx = _ctx(request)
+    recovered = await ctx.store.recover()
+    failure = ctx.store.failure()
+    return _json({"recovered": recovered, "store": ctx.store.stats()}, status=503 if failure else 200)
 
 
 @router.post("/sessions", status_code=201)
@@ -302,4 +317,8 @@ async def metrics(request: Request) -> Response:
         counts[s.status] = counts.get(s.status, 0) + 1
     for status in ("open", "stopped", "closed"):
         ctx.metrics.sessions.labels(status).set(counts.get(status, 0))
+    store = ctx.store.stats()
+    ctx.metrics.store_accepting.set(0 if ctx.store.failure() is not None else 1)
+    ctx.metrics.store_unindexed.set(store.get("journal_unindexed", 0))
+    ctx.metrics.store_backlog.set(store.get("journal_backlog", 0))
     return Response(ctx.metrics.exposition(), media_type="text/plain; version=0.0.4; charset=utf-8")

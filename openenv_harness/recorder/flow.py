@@ -181,6 +181,10 @@ async def forward(flow: Flow) -> None:
     if upstream is None:
         raise AgentError(503, "no engine is configured for this session", type="server_error", code="no_engine",
                          headers={"retry-after": str(ctx.config.retry_after_s)})
+    if ctx.store.failure() is not None:  # its record could not be stored: no sample, no call number spent
+        ctx.metrics.errors.labels("store_unavailable").inc()
+        raise AgentError(503, "the recorder cannot store calls right now; retry shortly", type="server_error",
+                         code="store_unavailable", headers={"retry-after": str(ctx.config.retry_after_s)})
     if not await ctx.fence.admit():
         ctx.metrics.rejected.labels("paused").inc()
         raise AgentError(503, "engine is paused for a weight update; retry shortly", type="server_error",

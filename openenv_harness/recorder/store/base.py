@@ -91,3 +91,13 @@ class RecordStore(abc.ABC):
     @abc.abstractmethod
     def stats(self) -> dict[str, Any]:
         """Counters for metrics (records, bytes, ...)."""
+
+    def failure(self) -> str | None:
+        """Why the store cannot take records now (every append would fail), or None when it can.
+        The health probes and the metrics report it; the flow refuses calls before the engine."""
+        return None
+
+    async def recover(self) -> bool:
+        """Make a failed store take records again without a restart, where that is safe; True if it
+        did something. Backends that cannot fail this way have nothing to do."""
+        return False

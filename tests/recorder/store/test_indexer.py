@@ -296,6 +296,10 @@ def test_the_index_process_says_it_is_behind_when_more_than_a_batch_is_queued(tm
     while acked < len(nothing):  # acknowledged every ACK_EVERY operations
         assert ours.poll(10)
         acked = ours.recv()[0]
+    deadline = time.monotonic() + 30
+    while "caught_up" not in spy.calls:  # its queue is empty now: it says so before waiting
+        assert time.monotonic() < deadline, spy.calls
+        time.sleep(0.01)
     ours.send([(0, "stop", None, False, True)])
     worker.join(10)
     assert not worker.is_alive()
