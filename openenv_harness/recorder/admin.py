@@ -157,10 +157,14 @@ async def get_session(session_id: str, request: Request) -> Response:
 
 
 @router.post("/sessions/{session_id}/close")
-async def close_session(session_id: str, request: Request) -> Response:
+async def close_session(session_id: str, request: Request,
+                        grace_s: float | None = Query(None, ge=0, le=3600)) -> Response:
+    """Close a session: calls in flight get up to ``grace_s`` (default ``close_grace_s``) to finish,
+    the rest are cancelled and recorded as such; when this answers, the session's records are final."""
     ctx = _ctx(request)
     session = _session_or_404(ctx, session_id)
-    await ctx.sessions.close(session, reason="closed")
+    await ctx.sessions.close(session, reason="closed",
+                             grace_s=ctx.config.close_grace_s if grace_s is None else grace_s)
     return _json(session.summary())
 
 

@@ -30,7 +30,7 @@ from openenv_harness.recorder.provenance import call_provenance
 from openenv_harness.recorder.relay_errors import relay_upstream_error, relay_upstream_failure
 from openenv_harness.recorder.sessions import LiveSession
 from openenv_harness.recorder.sse import synthesize_sse
-from openenv_harness.recorder.store.base import PendingRecord
+from openenv_harness.recorder.store.base import PendingRecord, SessionSealed
 from openenv_harness.recorder.upstream.base import UpstreamFailure, UpstreamReply
 from openenv_harness.recorder.upstream.reply_parse import PromptIdsReader
 from openenv_harness.recorder.validate import Evidence, agent_view, extract_evidence
@@ -64,6 +64,22 @@ class Flow:
     metadata: dict[str, Any] = field(default_factory=dict)
     agent_reply: dict[str, Any] | None = None
     replayed: bool = False
+    #: the task serving this call; a close may cancel it while ``cancellable`` (until the engine answered)
+    task: asyncio.Task | None = None
+    cancellable: bool = True
+    cancelled_by_close: bool = False
+
+    def cancel_for_close(self) -> None:
+        """The session is closing and this call is still waiting (``SessionRegistry.close``)."""
+        if self.cancellable and self.task is not None and not self.cancelled_by_close:
+            self.cancelled_by_close = True
+            self.task.cancel()
+
+
+def session_closed(session: LiveSession, *, in_flight: bool = False) -> AgentError:
+    message = (f"session {session.id} was closed while this call was in flight; it was not answered" if in_flight
+               else f"session {session.id} is closed")
+    return AgentError(409, message, type="invalid_request_error", code="session_closed")
 
 
 # -- authenticate ------------------------------------------------------------------------------
@@ -82,8 +98,8 @@ def authenticate(ctx: RecorderContext, path_session: str | None, headers: Mappin
         session = ctx.sessions.by_digest(secret_digest(key))
         if session is None:
             raise AgentError(401, "invalid API key", type="authentication_error")
-    if session.status == "closed":
-        raise AgentError(409, f"session {session.id} is closed", type="invalid_request_error", code="session_closed")
+    if session.status == "closed" or session.closing:
+        raise session_closed(session)
     return session
 
 
@@ -192,18 +208,30 @@ async def forward(flow: Flow) -> None:
     flow.upstream_body = upstream_body(flow.body, flow.session.spec.sampling)
     if ctx.fence.served_model:
         flow.upstream_body["model"] = ctx.fence.served_model
+    if flow.session.closing:  # a retry whose twin was cancelled by the close, or a call held at the fence
+        raise session_closed(flow.session)
     flow.call_index = flow.session.take_call_index()
     flow.version_start = ctx.fence.version
     ctx.fence.inflight += 1
     try:
-        flow.reply = await upstream.chat(flow.upstream_body, session_id=flow.session.id)
+        try:
+            flow.reply = await upstream.chat(flow.upstream_body, session_id=flow.session.id)
+        finally:
+            flow.cancellable = False  # the engine answered (or failed): from here on a close waits
+            ctx.fence.inflight -= 1
     except UpstreamFailure as exc:
         flow.version_end = ctx.fence.version
         error = relay_upstream_failure(exc, ctx.config.retry_after_s)
         await record_failure(flow, error)
         raise error from None
-    finally:
-        ctx.fence.inflight -= 1
+    except asyncio.CancelledError:
+        if not flow.cancelled_by_close:
+            raise
+        asyncio.current_task().uncancel()  # type: ignore[union-attr]
+        flow.version_end = ctx.fence.version
+        error = session_closed(flow.session, in_flight=True)
+        await record_failure(flow, error, kind="cancelled")
+        raise error from None
     flow.version_end = ctx.fence.version
     ctx.metrics.upstream_latency.observe(flow.reply.elapsed_ms / 1000.0)
     read_prompt_ids(flow)
@@ -309,9 +337,12 @@ async def record(flow: Flow) -> None:
 
 async def store_record(flow: Flow, pending: PendingRecord) -> None:
     """Make the record durable. If storage fails, the agent gets a retryable error, never a reply
-    whose record might be lost (D14); the engine's sample is dropped with it."""
+    whose record might be lost (D14); the engine's sample is dropped with it. A closed session's
+    records are final: the store refuses the append (``RecordStore.seal``)."""
     try:
         await flow.ctx.store.append(pending)
+    except SessionSealed:
+        raise session_closed(flow.session, in_flight=True) from None
     except Exception as exc:  # noqa: BLE001 -- any storage failure means "not durable"
         flow.ctx.metrics.errors.labels("store_unavailable").inc()
         raise AgentError(503, f"the recorder could not store this call ({type(exc).__name__}: {exc}); retry shortly",
@@ -319,12 +350,12 @@ async def store_record(flow: Flow, pending: PendingRecord) -> None:
                          headers={"retry-after": str(flow.ctx.config.retry_after_s)}) from None
 
 
-async def record_failure(flow: Flow, error: AgentError) -> None:
+async def record_failure(flow: Flow, error: AgentError, *, kind: str | None = None) -> None:
     """A call that reached the engine but got no usable answer: kept with the original error."""
     session = flow.session
     md = _base_metadata(flow, "failed", False)
     md["error"] = {
-        "kind": error.code or "upstream",
+        "kind": kind or error.code or "upstream",
         "status": error.status,
         "upstream_status": flow.reply.status if flow.reply is not None else None,
         "message": error.message,
@@ -363,10 +394,26 @@ def reply(flow: Flow) -> Response:
 
 
 async def handle_chat(ctx: RecorderContext, path_session: str | None, headers: Mapping[str, str], raw: bytes) -> Response:
-    started = time.perf_counter()
     try:
         session = authenticate(ctx, path_session, headers)
-        flow = Flow(ctx=ctx, session=session, headers=headers, raw=raw)
+    except AgentError as exc:
+        return exc.to_response()
+    flow = Flow(ctx=ctx, session=session, headers=headers, raw=raw, task=asyncio.current_task())
+    session.call_started(flow)
+    try:
+        return await _serve(flow)
+    except asyncio.CancelledError:
+        if not flow.cancelled_by_close:
+            raise
+        asyncio.current_task().uncancel()  # type: ignore[union-attr]
+        return session_closed(session, in_flight=True).to_response()  # it never reached the engine
+    finally:
+        session.call_ended(flow)
+
+
+async def _serve(flow: Flow) -> Response:
+    ctx, session, started = flow.ctx, flow.session, flow.started
+    try:
         parse(flow)
         classify(flow)
         await budget.enforce(flow)

@@ -32,7 +32,7 @@ import orjson
 
 from openenv_harness.recorder.fidelity import common_prefix_len
 from openenv_harness.recorder.store import blocks
-from openenv_harness.recorder.store.base import PendingRecord, RecordStore, SessionRow
+from openenv_harness.recorder.store.base import PendingRecord, RecordStore, SessionRow, SessionSealed
 from openenv_harness.recorder.store.index_priority import PRIORITIES
 from openenv_harness.recorder.store.indexer import MAX_BACKLOG as _MAX_BACKLOG
 from openenv_harness.recorder.store.indexer import IndexerFailed, ProcessIndexer, ThreadIndexer, make_indexer
@@ -124,6 +124,8 @@ class SQLiteStore(RecordStore):
         self._closed = False
         self.journal = Journal(self.path + ".records-log", fsync=self.synchronous != "NORMAL")
         self._append_lock = threading.Lock()
+        #: closed sessions: their appends are refused (``seal``)
+        self._sealed: set[str] = set()
         self._next_seq = 1
         #: every record with a lower seq is in SQLite, except ``_unindexed`` (kept in the journal):
         #: seq -> where its frame lies in the journal (None when not known), until it is indexed
@@ -248,6 +250,8 @@ class SQLiteStore(RecordStore):
         with self._append_lock:  # seq order, journal order and queue order are one order
             if self._indexer.failed:  # refuse before journalling: the agent's retry must not be a twin
                 raise IndexerFailed(self._indexer.failed)
+            if record.session_id in self._sealed:
+                raise SessionSealed(f"session {record.session_id} is closed: its records are final")
             seq = self._next_seq
             where = self.journal.append(seq, parts)
             self._next_seq = seq + 1
@@ -297,6 +301,11 @@ class SQLiteStore(RecordStore):
         self._indexer.submit(("nothing", None, done, None))
         if not done.wait(timeout_s):
             raise TimeoutError(f"the store writer did not catch up in {timeout_s}s")
+
+    def seal(self, session_id: str) -> None:
+        """Under the append lock: an append journalling now finishes first, any later one is refused."""
+        with self._append_lock:
+            self._sealed.add(session_id)
 
     async def put_session(self, row: SessionRow) -> None:
         await self._submit("session", row)
