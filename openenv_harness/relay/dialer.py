@@ -206,6 +206,14 @@ class RelayDialer:
         if self._owns_client:
             await self._client.aclose()
 
+    def reconnect(self) -> None:
+        """Drop the current link now and dial again (with credentials read afresh), as a proxy that
+        drops it would: the calls on it fail as in any drop. On the dialer's event loop."""
+        link = self._link
+        if link is not None:
+            self.stats.last_error = "link dropped on request"
+            link.ws.transport.abort()
+
     async def __aenter__(self) -> "RelayDialer":
         await self.start()
         return self

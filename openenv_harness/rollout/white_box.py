@@ -35,6 +35,7 @@ from openenv_harness.recorder.server import RecorderServer
 from openenv_harness.recorder.upstream.model_step import ModelStepUpstream
 from openenv_harness.rollout.launch import launch_agent
 from openenv_harness.rollout.tasks import Task, task_from
+from openenv_harness.rollout.unscored import unscored_reason
 from openenv_harness.sandbox.base import Sandbox
 
 
@@ -162,7 +163,9 @@ class AgentCLIAdapter(CLIHarnessAdapter):
             records = client.records(agent.session_id, include="tokens")
             if isinstance(session, TaskSession):
                 session.sandbox = sandbox
-            return self._result(agent, records, session, code, timed_out)
+            unscored = unscored_reason(agent.result(), session_info=lambda: client.session(agent.session_id),
+                                       sandbox_faults=sandbox.infrastructure_faults(), timed_out=timed_out)
+            return self._result(agent, records, session, code, timed_out, unscored)
         finally:
             if isinstance(session, TaskSession):
                 session.sandbox = None
@@ -170,7 +173,7 @@ class AgentCLIAdapter(CLIHarnessAdapter):
             client.close()
 
     def _result(self, agent: Any, records: list[dict[str, Any]], session: ResourceSession, code: int | None,
-                timed_out: bool) -> HarnessRolloutResult:
+                timed_out: bool, unscored: str | None = None) -> HarnessRolloutResult:
         agent_records = [r for r in records if is_training_entry(r)]
         messages: list[dict[str, Any]] = []
         if agent_records:
@@ -199,7 +202,8 @@ class AgentCLIAdapter(CLIHarnessAdapter):
             "final_answer": outcome.final_answer,
             "agent_calls": len(agent_records),
             "aux_calls": sum(1 for r in records if r["metadata"].get("call_kind") == "aux"),
-            "env_reward": verified.env_reward,
+            "env_reward": None if unscored else verified.env_reward,
+            "unscored_reason": unscored,
             "verify": verified.metrics,
             "trace_entries": records,
         }
