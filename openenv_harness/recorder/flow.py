@@ -258,6 +258,7 @@ def read_prompt_ids(flow: Flow) -> None:
 def validate(flow: Flow) -> None:
     assert flow.reply is not None and flow.reply.json is not None
     flow.evidence = extract_evidence(flow.reply.json, flow.prompt_ids)
+    flow.evidence.reasons.extend(flow.reply.doubts)
 
 
 def _base_metadata(flow: Flow, status: str, trainable: bool) -> dict[str, Any]:

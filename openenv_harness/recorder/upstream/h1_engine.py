@@ -210,9 +210,9 @@ class H1Engine(Upstream):
         async with self._slots:
             status, headers, raw = await self._exchange(head, body)
         elapsed_ms = (time.perf_counter() - started) * 1000.0
-        parsed, span = parse_engine_reply(raw, status=status, chat=chat)
+        parsed, span, doubts = parse_engine_reply(raw, status=status, chat=chat)
         return UpstreamReply(status=status, json=parsed, prompt_span=span, body=raw, headers=headers,
-                             elapsed_ms=elapsed_ms)
+                             elapsed_ms=elapsed_ms, doubts=doubts)
 
     async def _exchange(self, head: bytes, body: bytes | None) -> tuple[int, dict[str, str], bytes]:
         for attempt in range(2):

@@ -184,6 +184,19 @@ def test_a_nested_prompt_token_ids_is_never_taken_for_the_prompt(raw: bytes) -> 
     assert PromptIdsReader().take(_upstream(raw)) is None
 
 
+@pytest.mark.parametrize("raw, doubt", [
+    (b'{"choices":[],"prompt_token_ids":[1,2],"prompt_token_ids":null}', "prompt_token_ids"),
+    (b'{"choices":[],"prompt_token_ids":null,"prompt_token_ids":[1,2]}', "prompt_token_ids"),
+    (b'{"choices":[{"token_ids":[9],"token_ids":[7]}],"prompt_token_ids":[1,2]}', "token_ids"),
+    (b'{"choices":[{"token_ids":[7]}],"prompt_token_ids":[1,2],"kv_transfer_params":{"token_ids":[3]}}', None),
+    (b'{"choices":[{"token_ids":[7]}],"prompt_token_ids":[1,2],"kv_transfer_params":{"prompt_token_ids":[3]}}', None),
+    (_nested_raw(b"[4,5]"), None),  # nested once, top level once: not a duplicate
+])
+def test_a_token_key_given_twice_in_one_object_is_a_doubt(raw: bytes, doubt: str | None) -> None:
+    reply = _upstream(raw)
+    assert reply.doubts == ([f"the reply gives {doubt} more than once in one object"] if doubt else [])
+
+
 def test_duplicated_top_level_keys_are_read_as_the_full_parse_reads_them() -> None:
     # JSON parsers keep the last of duplicated keys: the fast reader must never pick another one
     first_ids = b'{"choices":[],"prompt_token_ids":[1,2],"prompt_token_ids":null}'
@@ -198,8 +211,8 @@ def _upstream(raw: bytes):
     from openenv_harness.recorder.upstream.base import UpstreamReply
     from openenv_harness.recorder.upstream.reply_parse import parse_engine_reply
 
-    parsed, span = parse_engine_reply(raw, status=200, chat=True)
-    return UpstreamReply(status=200, json=parsed, prompt_span=span, body=raw)
+    parsed, span, doubts = parse_engine_reply(raw, status=200, chat=True)
+    return UpstreamReply(status=200, json=parsed, prompt_span=span, body=raw, doubts=doubts)
 
 
 def test_the_httpx_transport_reads_a_nested_key_as_the_full_parse_does() -> None:
