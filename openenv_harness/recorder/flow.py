@@ -371,7 +371,8 @@ async def record_failure(flow: Flow, error: AgentError, *, kind: str | None = No
     )
     await store_record(flow, pending)
     session.counters.failed_calls += 1
-    session.note_error({**md["error"], "call_index": flow.call_index, "at": time.time()})
+    if kind != "cancelled":  # ``last_error`` is what failed a call; a close cancelling one is no failure
+        session.note_error({**md["error"], "call_index": flow.call_index, "at": time.time()})
     flow.ctx.metrics.records.inc()
     flow.ctx.metrics.calls.labels(flow.call_kind, "failed").inc()
     flow.ctx.metrics.errors.labels(md["error"]["kind"]).inc()

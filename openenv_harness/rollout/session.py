@@ -128,7 +128,7 @@ class HarnessSession(ResourceSession):
             self.agent.kill()
         finally:
             try:
-                self.client.close_session(self.session_id)
+                self.client.close_session(self.session_id, grace_s=0)  # the agent is gone: nothing waits
             except (RecorderAPIError, OSError):
                 pass
             finally:
@@ -154,16 +154,19 @@ class HarnessSession(ResourceSession):
         if code is None:
             self.timed_out = True
             self.agent.kill()
-            self._stop_recording()
+            self._stop_recording(grace_s=0)  # its call in flight has no reader: cancelled, not trained on
             raise TimeoutError(f"agent {self.agent.preset.name} did not finish within {timeout_s}s")
         self._stop_recording()
         # the agent's own verdict: Pi's JSON mode exits 0 even when its model call failed
         self.exit_code = self.agent.result().exit_code
         return self.exit_code if self.exit_code is not None else code
 
-    def _stop_recording(self) -> None:
+    def _stop_recording(self, grace_s: float | None = None) -> None:
+        """Close the recorder session: from then on its trace is final. ``grace_s=0`` when the agent
+        was killed: a call it left at the engine is cancelled (recorded untrainable), since the
+        agent never saw its answer; an agent that exited on its own left none of its own."""
         try:
-            self.client.close_session(self.session_id)
+            self.client.close_session(self.session_id, grace_s=grace_s)
         except (RecorderAPIError, OSError):
             pass
 

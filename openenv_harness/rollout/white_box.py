@@ -159,7 +159,7 @@ class AgentCLIAdapter(CLIHarnessAdapter):
             timed_out = code is None
             if timed_out:
                 agent.kill()
-            client.close_session(agent.session_id)
+            client.close_session(agent.session_id, grace_s=0 if timed_out else None)
             records = client.records(agent.session_id, include="tokens")
             if isinstance(session, TaskSession):
                 session.sandbox = sandbox

@@ -100,6 +100,7 @@ def test_a_call_still_at_the_engine_after_the_grace_is_cancelled_and_recorded_un
     assert admin.records(sid) == records and admin.training_trace_json(sid) == trace
     info = admin.session(sid)
     assert info["status"] == "closed" and info["failed_calls"] == 1
+    assert info["last_error"] is None  # no engine failed it: a rollout is not unscored for it
 
 
 def test_a_call_held_at_a_paused_fence_is_refused_unrecorded_by_the_close(stack) -> None:
