@@ -124,8 +124,9 @@ class HarnessOptions(BaseModel):
     """User choices about one agent run. Defaults are what training wants.
 
     Every call an agent makes on its own (a title, a compaction summary) is a call the trainer did
-    not ask for and must not train on; retries duplicate calls; web access breaks offline runs. So
-    all of those start off, and each can be turned back on explicitly.
+    not ask for and must not train on; web access breaks offline runs. So those start off, and each
+    can be turned back on explicitly. Retries are safe (the recorder de-duplicates a retried call)
+    and start on where a network path of the agent's own can drop a call (``retries``).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -133,7 +134,11 @@ class HarnessOptions(BaseModel):
     title_call: bool = Field(default=False, description="OpenCode: let it make its session-title call")
     compaction: bool = Field(default=False, description="Let the agent summarize its context when it fills up")
     webfetch: bool = Field(default=False, description="OpenCode: keep its web-fetch tool")
-    retries: bool = Field(default=False, description="Pi: let it retry failed model calls")
+    retries: bool | None = Field(
+        default=None,
+        description="Pi: let it retry failed model calls. None (default): on where the agent reaches the recorder "
+        "over a path of its own (a remote sandbox's relay), off locally -- a retry is byte-identical, so the "
+        "recorder answers it from the first attempt's record, never with a second sample")
     reasoning: bool = Field(default=False, description="Declare the model a reasoning model to the agent")
     request_timeout_s: float = Field(default=600.0, gt=0, description="How long the agent waits on one model call")
     extra_args: tuple[str, ...] = Field(default=(), description="Appended to the agent's command line")

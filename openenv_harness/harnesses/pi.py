@@ -67,8 +67,9 @@ def _models_json(setup: HarnessSetup) -> dict[str, Any]:
 def _settings_json(setup: HarnessSetup) -> dict[str, Any]:
     options = setup.options
     timeout_ms = int(options.request_timeout_s * 1000)
-    retry: dict[str, Any] = {"enabled": options.retries, "provider": {"timeoutMs": timeout_ms}}
-    if not options.retries:
+    retries = bool(options.retries)  # None (decided by the sandbox, ``launch.py``) is off when unresolved
+    retry: dict[str, Any] = {"enabled": retries, "provider": {"timeoutMs": timeout_ms}}
+    if not retries:
         # The agent-level switch alone leaves the SDK's own retries (3 attempts) in place.
         retry["provider"]["maxRetries"] = 0
     settings: dict[str, Any] = {

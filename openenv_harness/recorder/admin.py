@@ -78,12 +78,27 @@ router = APIRouter(prefix="/admin", dependencies=[Depends(require_admin)])
 
 @router.get("/health")
 async def health(request: Request) -> Response:
+    """Everything a person or an orchestrator needs to tell whether calls can be recorded; 503 with
+    ``status: store_unavailable`` (and the store's ``failure``) when they cannot."""
     ctx = _ctx(request)
     by_status: dict[str, int] = {}
     for s in ctx.sessions.all():
         by_status[s.status] = by_status.get(s.status, 0) + 1
-    return _json({"status": "ok", "sessions": by_status, "fence": ctx.fence.state(),
-                  "engine": ctx.engine_info, "store": ctx.store.stats()})
+    store = ctx.store.stats()
+    failed = ctx.store.failure() is not None
+    return _json({"status": "store_unavailable" if failed else "ok", "sessions": by_status,
+                  "fence": ctx.fence.state(), "engine": ctx.engine_info, "store": store},
+                 status=503 if failed else 200)
+
+
+@router.post("/store/recover")
+async def store_recover(request: Request) -> Response:
+    """Bring a failed store back without restarting the recorder (``RecordStore.recover``): the
+    index process is replaced and every record it left unindexed is sent to it again."""
+    ctx = _ctx(request)
+    recovered = await ctx.store.recover()
+    failure = ctx.store.failure()
+    return _json({"recovered": recovered, "store": ctx.store.stats()}, status=503 if failure else 200)
 
 
 #: what to do when a required property fails, by property
@@ -196,10 +211,14 @@ async def get_session(session_id: str, request: Request) -> Response:
 
 
 @router.post("/sessions/{session_id}/close")
-async def close_session(session_id: str, request: Request) -> Response:
+async def close_session(session_id: str, request: Request,
+                        grace_s: float | None = Query(None, ge=0, le=3600)) -> Response:
+    """Close a session: calls in flight get up to ``grace_s`` (default ``close_grace_s``) to finish,
+    the rest are cancelled and recorded as such; when this answers, the session's records are final."""
     ctx = _ctx(request)
     session = _session_or_404(ctx, session_id)
-    await ctx.sessions.close(session, reason="closed")
+    await ctx.sessions.close(session, reason="closed",
+                             grace_s=ctx.config.close_grace_s if grace_s is None else grace_s)
     return _json(session.summary())
 
 
@@ -288,8 +307,12 @@ async def engine_pause(request: Request, mode: str = Query("keep", pattern="^(ke
 
 @router.post("/engine/resume")
 async def engine_resume(request: Request) -> Response:
-    """Resume the engine, bump the policy version, open the fence."""
+    """Bump the policy version, resume the engine, open the fence -- in that order (``fence.py``):
+    a kept call the engine finishes before acknowledging the resume must end at the new version.
+    If the engine does not acknowledge, the fence stays closed and a retry does not bump again."""
     ctx = _ctx(request)
+    ctx.fence.advance()
+    ctx.metrics.policy_version.set(ctx.fence.version)
     engine = await _engine_call(ctx, "/resume")
     ctx.fence.resume(bump=True)
     ctx.metrics.paused.set(0)
@@ -308,6 +331,10 @@ async def fence_pause(request: Request) -> Response:
 
 @router.post("/fence/resume")
 async def fence_resume(request: Request, bump: bool = Query(True)) -> Response:
+    """Open the fence held by ``/fence/pause``. A trainer that resumes its engine itself and keeps
+    calls across the sync should give the new version before resuming the engine
+    (``POST /admin/policy_version`` while the fence is closed), then call this with ``bump=false``:
+    a kept call can end between the engine's resume and this request."""
     ctx = _ctx(request)
     ctx.fence.resume(bump=bump)
     ctx.metrics.paused.set(0)
@@ -346,4 +373,8 @@ async def metrics(request: Request) -> Response:
         ctx.metrics.template_certified.set({"certified": 1, "failed": 0}.get(cert.get("status"), -1))
         for name, passed in (cert.get("properties") or {}).items():
             ctx.metrics.template_property.labels(name).set(-1 if passed is None else int(bool(passed)))
+    store = ctx.store.stats()
+    ctx.metrics.store_accepting.set(0 if ctx.store.failure() is not None else 1)
+    ctx.metrics.store_unindexed.set(store.get("journal_unindexed", 0))
+    ctx.metrics.store_backlog.set(store.get("journal_backlog", 0))
     return Response(ctx.metrics.exposition(), media_type="text/plain; version=0.0.4; charset=utf-8")

@@ -29,6 +29,7 @@ from openenv_harness.recorder.metrics import RecorderMetrics
 from openenv_harness.recorder.request_limits import RequestLimits, check_scope
 from openenv_harness.recorder.sessions import SessionRegistry
 from openenv_harness.recorder.store.base import RecordStore
+from openenv_harness.recorder.store.indexer import IndexerFailed
 from openenv_harness.recorder.store.sqlite import SQLiteStore
 from openenv_harness.recorder.upstream.base import Upstream, UpstreamFailure
 from openenv_harness.recorder.upstream.h1_engine import H1Engine
@@ -91,9 +92,27 @@ async def models_route(request: Request) -> Response:
     return Response(reply.body, status_code=reply.status, media_type="application/json")
 
 
+_UNAVAILABLE = b'{"status":"unavailable","reason":"the record store cannot accept records"}'
+
+
 async def healthz(request: Request) -> Response:
-    """Bare liveness: says nothing about sessions, engines or configuration."""
+    """Liveness, unauthenticated: says nothing about sessions, engines or configuration -- only
+    whether this recorder can do its job. A recorder whose store cannot take records answers every
+    call with 503, so it is not alive for anyone relying on it: 503 here too (restarting it is one
+    way back -- the journal is indexed at open; ``POST /admin/store/recover`` is another, in place).
+    Why it failed is for the admin-guarded ``/admin/health``."""
+    ctx: RecorderContext = request.app.state.ctx
+    if ctx.store.failure() is not None:
+        return Response(_UNAVAILABLE, status_code=503, media_type="application/json")
     return Response(b'{"status":"ok"}', media_type="application/json")
+
+
+async def readyz(request: Request) -> Response:
+    """Readiness, unauthenticated: whether a call sent now can be recorded (the store takes records)."""
+    ctx: RecorderContext = request.app.state.ctx
+    if ctx.store.failure() is not None:
+        return Response(_UNAVAILABLE, status_code=503, media_type="application/json")
+    return Response(b'{"status":"ready"}', media_type="application/json")
 
 
 def chat_target(path: str) -> tuple[bool, str | None]:
@@ -202,6 +221,7 @@ def create_recorder_app(
                   openapi_url=None)
     app.state.ctx = ctx
     app.add_route("/healthz", healthz, methods=["GET"])
+    app.add_route("/readyz", readyz, methods=["GET"])
     for suffix in (CHAT_SUFFIX, RESPONSES.path_suffix, ANTHROPIC.path_suffix):
         app.add_route("/rollout/{session_id}" + suffix, chat_route, methods=["POST"])
         app.add_route(suffix, chat_route, methods=["POST"])
@@ -224,6 +244,13 @@ def create_recorder_app(
         if isinstance(detail, str) and detail != "Not Found":  # a route's own 404 ("no session ...")
             return error_response(404, detail, code="not_found")
         return error_response(404, f"no route {request.method} {request.url.path}", code="not_found")
+
+    @app.exception_handler(IndexerFailed)
+    async def store_failed(request: Request, exc: IndexerFailed) -> Response:
+        # a control-plane write (a session created or closed) while the store cannot take it
+        return error_response(503, f"the record store cannot accept writes ({exc}); retry shortly",
+                              type="server_error", code="store_unavailable",
+                              headers={"retry-after": str(config.retry_after_s)})
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, exc: RequestValidationError) -> Response:

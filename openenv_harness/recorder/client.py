@@ -54,8 +54,11 @@ class RecorderClient:
     def sessions(self) -> list[dict[str, Any]]:
         return self._call("GET", "/admin/sessions")
 
-    def close_session(self, session_id: str) -> dict[str, Any]:
-        return self._call("POST", f"/admin/sessions/{session_id}/close")
+    def close_session(self, session_id: str, *, grace_s: float | None = None) -> dict[str, Any]:
+        """Close a session; once this returns its records are final (``grace_s``: how long calls in
+        flight may finish first, the recorder's ``close_grace_s`` by default)."""
+        params = {"grace_s": grace_s} if grace_s is not None else None
+        return self._call("POST", f"/admin/sessions/{session_id}/close", params=params)
 
     def records(self, session_id: str, *, include: str = "all", after_seq: int = 0) -> list[dict[str, Any]]:
         return self._call("GET", f"/admin/sessions/{session_id}/records",

@@ -57,6 +57,8 @@ class RecorderConfig(BaseModel):
         "not allow leaving SCHED_IDLE it runs as 'low' (nice +10); 'normal' never lowers it")
     pause_wait_s: float = Field(30.0, ge=0, description="How long a call waits for a paused engine before 503")
     retry_after_s: int = Field(2, ge=1, description="Retry-After sent with recorder-made 503s")
+    close_grace_s: float = Field(10.0, ge=0, description="How long closing a session lets its calls in flight "
+                                 "finish before cancelling them (recorded as cancelled, never trainable)")
     dedupe_window: int = Field(64, ge=0, description="Recent request digests per session kept for retry replay")
     probe_template: bool = Field(True, description="Probe the engine's served template via /tokenize")
     template_reprobe_s: float = Field(

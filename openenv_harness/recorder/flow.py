@@ -36,7 +36,7 @@ from openenv_harness.recorder.relay_errors import relay_upstream_error, relay_up
 from openenv_harness.recorder.request_body import check_body, not_json
 from openenv_harness.recorder.sessions import LiveSession
 from openenv_harness.recorder.sse import synthesize_sse
-from openenv_harness.recorder.store.base import PendingRecord
+from openenv_harness.recorder.store.base import PendingRecord, SessionSealed
 from openenv_harness.recorder.upstream.base import UpstreamFailure, UpstreamReply
 from openenv_harness.recorder.upstream.reply_parse import PromptIdsReader
 from openenv_harness.recorder.validate import Evidence, agent_view, extract_evidence
@@ -81,6 +81,22 @@ class Flow:
     #: the agent's API when it is not chat (``dialects/``): it translates at entry and at reply
     dialect: "Dialect | None" = None
     dialect_call: Any = None
+    #: the task serving this call; a close may cancel it while ``cancellable`` (until the engine answered)
+    task: asyncio.Task | None = None
+    cancellable: bool = True
+    cancelled_by_close: bool = False
+
+    def cancel_for_close(self) -> None:
+        """The session is closing and this call is still waiting (``SessionRegistry.close``)."""
+        if self.cancellable and self.task is not None and not self.cancelled_by_close:
+            self.cancelled_by_close = True
+            self.task.cancel()
+
+
+def session_closed(session: LiveSession, *, in_flight: bool = False) -> AgentError:
+    message = (f"session {session.id} was closed while this call was in flight; it was not answered" if in_flight
+               else f"session {session.id} is closed")
+    return AgentError(409, message, type="invalid_request_error", code="session_closed")
 
 
 # -- authenticate ------------------------------------------------------------------------------
@@ -99,8 +115,8 @@ def authenticate(ctx: RecorderContext, path_session: str | None, headers: Mappin
         session = ctx.sessions.by_digest(secret_digest(key))
         if session is None:
             raise AgentError(401, "invalid API key", type="authentication_error")
-    if session.status == "closed":
-        raise AgentError(409, f"session {session.id} is closed", type="invalid_request_error", code="session_closed")
+    if session.status == "closed" or session.closing:
+        raise session_closed(session)
     return session
 
 
@@ -153,7 +169,10 @@ async def dedupe(flow: Flow) -> bool:
     """A retried call (identical body in the same session) is answered from the record.
 
     Both CLIs resend byte-identical bodies on retry; sampling again would put a second, different
-    answer in the trace for one agent turn. Returns True when the reply was replayed.
+    answer in the trace for one agent turn. A replay is exactly what the first attempt was sent --
+    from its in-flight twin, or from the stored record's ``response``, which keeps the logprobs
+    when the call asked for them (``record``) -- so a retry under the same ``Idempotency-Key``
+    whose body differs gets the logical call's one answer too. Returns True when replayed.
     """
     session = flow.session
     twin = session.inflight.get(flow.digest)
@@ -204,6 +223,10 @@ async def forward(flow: Flow) -> None:
     if upstream is None:
         raise AgentError(503, "no engine is configured for this session", type="server_error", code="no_engine",
                          headers={"retry-after": str(ctx.config.retry_after_s)})
+    if ctx.store.failure() is not None:  # its record could not be stored: no sample, no call number spent
+        ctx.metrics.errors.labels("store_unavailable").inc()
+        raise AgentError(503, "the recorder cannot store calls right now; retry shortly", type="server_error",
+                         code="store_unavailable", headers={"retry-after": str(ctx.config.retry_after_s)})
     if not await ctx.fence.admit():
         ctx.metrics.rejected.labels("paused").inc()
         raise AgentError(503, "engine is paused for a weight update; retry shortly", type="server_error",
@@ -211,17 +234,29 @@ async def forward(flow: Flow) -> None:
     flow.upstream_body = upstream_body(flow.body, flow.session.spec.sampling)
     if ctx.fence.served_model:
         flow.upstream_body["model"] = ctx.fence.served_model
+    if flow.session.closing:  # a retry whose twin was cancelled by the close, or a call held at the fence
+        raise session_closed(flow.session)
     flow.version_start = ctx.fence.version
     ctx.fence.inflight += 1
     try:
-        flow.reply = await upstream.chat(flow.upstream_body, session_id=flow.session.id)
+        try:
+            flow.reply = await upstream.chat(flow.upstream_body, session_id=flow.session.id)
+        finally:
+            flow.cancellable = False  # the engine answered (or failed): from here on a close waits
+            ctx.fence.inflight -= 1
     except UpstreamFailure as exc:
         flow.version_end = ctx.fence.version
         error = relay_upstream_failure(exc, ctx.config.retry_after_s)
         await record_failure(flow, error)
         raise error from None
-    finally:
-        ctx.fence.inflight -= 1
+    except asyncio.CancelledError:
+        if not flow.cancelled_by_close:
+            raise
+        asyncio.current_task().uncancel()  # type: ignore[union-attr]
+        flow.version_end = ctx.fence.version
+        error = session_closed(flow.session, in_flight=True)
+        await record_failure(flow, error, kind="cancelled")
+        raise error from None
     flow.version_end = ctx.fence.version
     ctx.metrics.upstream_latency.observe(flow.reply.elapsed_ms / 1000.0)
     read_prompt_ids(flow)
@@ -248,6 +283,7 @@ def read_prompt_ids(flow: Flow) -> None:
 def validate(flow: Flow) -> None:
     assert flow.reply is not None and flow.reply.json is not None
     flow.evidence = extract_evidence(flow.reply.json, flow.prompt_ids)
+    flow.evidence.reasons.extend(flow.reply.doubts)
 
 
 def _base_metadata(flow: Flow, status: str, trainable: bool) -> dict[str, Any]:
@@ -318,7 +354,8 @@ async def record(flow: Flow) -> None:
     budget.account(session, flow.call_kind, ev, served=True)
     md["limits"] = budget.limits_state(session)
     flow.metadata = md
-    response = agent_view(flow.reply.json, keep_logprobs=False)
+    # what the agent is sent, logprobs included when it asked: a replayed retry is answered with it
+    response = agent_view(flow.reply.json, keep_logprobs=flow.keep_logprobs)
     pending = PendingRecord(
         session_id=session.id,
         call_index=flow.call_index,
@@ -344,7 +381,7 @@ async def record(flow: Flow) -> None:
     recent[flow.digest] = flow.call_index
     while len(recent) > flow.ctx.config.dedupe_window:
         recent.popitem(last=False)
-    flow.agent_reply = agent_view(flow.reply.json, keep_logprobs=flow.keep_logprobs)
+    flow.agent_reply = response
 
 
 def observe_cause(flow: Flow, md: dict[str, Any], transition: Any, ev: Evidence) -> None:
@@ -414,9 +451,12 @@ async def _record_aborted(flow: Flow, ev: Evidence, md: dict[str, Any], status: 
 
 async def store_record(flow: Flow, pending: PendingRecord) -> None:
     """Make the record durable. If storage fails, the agent gets a retryable error, never a reply
-    whose record might be lost (D14); the engine's sample is dropped with it."""
+    whose record might be lost (D14); the engine's sample is dropped with it. A closed session's
+    records are final: the store refuses the append (``RecordStore.seal``)."""
     try:
         await flow.ctx.store.append(pending)
+    except SessionSealed:
+        raise session_closed(flow.session, in_flight=True) from None
     except Exception as exc:  # noqa: BLE001 -- any storage failure means "not durable"
         flow.ctx.metrics.errors.labels("store_unavailable").inc()
         _unnumber(flow, pending)
@@ -441,12 +481,12 @@ def _unnumber(flow: Flow, pending: PendingRecord) -> None:
     budget.refund(session, flow.call_kind, flow.evidence if served else None, served=served)
 
 
-async def record_failure(flow: Flow, error: AgentError) -> None:
+async def record_failure(flow: Flow, error: AgentError, *, kind: str | None = None) -> None:
     """A call that reached the engine but got no usable answer: kept with the original error."""
     session = flow.session
     md = _base_metadata(flow, "failed", False)
     md["error"] = {
-        "kind": error.code or "upstream",
+        "kind": kind or error.code or "upstream",
         "status": error.status,
         "upstream_status": flow.reply.status if flow.reply is not None else None,
         "message": error.message,
@@ -461,7 +501,8 @@ async def record_failure(flow: Flow, error: AgentError) -> None:
     )
     await store_record(flow, pending)
     session.counters.failed_calls += 1
-    session.note_error({**md["error"], "call_index": flow.call_index, "at": time.time()})
+    if kind != "cancelled":  # ``last_error`` is what failed a call; a close cancelling one is no failure
+        session.note_error({**md["error"], "call_index": flow.call_index, "at": time.time()})
     flow.ctx.metrics.records.inc()
     flow.ctx.metrics.calls.labels(flow.call_kind, "failed").inc()
     flow.ctx.metrics.errors.labels(md["error"]["kind"]).inc()
@@ -511,10 +552,27 @@ async def serve_call(flow: Flow) -> None:
 
 async def handle_chat(ctx: RecorderContext, path_session: str | None, headers: Mapping[str, str], raw: bytes,
                       dialect: "Dialect | None" = None) -> Response:
-    started = time.perf_counter()
     try:
         session = authenticate(ctx, path_session, headers)
-        flow = Flow(ctx=ctx, session=session, headers=headers, raw=raw, dialect=dialect)
+    except AgentError as exc:
+        return dialect.error(exc) if dialect is not None else exc.to_response()
+    flow = Flow(ctx=ctx, session=session, headers=headers, raw=raw, dialect=dialect, task=asyncio.current_task())
+    session.call_started(flow)
+    try:
+        return await _serve(flow)
+    except asyncio.CancelledError:
+        if not flow.cancelled_by_close:
+            raise
+        asyncio.current_task().uncancel()  # type: ignore[union-attr]
+        error = session_closed(session, in_flight=True)  # it never reached the engine
+        return dialect.error(error) if dialect is not None else error.to_response()
+    finally:
+        session.call_ended(flow)
+
+
+async def _serve(flow: Flow) -> Response:
+    ctx, session, started, dialect = flow.ctx, flow.session, flow.started, flow.dialect
+    try:
         if dialect is not None:
             dialect.enter(flow)  # the agent's Responses/Messages body becomes the chat body parsed next
         parse(flow)

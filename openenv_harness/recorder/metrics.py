@@ -46,6 +46,11 @@ class RecorderMetrics:
         self.sessions = Gauge("oeh_sessions", "Sessions by status", ["status"], registry=r)
         self.policy_version = Gauge("oeh_policy_version", "Current policy version", registry=r)
         self.paused = Gauge("oeh_engine_paused", "1 while the weight-sync fence is closed", registry=r)
+        self.store_accepting = Gauge("oeh_store_accepting_records",
+                                     "1 while the store takes records, 0 while every call is refused", registry=r)
+        self.store_unindexed = Gauge("oeh_store_unindexed_records",
+                                     "Acknowledged records kept only in the journal after indexing failed", registry=r)
+        self.store_backlog = Gauge("oeh_store_index_backlog", "Records journalled and not yet indexed", registry=r)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

@@ -21,6 +21,11 @@ from openenv_harness.recorder.auth import new_secret, secret_digest
 from openenv_harness.recorder.store.base import RecordStore, SessionRow
 
 _SESSION_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,95}$")
+#: How long a close lets calls in flight finish before cancelling them (seconds; per close: ``grace_s``).
+DEFAULT_CLOSE_GRACE_S = 10.0
+#: How long a close then waits for the cancelled calls and those past the engine to be recorded; a
+#: record journalled by then is part of the session, any later append is refused by the sealed store.
+CANCELLED_CALLS_WAIT_S = 30.0
 
 
 class Budgets(BaseModel):
@@ -132,7 +137,36 @@ class LiveSession:
     caps_cache: dict[str, Any] | None = None
     #: what dialect replies sent back (sampled tool arguments, reasoning), to recognise their replay
     dialect_memory: Any = None
+    #: the calls being served now, from authentication to reply (``flow.Flow`` by id): close waits for them
+    calls: dict[int, Any] = field(default_factory=dict)
     _changed: asyncio.Event | None = None
+    _calls_idle: asyncio.Event | None = None
+    #: set once a close has begun; resolved when it is done
+    _close_done: asyncio.Future | None = None
+
+    @property
+    def closing(self) -> bool:
+        """A close has begun: no new call is served (it may still be waiting for calls in flight)."""
+        return self._close_done is not None
+
+    def call_started(self, flow: Any) -> None:
+        self.calls[id(flow)] = flow
+
+    def call_ended(self, flow: Any) -> None:
+        self.calls.pop(id(flow), None)
+        if not self.calls and self._calls_idle is not None:
+            self._calls_idle.set()
+
+    async def calls_done(self, timeout_s: float) -> bool:
+        """Wait until no call is in flight, at most ``timeout_s``; whether none is."""
+        if not self.calls:
+            return True
+        self._calls_idle = asyncio.Event()
+        try:
+            await asyncio.wait_for(self._calls_idle.wait(), timeout_s)
+        except TimeoutError:
+            pass
+        return not self.calls
 
     def take_call_index(self) -> int:
         index = self.next_call_index
@@ -239,6 +273,8 @@ class SessionRegistry:
             for key, value in totals.items():
                 if hasattr(session.counters, key):
                     setattr(session.counters, key, int(value))
+            if session.status == "closed":
+                self._store.seal(session.id)
             self._index(session)
         return len(self._by_id)
 
@@ -284,16 +320,43 @@ class SessionRegistry:
             await self.persist(session)
             session.notify()
 
-    async def close(self, session: LiveSession, reason: str | None = None) -> None:
-        if session.status != "closed":
+    async def close(self, session: LiveSession, reason: str | None = None, *,
+                    grace_s: float = DEFAULT_CLOSE_GRACE_S) -> None:
+        """Close a session; once this returns its records never change (RFC 001, "Closing a session").
+
+        1. No new call is served (409 ``session_closed``).
+        2. Calls in flight may finish, for up to ``grace_s``: each is recorded as usual, classified
+           against its chain.
+        3. Calls still waiting then (on the engine, on a paused fence, on a twin) are cancelled: one
+           that reached the engine is recorded as ``failed`` with error kind ``cancelled`` (never
+           trainable), and its agent gets a 409; calls already past the engine are waited for.
+        4. The store is sealed for the session -- an append is refused from here on -- and only then
+           is the session marked closed and its caches dropped.
+        A second close waits for the first.
+        """
+        if session.status == "closed":
+            return
+        if session._close_done is not None:
+            await asyncio.shield(session._close_done)
+            return
+        session._close_done = asyncio.get_running_loop().create_future()
+        try:
+            if not await session.calls_done(grace_s):
+                for flow in list(session.calls.values()):
+                    flow.cancel_for_close()
+                await session.calls_done(CANCELLED_CALLS_WAIT_S)  # they record and answer at once
+            self._store.seal(session.id)
             session.status = "closed"
             session.closed_at = time.time()
-            await self.persist(session)
             # a closed session serves no more calls: its bounded caches go (memory follows live sessions)
             session.fidelity = None
             session.prompt_ids = None
             session.recent_digests.clear()
             session.provenance_cache = None
             session.dialect_memory = None
+            session.turn_views.clear()
+            await self.persist(session)
             await self._store.forget(session.id)
             session.notify()
+        finally:
+            session._close_done.set_result(None)

@@ -16,6 +16,8 @@ from array import array
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 TOKEN_ID_PREFIX = "token_id:"
 
 
@@ -43,10 +45,16 @@ def _ids(values: Any, what: str, reasons: list[str]) -> array | None:
         reasons.append(f"{what} is not a list")
         return None
     try:
-        return array("I", values)
+        out = array("I", values)
     except (TypeError, OverflowError):
         reasons.append(f"{what} contains a value that is not a non-negative integer id")
         return None
+    # JSON true/false pass as 1/0 (bool is an int to Python); only a list holding a 0 or a 1 can
+    # hold one, and only then is each value's type looked at
+    if out and int(np.frombuffer(out, dtype=np.uintc).min()) <= 1 and bool in set(map(type, values)):
+        reasons.append(f"{what} contains a value that is not a non-negative integer id")
+        return None
+    return out
 
 
 def _ids_from_tokens(tokens: list[str]) -> array | None:
@@ -56,9 +64,13 @@ def _ids_from_tokens(tokens: list[str]) -> array | None:
     for tok in tokens:
         if not tok.startswith(TOKEN_ID_PREFIX):
             return None
+        digits = tok[plen:]
+        # exactly what vLLM writes ("token_id:%d"): not " 7", "+7", "07", "7_0" or other scripts' digits
+        if not (digits.isascii() and digits.isdigit()) or (digits[0] == "0" and len(digits) > 1):
+            return None
         try:
-            out.append(int(tok[plen:]))
-        except (ValueError, OverflowError):
+            out.append(int(digits))
+        except OverflowError:
             return None
     return out
 
@@ -113,10 +125,13 @@ def extract_evidence(reply: dict[str, Any], prompt_ids: array | None = None) -> 
 
     if ev.logprobs is not None and len(ev.logprobs):
         total = math.fsum(ev.logprobs)
+        top = max(ev.logprobs)
         if not math.isfinite(total):
             reasons.append("a logprob is not finite")
-        elif max(ev.logprobs) > 0.0:
+        elif top > 0.0:
             reasons.append("a logprob is positive")
+        elif top == 0.0 and any(type(entry["logprob"]) is bool for entry in content):  # false reads as 0.0
+            reasons.append("logprobs.content entries lack a numeric logprob")
     if ev.completion_ids is not None and ev.logprobs is not None and len(ev.completion_ids) != len(ev.logprobs):
         reasons.append(f"{len(ev.completion_ids)} sampled ids but {len(ev.logprobs)} logprobs")
     if ev.usage is not None:

@@ -63,7 +63,11 @@ class _NoRedirectConnect(connect):
 
 @dataclass
 class DialerStats:
-    """Counters for tests, metrics and diagnostics."""
+    """Counters for tests, metrics and diagnostics -- and for telling an infrastructure fault from a
+    failed task (``Sandbox.infrastructure_faults``). Every started call ends as exactly one of
+    completed (its whole reply went out, ``RESPONSE_END`` included, on a link that was still up),
+    failed (an error reply, or cut: ``calls_cut`` counts those the link took down with it) or
+    cancelled (the agent went away)."""
 
     connects: int = 0
     disconnects: int = 0
@@ -71,6 +75,8 @@ class DialerStats:
     calls_completed: int = 0
     calls_failed: int = 0
     calls_cancelled: int = 0
+    #: calls in flight when the link dropped (also counted in ``calls_failed``)
+    calls_cut: int = 0
     #: Largest number of reply bytes ever sent on one call and not yet acknowledged by the relay.
     max_unacked_bytes: int = 0
     last_error: str | None = None
@@ -200,6 +206,14 @@ class RelayDialer:
         if self._owns_client:
             await self._client.aclose()
 
+    def reconnect(self) -> None:
+        """Drop the current link now and dial again (with credentials read afresh), as a proxy that
+        drops it would: the calls on it fail as in any drop. On the dialer's event loop."""
+        link = self._link
+        if link is not None:
+            self.stats.last_error = "link dropped on request"
+            link.ws.transport.abort()
+
     async def __aenter__(self) -> "RelayDialer":
         await self.start()
         return self
@@ -272,6 +286,8 @@ class RelayDialer:
             tasks = [call.task for call in link.calls.values() if call.task is not None]
             for task in tasks:
                 task.cancel()
+            self.stats.calls_cut += len(tasks)
+            self.stats.calls_failed += len(tasks)
             await asyncio.gather(pinger, *tasks, return_exceptions=True)
             log.info("relay link down (%s); %d calls in flight failed", self.stats.last_error, len(tasks))
         return True
@@ -328,7 +344,8 @@ class RelayDialer:
                 call.task.cancel()
 
     async def _abandon(self, link: _Link, call: _Call, message: str) -> None:
-        link.calls.pop(call.stream, None)
+        if link.calls.pop(call.stream, None) is not None:
+            self.stats.calls_failed += 1
         if call.task is not None:
             call.task.cancel()
         await link.send(wire.json_frame(FrameKind.ERROR, call.stream, {"status": 502, "message": message}))
@@ -370,11 +387,14 @@ class RelayDialer:
                         self.stats.max_unacked_bytes = max(self.stats.max_unacked_bytes, unacked)
                         await link.send(wire.encode_frame(FrameKind.RESPONSE_BODY, call.stream, piece))
                 await link.send(wire.encode_frame(FrameKind.RESPONSE_END, call.stream))
+                if link.calls.pop(call.stream, None) is None:  # the link went down as the end went out
+                    return  # counted as cut, with the link's other calls
                 self.stats.calls_completed += 1
             finally:
                 await response.aclose()
         except _LinkDown:
             self.stats.calls_failed += 1
+            self.stats.calls_cut += 1
         except Exception as exc:  # noqa: BLE001 -- every failure is reported to the agent's side
             self.stats.calls_failed += 1
             reason = type(exc).__name__  # exception texts can carry URLs; the type is enough here

@@ -64,6 +64,10 @@ class DialerThread:
         """Thread-safe ``RelayDialer.allow_path_prefix``."""
         self._require_loop().call_soon_threadsafe(self.dialer.allow_path_prefix, prefix)
 
+    def reconnect(self) -> None:
+        """Thread-safe ``RelayDialer.reconnect``."""
+        self._require_loop().call_soon_threadsafe(self.dialer.reconnect)
+
     def stop(self, timeout_s: float = 10.0) -> None:
         """Close the dialer, stop the loop and join the thread. Safe to call twice."""
         loop, thread = self._loop, self._thread

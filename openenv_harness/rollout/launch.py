@@ -53,6 +53,17 @@ class LaunchedAgent:
         return self.preset.parse_output(self.process.poll(), stdout, stderr)
 
 
+def resolve_options(options: HarnessOptions, sandbox: Sandbox) -> HarnessOptions:
+    """Settle what the sandbox decides: retries (left ``None``) are on where the agent reaches the
+    recorder over a path of its own (``Sandbox.remote``). One WebSocket blip must not end a remote
+    rollout, and a retry is safe: it is byte-identical, so the recorder answers it from the first
+    attempt (its in-flight twin or its record), never with a second sample. Locally the only
+    failures are the recorder's and the engine's own, which a retry would not cure."""
+    if options.retries is None:
+        return options.model_copy(update={"retries": sandbox.remote})
+    return options
+
+
 def new_session_id() -> str:
     return "r-" + secrets.token_hex(8)
 
@@ -79,12 +90,13 @@ def launch_agent(
     session_id = session_id or new_session_id()
     base_url = f"{recorder_url.rstrip('/')}/rollout/{session_id}/v1"
     endpoint = sandbox.model_endpoint(base_url, "pending")
+    options = resolve_options(options or HarnessOptions(), sandbox)
 
     def setup_for(ep: Any) -> HarnessSetup:
         return HarnessSetup(
             endpoint=ep, model=model, workdir=sandbox.workdir, home=sandbox.home,
             context_window=context_window, max_output_tokens=max_output_tokens,
-            options=options or HarnessOptions(),
+            options=options,
         )
 
     draft = preset.prepare(setup_for(endpoint), instruction, executable)

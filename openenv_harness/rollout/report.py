@@ -24,6 +24,8 @@ class RolloutReport:
     exit_code: int | None = None
     agent_ok: bool = False
     reward: float | None = None
+    #: why ``reward`` is None: an infrastructure fault, never a failed task (``unscored.py``)
+    unscored_reason: str | None = None
     timed_out: bool = False
     calls: int = 0
     agent_calls: int = 0
@@ -96,6 +98,7 @@ def run_rollout(factory: HarnessSessionFactory, task: Any, *, timeout_s: float =
             report.timed_out = True
         verified = session.verify([])
         report.reward = verified.env_reward
+        report.unscored_reason = verified.metrics.get("unscored_reason")
         result = session.agent.result()
         report.agent_ok = result.ok
         report.final_answer = result.final_answer

@@ -128,10 +128,12 @@ def transcript(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def rollout_result(*, records: list[dict[str, Any]], session: dict[str, Any], outcome: HarnessResult,
-                   verified: VerifyResult, process_exit_code: int | None, timed_out: bool) -> HarnessRolloutResult:
+                   verified: VerifyResult, process_exit_code: int | None, timed_out: bool,
+                   unscored: str | None = None) -> HarnessRolloutResult:
     """The ``HarnessRolloutResult`` of one finished run (see the module docstring).
 
-    ``session`` is the recorder's session summary; ``verified`` the task's score of the final state.
+    ``session`` is the recorder's session summary; ``verified`` the task's score of the final state;
+    ``unscored`` the infrastructure cause (``rollout.unscored``) that keeps the run from being scored.
     """
     result = HarnessRolloutResult(messages=transcript(records))
     counts = _walk(records, result)
@@ -142,9 +144,8 @@ def rollout_result(*, records: list[dict[str, Any]], session: dict[str, Any], ou
               if (r.get("metadata") or {}).get("status") == "failed"]
     last_error = (session.get("last_error") or {}).get("message") or (errors[-1]["message"] if errors else None)
     error = last_error or (None if outcome.ok else outcome.error)
-    env_reward = verified.env_reward
-    unscored = None
-    if not outcome.ok and not stop_reason and last_error:
+    env_reward = None if unscored else verified.env_reward
+    if unscored is None and not outcome.ok and not stop_reason and last_error:
         # the agent stopped because its model call failed, not on the task: a score would put an
         # infrastructure fault into the group baseline (D7)
         unscored, env_reward = f"agent stopped on a model call error: {last_error}", None

@@ -20,9 +20,12 @@ from typing import Any
 
 from openenv.core.harness import ResourceSession, ToolResult, TrainingTrace, VerifyResult
 
+from openenv_harness.harnesses.base import HarnessResult
 from openenv_harness.recorder.client import RecorderAPIError, RecorderClient
 from openenv_harness.rollout.launch import LaunchedAgent
 from openenv_harness.rollout.tasks import Task, VerifyOutcome
+from openenv_harness.rollout.unscored import unscored_reason
+from openenv_harness.sandbox.base import SandboxError
 
 
 class RolloutCaptureError(RuntimeError):
@@ -44,6 +47,8 @@ class HarnessSession(ResourceSession):
         self.exit_code: int | None = None
         self.timed_out = False
         self.verify_outcome: VerifyOutcome | None = None
+        #: why the sandbox failed under the agent, when it did (the rollout is then unscored)
+        self.sandbox_failure: str | None = None
         self._closed = False
 
     @property
@@ -67,12 +72,20 @@ class HarnessSession(ResourceSession):
 
     def verify(self, transcript: list[dict[str, Any]] | None = None, final_state: Any = None) -> VerifyResult:
         if self.verify_outcome is None:
-            if self.agent.process.poll() is None:
-                self.agent.kill()  # score the final state, not a moving target
-            self.verify_outcome = self.task.verify(self.agent.sandbox)
+            try:
+                if self.agent.process.poll() is None:
+                    self.agent.kill()  # score the final state, not a moving target
+            except SandboxError as exc:
+                self.sandbox_failure = self.sandbox_failure or str(exc)
+            if self.sandbox_failure is not None:
+                self.verify_outcome = VerifyOutcome(reward=None, detail=f"sandbox failed: {self.sandbox_failure}")
+            else:
+                self.verify_outcome = self.task.verify(self.agent.sandbox)
         outcome = self.verify_outcome
         result = self.agent.result()
-        unscored = self._infrastructure_failure(result.ok)
+        unscored = self._infrastructure_failure(result)
+        if unscored is None and outcome.reward is None:
+            unscored = outcome.detail or "the verifier could not score the sandbox"
         return VerifyResult(
             env_reward=None if unscored else outcome.reward,
             done=True,
@@ -87,25 +100,25 @@ class HarnessSession(ResourceSession):
             artifacts={"verify_output": outcome.detail, "final_answer": result.final_answer, "agent_error": result.error},
         )
 
-    def _infrastructure_failure(self, agent_ok: bool) -> str | None:
-        """Why this rollout must stay unscored (D7), or None.
+    def _infrastructure_failure(self, result: HarnessResult) -> str | None:
+        """Why this rollout must stay unscored (D7, ``unscored.py``), or None.
 
-        An agent that stopped because the engine or the recorder failed did not fail the task: scoring
-        its sandbox would put a 0.0 into the group baseline for an infrastructure fault. A budget stop
-        is the policy's own doing and is scored.
+        An agent that stopped because the engine, the recorder, the relay or the sandbox failed, or
+        whose CLI crashed with no model call to blame, did not fail the task: scoring its sandbox
+        would put a 0.0 into the group baseline for an infrastructure fault. A budget stop is the
+        policy's own doing and is scored.
         """
-        if agent_ok:
-            return None
+        faults = list(self._sandbox_faults())
+        if self.sandbox_failure is not None:
+            faults.insert(0, f"sandbox failed: {self.sandbox_failure}")
+        return unscored_reason(result, session_info=lambda: self.client.session(self.session_id),
+                               sandbox_faults=faults, timed_out=self.timed_out)
+
+    def _sandbox_faults(self) -> list[str]:
         try:
-            info = self.client.session(self.session_id)
-        except (RecorderAPIError, OSError) as exc:
-            return f"recorder unreachable: {exc}"
-        if info.get("stop_reason"):
-            return None
-        error = info.get("last_error")
-        if error:
-            return f"agent stopped on an engine error: {error.get('message')}"
-        return None
+            return self.agent.sandbox.infrastructure_faults()
+        except Exception as exc:  # noqa: BLE001 -- a sandbox that cannot even say is a fault itself
+            return [f"the sandbox could not report its state: {type(exc).__name__}: {exc}"]
 
     def close(self) -> None:
         if self._closed:
@@ -115,7 +128,7 @@ class HarnessSession(ResourceSession):
             self.agent.kill()
         finally:
             try:
-                self.client.close_session(self.session_id)
+                self.client.close_session(self.session_id, grace_s=0)  # the agent is gone: nothing waits
             except (RecorderAPIError, OSError):
                 pass
             finally:
@@ -131,20 +144,29 @@ class HarnessSession(ResourceSession):
         what was captured and flags the rollout as timed out)."""
         if timeout_s is None:
             timeout_s = self.wait_timeout_s
-        code = self.agent.wait(timeout_s)
+        try:
+            code = self.agent.wait(timeout_s)
+        except SandboxError as exc:  # the sandbox failed under the agent: unscored (``verify``), not raised
+            self.sandbox_failure = str(exc)
+            self._stop_recording()
+            self.exit_code = 1
+            return 1
         if code is None:
             self.timed_out = True
             self.agent.kill()
-            self._stop_recording()
+            self._stop_recording(grace_s=0)  # its call in flight has no reader: cancelled, not trained on
             raise TimeoutError(f"agent {self.agent.preset.name} did not finish within {timeout_s}s")
         self._stop_recording()
         # the agent's own verdict: Pi's JSON mode exits 0 even when its model call failed
         self.exit_code = self.agent.result().exit_code
         return self.exit_code if self.exit_code is not None else code
 
-    def _stop_recording(self) -> None:
+    def _stop_recording(self, grace_s: float | None = None) -> None:
+        """Close the recorder session: from then on its trace is final. ``grace_s=0`` when the agent
+        was killed: a call it left at the engine is cancelled (recorded untrainable), since the
+        agent never saw its answer; an agent that exited on its own left none of its own."""
         try:
-            self.client.close_session(self.session_id)
+            self.client.close_session(self.session_id, grace_s=grace_s)
         except (RecorderAPIError, OSError):
             pass
 

@@ -42,6 +42,7 @@ from openenv_harness.recorder.upstream.model_step import ModelStepUpstream
 from openenv_harness.rollout.launch import launch_agent
 from openenv_harness.rollout.rollout_result import transcript, rollout_result
 from openenv_harness.rollout.tasks import Task, task_from
+from openenv_harness.rollout.unscored import unscored_reason
 from openenv_harness.sandbox.base import Sandbox
 
 
@@ -167,14 +168,17 @@ class AgentCLIAdapter(CLIHarnessAdapter):
             timed_out = code is None
             if timed_out:
                 agent.kill()
-            client.close_session(agent.session_id)
+            client.close_session(agent.session_id, grace_s=0 if timed_out else None)
             records = client.records(agent.session_id)
             info = client.session(agent.session_id)
             if isinstance(session, TaskSession):
                 session.sandbox = sandbox
             verified = session.verify(transcript(records))
+            # an infrastructure fault (recorder, engine, relay, sandbox, a CLI crash) is never a score
+            unscored = unscored_reason(agent.result(), session_info=lambda: info,
+                                       sandbox_faults=sandbox.infrastructure_faults(), timed_out=timed_out)
             return rollout_result(records=records, session=info, outcome=agent.result(), verified=verified,
-                                  process_exit_code=code, timed_out=timed_out)
+                                  process_exit_code=code, timed_out=timed_out, unscored=unscored)
         finally:
             if isinstance(session, TaskSession):
                 session.sandbox = None

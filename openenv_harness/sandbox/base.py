@@ -71,6 +71,15 @@ class Sandbox(abc.ABC):
     workdir: str
     #: Absolute path of the private HOME inside the sandbox.
     home: str
+    #: Whether the agent reaches the recorder over a network path of its own (a relay, a tunnel):
+    #: one that can drop a call the recorder never failed, so the agent should retry (``launch.py``).
+    remote: bool = False
+
+    def infrastructure_faults(self) -> list[str]:
+        """What went wrong around the agent in this sandbox's life, for a person to read: a relay
+        link that dropped, calls it cut. Non-empty keeps a rollout that did not finish unscored
+        (``rollout/unscored.py``). A local sandbox has no path of its own to fail."""
+        return []
 
     @abc.abstractmethod
     def start_sandbox(self) -> None:

@@ -85,3 +85,54 @@ def test_idempotency_key_names_the_call(engine: EngineServer, recorder: Recorder
                    b'"messages":[{"role":"user","content":"same body"}],"stream":true,"stream_options":{"include_usage":true}}')
     assert a.status_code == b.status_code == 200 and a.content == b.content
     assert len(admin.records(s["session_id"])) == 1
+
+
+LOGPROBS_BODY = {"model": "reference-model", "messages": [{"role": "user", "content": "with logprobs"}],
+                 "tools": TOOLS, "logprobs": True}
+
+
+def _logprobs(reply: httpx.Response) -> list:
+    assert reply.status_code == 200, reply.text
+    content = reply.json()["choices"][0]["logprobs"]["content"]
+    assert content and all(isinstance(entry["logprob"], float) for entry in content)
+    return content
+
+
+def test_a_replayed_retry_keeps_the_logprobs_the_agent_asked_for(engine: EngineServer, recorder: RecorderServer,
+                                                                 admin: RecorderClient) -> None:
+    s = admin.create_session()
+    engine.set_script(s["session_id"], tool_script(3))
+    auth = {"authorization": f"Bearer {s['secret']}"}
+    first = httpx.post(f"{s['base_url']}/chat/completions", json=LOGPROBS_BODY, headers=auth, timeout=30)
+    retry = httpx.post(f"{s['base_url']}/chat/completions", json=LOGPROBS_BODY, headers=auth, timeout=30)
+    assert _logprobs(retry) == _logprobs(first) and retry.json() == first.json()  # from the stored record
+    assert len(engine.requests(s["session_id"])) == 1 and admin.session(s["session_id"])["replayed_calls"] == 1
+    # a call that did not ask for them gets none, replayed or not
+    plain = {k: v for k, v in LOGPROBS_BODY.items() if k != "logprobs"}
+    a = httpx.post(f"{s['base_url']}/chat/completions", json=plain, headers=auth, timeout=30)
+    b = httpx.post(f"{s['base_url']}/chat/completions", json=plain, headers=auth, timeout=30)
+    assert a.json() == b.json() and "logprobs" not in a.json()["choices"][0]
+    # the record's evidence is the same either way: the logprobs are also the record's per_token_logps
+    records = admin.records(s["session_id"])
+    assert [e["logprob"] for e in _logprobs(first)] == records[0]["per_token_logps"]
+
+
+def test_concurrent_twins_keep_the_logprobs_the_agent_asked_for(tmp_path, recorder: RecorderServer) -> None:
+    from openenv_harness.recorder import RecorderConfig
+
+    slow = EngineServer().start()
+    try:
+        with RecorderServer(RecorderConfig(store_path=str(tmp_path / "t.db"), engine_url=slow.url,
+                                           admin_token=recorder.admin_token)) as rec, \
+                RecorderClient(rec.url, recorder.admin_token) as adm:
+            s = adm.create_session()
+            slow.set_script(s["session_id"], tool_script(2))
+            slow.add_fault(s["session_id"], Fault(latency_s=0.6))
+            auth = {"authorization": f"Bearer {s['secret']}"}
+            with ThreadPoolExecutor(3) as pool:
+                replies = list(pool.map(lambda _: httpx.post(f"{s['base_url']}/chat/completions",
+                                                             json=LOGPROBS_BODY, headers=auth, timeout=30), range(3)))
+            assert len(slow.requests(s["session_id"])) == 1
+            assert len({r.content for r in replies}) == 1 and _logprobs(replies[0])
+    finally:
+        slow.stop()

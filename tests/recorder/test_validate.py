@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
 from openenv_harness.recorder.validate import agent_view, extract_evidence
 
 
@@ -177,3 +179,41 @@ def test_agent_view_keeps_only_what_a_plain_openai_server_sends() -> None:
     assert view["usage"] == {"prompt_tokens": 4, "completion_tokens": 2, "total_tokens": 6}
     assert all(set(e) <= {"token", "logprob", "bytes", "top_logprobs"} for e in choice["logprobs"]["content"])
     assert c["stop_reason"] == 151643 and "token_ids" in c  # input untouched
+@pytest.mark.parametrize("where, value", [
+    ("prompt_token_ids", [5, True, 6]), ("prompt_token_ids", [False]), ("token_ids", [1, 0, True]),
+])
+def test_json_booleans_are_not_ids(where: str, value: list) -> None:
+    r = reply()
+    if where == "token_ids":
+        r["choices"][0]["token_ids"] = value
+        r["choices"][0]["logprobs"]["content"] = [{"token": "t", "logprob": -0.1}] * len(value)
+        r["usage"]["completion_tokens"] = len(value)
+    else:
+        r[where] = value
+        r["usage"]["prompt_tokens"] = len(value)
+    ev = extract_evidence(r)
+    assert not ev.valid and any("not a non-negative integer id" in x for x in ev.reasons), ev.reasons
+    good = reply()
+    good["prompt_token_ids"] = [0, 1, 1, 0]  # real ids 0 and 1 stay ids
+    good["usage"]["prompt_tokens"] = 4
+    assert extract_evidence(good).valid
+
+
+def test_a_false_logprob_is_not_zero() -> None:
+    r = reply()
+    r["choices"][0]["logprobs"]["content"][0]["logprob"] = False
+    assert not extract_evidence(r).valid
+    r["choices"][0]["logprobs"]["content"][0]["logprob"] = 0  # a JSON number 0 is a logprob of 0
+    assert extract_evidence(r).valid
+
+
+@pytest.mark.parametrize("token", ["token_id: 7", "token_id:+7", "token_id:07", "token_id:7_0", "token_id:\u0667",
+                                   "token_id:", "token_id:-7", "token_id:4294967296"])
+def test_token_id_strings_are_read_only_as_vllm_writes_them(token: str) -> None:
+    r = reply()
+    choice = r["choices"][0]
+    choice.pop("token_ids")
+    content = choice["logprobs"]["content"]
+    content[-1]["token"] = token
+    ev = extract_evidence(r)
+    assert not ev.valid and "engine returned no completion token ids" in ev.reasons

@@ -3,14 +3,20 @@ calls straddling a sync flagged, calls during a pause held (bounded) then 503 + 
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 import pytest
 
 from openenv_harness.recorder import RecorderClient, RecorderConfig, RecorderServer
+from openenv_harness.recorder.client import RecorderAPIError
+from openenv_harness.recorder.fence import Fence
+from openenv_harness.recorder.upstream.base import Upstream, UpstreamFailure, UpstreamReply
+from openenv_harness.recorder.upstream.h1_engine import H1Engine
 from openenv_harness.testing.engine import EngineConfig, EngineServer
 
 from agentloop import ADMIN, TOOLS, tool_script
@@ -107,3 +113,104 @@ def test_lora_sync_serves_the_published_adapter_name(slow_stack) -> None:
     assert rec["request"]["model"] == "reference-model"  # what the agent asked for stays in the record
     assert rec["metadata"]["provenance"]["model"] == "policy-v3"  # what served it is provenance
     assert rec["metadata"]["policy_version_start"] == 3
+
+
+class _ResumeHeldUntilCallsEnd(Upstream):
+    """A test double around the real engine client: the engine's ``/resume`` answer reaches the
+    recorder only once every call in flight has come back from the engine -- the widest window a
+    real engine can open between resuming its generations and acknowledging the resume."""
+
+    def __init__(self, inner: H1Engine, fence: Callable[[], Fence]) -> None:
+        self.inner, self.fence, self.name = inner, fence, inner.name
+
+    async def start(self) -> None:
+        await self.inner.start()
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+    async def chat(self, body: dict, *, session_id: str) -> UpstreamReply:
+        return await self.inner.chat(body, session_id=session_id)
+
+    async def request(self, method: str, path: str, *, json: object = None,
+                      params: dict[str, str] | None = None) -> UpstreamReply:
+        reply = await self.inner.request(method, path, json=json, params=params)
+        if path == "/resume":
+            async with asyncio.timeout(30):
+                while self.fence().inflight:
+                    await asyncio.sleep(0.01)
+        return reply
+
+
+def test_a_call_the_engine_finishes_before_acknowledging_resume_gets_the_new_version(tmp_path: Path) -> None:
+    """The version is bumped before the engine resumes: a kept call that the engine finishes (under the
+    new weights) before the recorder hears back from ``/resume`` still ends at the new version."""
+    engine = EngineServer(EngineConfig(decode_delay_s=0.01)).start()
+    server = None
+    try:
+        config = RecorderConfig(store_path=str(tmp_path / "r.db"), engine_url=engine.url, admin_token=ADMIN)
+        holder: dict = {}
+        upstream = _ResumeHeldUntilCallsEnd(H1Engine(engine.url), lambda: holder["server"].ctx.fence)
+        server = holder["server"] = RecorderServer(config, upstreams={"default": upstream}).start()
+        admin = RecorderClient(server.url, ADMIN)
+        s = admin.create_session()
+        engine.set_script(s["session_id"], tool_script(0, final="kept across the sync"))
+        engine.pause("keep")  # the engine holds the call from its first token on
+        result: dict = {}
+        t = threading.Thread(target=lambda: result.setdefault("r", chat(s, "straddle")))
+        t.start()
+        deadline = time.monotonic() + 30
+        while server.ctx.fence.inflight == 0:  # the call is at the engine
+            assert time.monotonic() < deadline and t.is_alive()
+            time.sleep(0.01)
+        admin.pause_engine("keep")
+        assert admin.resume_engine()["policy_version"] == 1
+        t.join(30)
+        assert result["r"].status_code == 200
+        md = admin.records(s["session_id"])[0]["metadata"]
+        assert (md["policy_version_start"], md["policy_version_end"], md["straddled_sync"]) == (0, 1, True)
+        admin.close()
+    finally:
+        if server is not None:
+            server.stop()
+        engine.stop()
+
+
+class _FirstResumeFails(_ResumeHeldUntilCallsEnd):
+    """A test double: the engine's first ``/resume`` never answers (the connection drops)."""
+
+    failed = False
+
+    async def request(self, method: str, path: str, *, json: object = None,
+                      params: dict[str, str] | None = None) -> UpstreamReply:
+        if path == "/resume" and not self.failed:
+            self.failed = True
+            raise UpstreamFailure("connect", "engine closed the connection before answering")
+        return await super().request(method, path, json=json, params=params)
+
+
+def test_a_failed_engine_resume_leaves_the_fence_closed_and_a_retry_bumps_once(tmp_path: Path) -> None:
+    engine = EngineServer().start()
+    holder: dict = {}
+    config = RecorderConfig(store_path=str(tmp_path / "r.db"), engine_url=engine.url, admin_token=ADMIN,
+                            pause_wait_s=0.2)
+    upstream = _FirstResumeFails(H1Engine(engine.url), lambda: holder["server"].ctx.fence)
+    server = holder["server"] = RecorderServer(config, upstreams={"default": upstream}).start()
+    try:
+        with RecorderClient(server.url, ADMIN) as admin:
+            s = admin.create_session()
+            engine.set_script(s["session_id"], tool_script(0, final="ok"))
+            admin.pause_engine("keep")
+            with pytest.raises(RecorderAPIError) as failed:
+                admin.resume_engine()
+            assert failed.value.status == 502
+            assert admin.health()["fence"]["paused"] is True  # no call reaches an engine in an unknown state
+            assert chat(s, "held").status_code == 503
+            resumed = admin.resume_engine()  # the trainer retries: one sync, one new version
+            assert resumed["policy_version"] == 1 and resumed["paused"] is False
+            assert chat(s, "after").status_code == 200
+            md = admin.records(s["session_id"])[0]["metadata"]
+            assert (md["policy_version_start"], md["policy_version_end"]) == (1, 1)
+    finally:
+        server.stop()
+        engine.stop()

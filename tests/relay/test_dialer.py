@@ -56,7 +56,7 @@ async def test_many_concurrent_calls_share_one_socket(
         replies = await asyncio.gather(*(client.post(f"{relay.base}/echo", content=body) for body in bodies))
     assert [reply.content for reply in replies] == bodies
     await wait_for(lambda: dialer.stats.calls_completed == 32)  # counted just after its last send
-    assert dialer.stats.connects == 1
+    assert dialer.stats.connects == 1 and dialer.stats.calls_failed == dialer.stats.calls_cut == 0
 
 
 async def test_bodies_larger_than_a_websocket_frame_limit_work_both_ways(
@@ -90,6 +90,9 @@ async def test_a_drop_mid_stream_ends_the_agents_stream_and_the_dialer_reconnect
                     pass
         await eventually(lambda: dialer.stats.connects == 2)
         assert dialer.stats.disconnects == 1
+        # the call was cut mid-reply: failed, never completed
+        stats = dialer.stats
+        assert (stats.calls_started, stats.calls_completed, stats.calls_failed, stats.calls_cut) == (1, 0, 1, 1)
         await eventually(target.state.disconnected.is_set)  # the target saw the call go away
         reply = await client.post(f"{relay.base}/echo", content=b"after the drop")
         assert reply.content == b"after the drop"

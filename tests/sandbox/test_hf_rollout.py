@@ -5,17 +5,20 @@ URL differs)."""
 
 from __future__ import annotations
 
+import threading
+import time
 from pathlib import Path
 from typing import Iterator
 
 import pytest
 
+from openenv_harness.harnesses.base import HarnessOptions
 from openenv_harness.harnesses.install import ensure_installed
 from openenv_harness.recorder import RecorderClient, RecorderConfig, RecorderServer
 from openenv_harness.rollout import BUILTIN_TASKS, HarnessSessionFactory
 from openenv_harness.rollout.report import run_rollout
 from openenv_harness.sandbox.hf import HFSandbox
-from openenv_harness.testing.engine import EngineServer, Script
+from openenv_harness.testing.engine import EngineServer, Fault, Script
 from openenv_harness.testing.hf_emulator import HFEmulator, hub_pointed_at
 
 pytestmark = pytest.mark.cli
@@ -94,3 +97,61 @@ def test_remote_codex_rollout_speaks_the_responses_api_through_the_relay(tmp_pat
     assert [r["metadata"]["fidelity"]["class"] for r in records] == ["root", "exact", "exact", "exact"]
     sampled = [r["sampled"]["token_ids"] for r in engine.requests("ref-fix-add-codex")]
     assert [r["completion_token_ids"] for r in records] == sampled
+def _blip_once_the_first_call_is_at_the_engine(recorder: RecorderServer, sandboxes: list[HFSandbox]) -> threading.Thread:
+    """Drop the relay's WebSocket while the agent's first model call waits on the engine."""
+
+    def blip() -> None:
+        deadline = time.monotonic() + 120
+        while recorder.ctx.fence.inflight == 0 or not sandboxes or sandboxes[0].relay_dialer is None:
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.02)
+        sandboxes[0].relay_dialer.reconnect()
+
+    thread = threading.Thread(target=blip, daemon=True)
+    thread.start()
+    return thread
+
+
+def _remote_rollout(tmp_path: Path, engine: EngineServer, recorder: RecorderServer, options: HarnessOptions | None):
+    binary = str(ensure_installed(["pi"])["pi"])
+    engine.add_fault("ref-fix-add", Fault(latency_s=1.5, on_turn=0, agent_only=True))
+    sandboxes: list[HFSandbox] = []
+
+    def sandbox() -> HFSandbox:
+        sandboxes.append(HFSandbox(ws_scheme="ws://"))
+        return sandboxes[-1]
+
+    factory = HarnessSessionFactory(harness="pi", recorder_url=recorder.url, admin_token=ADMIN, model="ref-fix-add",
+                                    executable=binary, sandbox_factory=sandbox, options=options)
+    with HFEmulator() as emulator, hub_pointed_at(emulator, tmp_path / "hf-home"):
+        blip = _blip_once_the_first_call_is_at_the_engine(recorder, sandboxes)
+        report, session = run_rollout(factory, "fix-add", timeout_s=180)
+        blip.join(10)
+        try:
+            stats = sandboxes[0].relay_dialer.stats
+            return report, (stats.disconnects, stats.calls_cut)
+        finally:
+            session.close()
+
+
+def test_a_relay_blip_is_retried_by_a_remote_pi_and_costs_no_second_sample(tmp_path: Path, stack) -> None:
+    engine, recorder = stack
+    report, (disconnects, cut) = _remote_rollout(tmp_path, engine, recorder, None)  # retries: the sandbox decides
+    assert (disconnects, cut) == (1, 1)
+    assert report.exit_code == 0 and report.reward == 1.0, report
+    with RecorderClient(recorder.url, ADMIN) as admin:
+        records = admin.records(report.session_id)
+        info = admin.session(report.session_id)
+    assert [r["metadata"]["fidelity"]["class"] for r in records] == ["root", "exact", "exact", "exact"]
+    assert info["replayed_calls"] == 1  # the retry was answered from the first attempt
+    assert len(engine.requests("ref-fix-add")) == 4  # one sample per agent turn
+
+
+def test_a_rollout_ended_by_a_relay_fault_is_unscored_with_its_cause(tmp_path: Path, stack) -> None:
+    engine, recorder = stack
+    report, (disconnects, cut) = _remote_rollout(tmp_path, engine, recorder, HarnessOptions(retries=False))
+    assert (disconnects, cut) == (1, 1)
+    assert report.exit_code != 0
+    assert report.reward is None, report  # not the 0.0 the untouched sandbox would score
+    assert "relay link to the trainer dropped 1 time(s)" in report.unscored_reason

@@ -13,6 +13,10 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 
+class SessionSealed(RuntimeError):
+    """An append for a session that was closed: its records are final (``RecordStore.seal``)."""
+
+
 @dataclass
 class PendingRecord:
     """One call, ready to be stored. Token arrays are already validated ``array`` objects.
@@ -99,3 +103,17 @@ class RecordStore(abc.ABC):
     @abc.abstractmethod
     def stats(self) -> dict[str, Any]:
         """Counters for metrics (records, bytes, ...)."""
+
+    def seal(self, session_id: str) -> None:
+        """The session is closed: refuse any append for it from now on (``SessionSealed``). Once
+        this returns, no record of the session can be made durable any more."""
+
+    def failure(self) -> str | None:
+        """Why the store cannot take records now (every append would fail), or None when it can.
+        The health probes and the metrics report it; the flow refuses calls before the engine."""
+        return None
+
+    async def recover(self) -> bool:
+        """Make a failed store take records again without a restart, where that is safe; True if it
+        did something. Backends that cannot fail this way have nothing to do."""
+        return False

@@ -25,6 +25,12 @@ log = logging.getLogger(__name__)
 #: and journal clean-up follow the acks, but each one costs the recorder a wake-up and its lock.
 ACK_EVERY = 16
 ACK_AFTER_S = 0.2
+#: With nothing queued, the process still wakes this often (seconds) to lower its priority again:
+#: the recorder raises it from outside after sending it work, and a raise that lands after that work
+#: is done would otherwise leave an idle process at normal priority until more work comes.
+IDLE_RECHECK_S = 1.0
+
+
 def serve(conn: Connection, store: SQLiteStore, scheduling: Scheduling | None = None) -> None:
     """Batches of operations in arrival order, one transaction each.
 
@@ -42,9 +48,10 @@ def serve(conn: Connection, store: SQLiteStore, scheduling: Scheduling | None = 
             try:
                 if not conn.poll():
                     scheduling.caught_up()
-                    if not conn.poll(ACK_AFTER_S if unacked else None):
-                        conn.send((done_through, {}))
-                        unacked, last_ack = 0, time.monotonic()
+                    if not conn.poll(ACK_AFTER_S if unacked else IDLE_RECHECK_S):
+                        if unacked:
+                            conn.send((done_through, {}))
+                            unacked, last_ack = 0, time.monotonic()
                         continue
                 messages = list(conn.recv())  # the recorder sends lists of at most CHILD_MAX_BATCH
                 while len(messages) < CHILD_MAX_BATCH and conn.poll():

@@ -94,8 +94,10 @@ class Scheduling:
             self._set_idle(False)
 
     def caught_up(self) -> None:
-        """Nothing is queued: back to idle priority."""
-        if self.adaptive and not self.idle_now:
+        """Nothing is queued: back to idle priority. Set even when this side thinks it is idle: the
+        recorder raises the process from outside (``_wake_child``) without it knowing, and an
+        index process left raised would run ahead of the calls for good."""
+        if self.adaptive:
             self._set_idle(True)
 
     def _set_idle(self, idle: bool) -> None:

@@ -70,7 +70,7 @@ class ThreadIndexer:
     def start(self) -> None:
         self._thread.start()
 
-    def submit(self, item: Item) -> None:
+    def submit(self, item: Item, *, resent: bool = False) -> None:
         self._queue.put(item)
 
     def backlog(self) -> int:
@@ -144,6 +144,8 @@ class ProcessIndexer:
         self._stopping = False
         self._failed: str | None = None
         self._restarts: list[float] = []
+        #: hands the operations a failed indexer held back to the store (``_fail``)
+        self._failing: threading.Thread | None = None
         #: an ``idle`` child is raised from here when behind (``_wake_child``)
         self._adaptive = store.index_priority == "idle"
         self._own_nice = os.getpriority(os.PRIO_PROCESS, 0)
@@ -174,7 +176,8 @@ class ProcessIndexer:
                                         name="oeh-store-indexer", daemon=True)
         self._reader.start()
 
-    def submit(self, item: Item) -> None:
+    def submit(self, item: Item, *, resent: bool = False) -> None:
+        """``resent``: an append that may be in SQLite already (``SQLiteStore.recover``); skipped if so."""
         name, arg = item[0], item[1]
         if name == "append":
             # The child reads the frame from the journal, so the record itself is not kept here: held
@@ -190,7 +193,7 @@ class ProcessIndexer:
                 raise IndexerFailed(self._failed)
             token = next(self._tokens)
             waited = item[2] is not None
-            message = (token, name, payload, False, waited)
+            message = (token, name, payload, resent, waited)
             self._pending[token] = (item, message)
             self._appends_pending += name == "append"
             self._outbox.append(message)
@@ -254,6 +257,8 @@ class ProcessIndexer:
         reader, child = self._reader, self._child
         if reader is not None:
             reader.join(timeout=timeout_s)
+        if self._failing is not None:
+            self._failing.join(timeout=timeout_s)
         clean = child is not None and _wait(child, timeout_s) == 0 and not self._pending
         if self._conn is not None:
             self._conn.close()
@@ -319,7 +324,8 @@ class ProcessIndexer:
         error = IndexerFailed(why)
         done = [(*item, None, error) for item, _ in pending]
         if done:
-            threading.Thread(target=self.store._committed, args=(done,), daemon=True).start()
+            self._failing = threading.Thread(target=self.store._committed, args=(done,), daemon=True)
+            self._failing.start()
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:

@@ -32,7 +32,7 @@ import orjson
 
 from openenv_harness.recorder.fidelity import common_prefix_len
 from openenv_harness.recorder.store import blocks
-from openenv_harness.recorder.store.base import PendingRecord, RecordStore, SessionRow
+from openenv_harness.recorder.store.base import PendingRecord, RecordStore, SessionRow, SessionSealed
 from openenv_harness.recorder.store.index_priority import PRIORITIES
 from openenv_harness.recorder.store.indexer import MAX_BACKLOG as _MAX_BACKLOG
 from openenv_harness.recorder.store.indexer import IndexerFailed, ProcessIndexer, ThreadIndexer, make_indexer
@@ -138,10 +138,13 @@ class SQLiteStore(RecordStore):
         self.journal = Journal(self.path + ".records-log", fsync=self.synchronous != "NORMAL",
                                segment_bytes=journal_segment_bytes)
         self._append_lock = threading.Lock()
+        #: closed sessions: their appends are refused (``seal``)
+        self._sealed: set[str] = set()
         self._next_seq = 1
-        #: every record with a lower seq is in SQLite, except ``_unindexed`` (kept in the journal)
+        #: every record with a lower seq is in SQLite, except ``_unindexed`` (kept in the journal):
+        #: seq -> where its frame lies in the journal (None when not known), until it is indexed
         self._indexed_through = 0
-        self._unindexed: set[int] = set()
+        self._unindexed: dict[int, tuple[int, int, int] | None] = {}
         #: appends held back by the backlog: (loop, future), woken together once it is under the limit
         self._drain_lock = threading.Lock()
         self._drain_waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future]] = []
@@ -284,6 +287,8 @@ class SQLiteStore(RecordStore):
         with self._append_lock:  # seq order, journal order and queue order are one order
             if self._indexer.failed:  # refuse before journalling: the agent's retry must not be a twin
                 raise IndexerFailed(self._indexer.failed)
+            if record.session_id in self._sealed:
+                raise SessionSealed(f"session {record.session_id} is closed: its records are final")
             seq = self._next_seq
             where = self.journal.append(seq, parts)
             self._next_seq = seq + 1
@@ -334,6 +339,11 @@ class SQLiteStore(RecordStore):
         self._indexer.submit(("nothing", None, done, None))
         if not done.wait(timeout_s):
             raise TimeoutError(f"the store writer did not catch up in {timeout_s}s")
+
+    def seal(self, session_id: str) -> None:
+        """Under the append lock: an append journalling now finishes first, any later one is refused."""
+        with self._append_lock:
+            self._sealed.add(session_id)
 
     async def put_session(self, row: SessionRow) -> None:
         """Journal the row (durable when this returns) and hand it to the indexer, as ``append`` does.
@@ -393,9 +403,12 @@ class SQLiteStore(RecordStore):
             if name in ("append", "session"):  # the journalled operations: (seq, ...)
                 seq = arg[0]
                 if error is not None:
-                    self._unindexed.add(seq)  # stays journalled: the next open indexes it again
-                elif name == "append":
-                    self._records_written += 1
+                    # stays journalled: ``recover`` or the next open indexes it again
+                    self._unindexed[seq] = arg[2] if name == "append" and len(arg) > 2 else None
+                else:
+                    self._unindexed.pop(seq, None)  # a record ``recover`` sent again is indexed now
+                    if name == "append":
+                        self._records_written += 1
                 self._indexed_through = max(self._indexed_through, seq)
         floor = min(self._unindexed) - 1 if self._unindexed else self._indexed_through
         self.journal.release(floor)
@@ -670,6 +683,41 @@ class SQLiteStore(RecordStore):
         rows = await asyncio.to_thread(self._read_records, session_id, 0, request_digest)
         return rows[-1] if rows else None
 
+    def failure(self) -> str | None:
+        if self._closed or self._indexer is None:
+            return "the store is closed"
+        return self._indexer.failed
+
+    async def recover(self) -> bool:
+        """Replace an index process that kept dying, and send it every record left unindexed.
+
+        Safe because nothing was lost: a failed store refuses appends before journalling them, and
+        every record it acknowledged is in the journal, which stays open and locked by this process.
+        The new index process skips what SQLite already has. If it keeps dying too (a record that
+        crashes it, a disk that fails), the store fails again after the same number of restarts.
+        """
+        return await asyncio.to_thread(self._recover_indexer)
+
+    def _recover_indexer(self) -> bool:
+        with self._append_lock:  # no append is journalled while the indexer is replaced
+            old = self._indexer
+            if self._closed or old is None or old.failed is None:
+                return False
+            old.stop(timeout_s=10)  # its child is gone; this collects what it had not acknowledged
+            again = sorted(self._unindexed.items())  # nothing else changes it now: no indexer runs
+            lost = [seq for seq, where in again if where is None]
+            if lost:  # not expected from a process indexer: every append it held says where it lies
+                log.error("store: %d unindexed record(s) do not say where they lie; they are indexed at the "
+                          "next open", len(lost))
+            new = make_indexer(self.indexer_kind, self)
+            new.start()
+            self._indexer = new
+            for seq, where in again:
+                if where is not None:
+                    new.submit(("append", (seq, None, where), None, None), resent=True)
+        log.warning("store: index process replaced after it failed; %d record(s) sent to it again", len(again))
+        return True
+
     def stats(self) -> dict[str, Any]:
         conn = self._reader()
         page_count = conn.execute("PRAGMA page_count").fetchone()[0]
@@ -682,6 +730,7 @@ class SQLiteStore(RecordStore):
             "queue_depth": self._indexer.backlog() if self._indexer is not None else 0,
             "journal_backlog": max(0, self._next_seq - 1 - self._indexed_through),
             "journal_unindexed": len(self._unindexed),
+            "failure": self.failure(),
         }
 
     def session_bytes(self, session_id: str) -> dict[str, int]:

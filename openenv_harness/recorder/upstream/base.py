@@ -38,6 +38,9 @@ class UpstreamReply:
     body: bytes = b""
     headers: dict[str, str] = field(default_factory=dict)
     elapsed_ms: float = 0.0
+    #: why the evidence cannot be trusted although the reply parses (a token key given twice):
+    #: validation adds these to its reasons (``reply_parse.duplicated_token_keys``)
+    doubts: list[str] = field(default_factory=list)
 
 
 class Upstream(abc.ABC):

@@ -220,9 +220,9 @@ class H1Engine(Upstream):
         elapsed_ms = (time.perf_counter() - started) * 1000.0
         if status != 200:
             raw = redact_key(raw, self._api_key)
-        parsed, span = parse_engine_reply(raw, status=status, chat=chat)
+        parsed, span, doubts = parse_engine_reply(raw, status=status, chat=chat)
         return UpstreamReply(status=status, json=parsed, prompt_span=span, body=raw, headers=headers,
-                             elapsed_ms=elapsed_ms)
+                             elapsed_ms=elapsed_ms, doubts=doubts)
 
     async def _exchange(self, head: bytes, body: bytes | None) -> tuple[int, dict[str, str], bytes]:
         for attempt in range(2):

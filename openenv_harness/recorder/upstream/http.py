@@ -111,11 +111,12 @@ class HTTPEngine(Upstream):
             raise UpstreamFailure("connect", f"engine unreachable: {type(exc).__name__}: {exc}") from exc
         elapsed = (time.perf_counter() - started) * 1000.0
         raw = resp.content if resp.status_code == 200 else redact_key(resp.content, self._api_key)
-        parsed, span = parse_engine_reply(raw, status=resp.status_code, chat=chat)
+        parsed, span, doubts = parse_engine_reply(raw, status=resp.status_code, chat=chat)
         return UpstreamReply(
             status=resp.status_code,
             json=parsed,
             prompt_span=span,
+            doubts=doubts,
             body=raw,
             headers={k.lower(): v for k, v in resp.headers.items()},
             elapsed_ms=elapsed,

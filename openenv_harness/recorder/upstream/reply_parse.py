@@ -7,11 +7,15 @@ cost of a call in the profiles (``docs/benchmarks.md``). Here that one span is c
 bytes and read by simdjson into a native integer buffer directly; orjson parses the small rest.
 
 The fast path is taken only when it is certainly right, and the full parse decides otherwise:
-- the key occurs exactly once, outside any string (inside a JSON string its quotes would be
-  escaped, so ``"prompt_token_ids":[`` cannot match there);
-- the span, read as a JSON array, is a flat list of integers, each in [0, 2**32);
-- after the span is replaced by ``null``, the top-level object has ``prompt_token_ids: null`` --
-  so the span was the top-level field, not one nested deeper.
+- the name ``"prompt_token_ids"`` occurs exactly once in the body, followed by ``:[`` (inside a
+  JSON string its quotes would be escaped, so it cannot match there): a duplicated key, or the
+  key nested in another object as well (``kv_transfer_params``), is never guessed at;
+- the span, read as a JSON array, is a flat list of integers, each in [0, 2**32) -- so it holds
+  no quote, and the name and the marker below cannot hide inside it;
+- after the span is replaced by a marker string that occurs nowhere else in the body, the
+  top-level object's ``prompt_token_ids`` *is that marker* -- so the span was the top-level
+  field's value (the last one, as every JSON parser reads duplicates), not one nested deeper
+  under a top level whose own key is null, absent, or spelled with an escape (``prompt\u005f...``).
 Anything else (negative ids, floats, an id too large, a malformed list) goes through the full
 parse, so ``validate.py`` sees the original values and rejects them with its usual reasons.
 
@@ -35,7 +39,11 @@ from openenv_harness.recorder.per_thread import per_thread
 if TYPE_CHECKING:
     from openenv_harness.recorder.upstream.base import UpstreamReply
 
-_KEY = b'"prompt_token_ids":['
+_NAME = b'"prompt_token_ids"'
+_KEY = _NAME + b":["
+#: What the span is replaced with before the rest is parsed; a body that holds it takes the full parse.
+_MARK_VALUE = "oeh:prompt-token-ids-span"
+_MARK = b'"' + _MARK_VALUE.encode() + b'"'
 _UINT32_END = 1 << 32
 
 
@@ -53,11 +61,14 @@ def parse_json_object(raw: bytes) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
-def parse_engine_reply(raw: bytes, *, status: int, chat: bool) -> tuple[dict[str, Any] | None, bytes | None]:
-    """What every engine transport does with a reply body: the span is cut out of a chat success only."""
+def parse_engine_reply(raw: bytes, *, status: int, chat: bool) -> tuple[dict[str, Any] | None, bytes | None, list[str]]:
+    """What every engine transport does with a reply body: ``(reply, span, doubts)``; the span is
+    cut out of a chat success only, and ``doubts`` says what makes its evidence untrustworthy
+    although it parses (``duplicated_token_keys``)."""
     if chat and status == 200:
-        return split_chat_reply(raw)
-    return parse_json_object(raw), None
+        reply, span, bounds = _split(raw)
+        return reply, span, duplicated_token_keys(raw, bounds)
+    return parse_json_object(raw), None, []
 
 
 def split_chat_reply(raw: bytes) -> tuple[dict[str, Any] | None, bytes | None]:
@@ -65,17 +76,63 @@ def split_chat_reply(raw: bytes) -> tuple[dict[str, Any] | None, bytes | None]:
     top-level ``prompt_token_ids`` and ``reply["prompt_token_ids"]`` is None; otherwise ``reply`` is
     exactly the full parse. The span is not checked here: ``read_ids`` (or the full parse, when it
     refuses) decides what it holds."""
-    start = raw.find(_KEY)
-    if start < 0 or raw.find(_KEY, start + 1) >= 0:
-        return parse_json_object(raw), None
+    reply, span, _ = _split(raw)
+    return reply, span
+
+
+def _split(raw: bytes) -> tuple[dict[str, Any] | None, bytes | None, tuple[int, int] | None]:
+    """``split_chat_reply``, and where the span lies (``(start of the key, end of the list)``)."""
+    start = raw.find(_NAME)
+    if start < 0 or not raw.startswith(_KEY, start):
+        return parse_json_object(raw), None, None
     first = start + len(_KEY)
     end = raw.find(b"]", first)
     if end < 0:
-        return parse_json_object(raw), None
-    rest = parse_json_object(raw[:start] + b'"prompt_token_ids":null' + raw[end + 1 :])
-    if rest is None or "prompt_token_ids" not in rest or rest["prompt_token_ids"] is not None:
-        return parse_json_object(raw), None
-    return rest, raw[first:end]
+        return parse_json_object(raw), None, None
+    # Only the text outside the span is searched: a span the reader accepts holds nothing but digits,
+    # commas and blanks, and one it refuses sends the reply through the full parse anyway.
+    if raw.find(_NAME, end) >= 0 or raw.find(_MARK, 0, start) >= 0 or raw.find(_MARK, end) >= 0:
+        return parse_json_object(raw), None, None
+    rest = parse_json_object(raw[:start] + _NAME + b":" + _MARK + raw[end + 1 :])
+    if rest is None or rest.get("prompt_token_ids") != _MARK_VALUE:
+        return parse_json_object(raw), None, None
+    rest["prompt_token_ids"] = None
+    return rest, raw[first:end], (start, end)
+
+
+_TOKEN_NAME = b'"token_ids"'  # not inside '"prompt_token_ids"': a quote never precedes its "token_ids"
+_TOKEN_KEYS = ("prompt_token_ids", "token_ids")
+
+
+def duplicated_token_keys(raw: bytes, span: tuple[int, int] | None = None) -> list[str]:
+    """Why a reply's token ids cannot be trusted although it parses: a token key given twice in
+    one object. JSON parsers keep the last value; which one the engine meant nobody knows, so the
+    evidence is doubtful (recorded untrainable), never a guess.
+
+    Cheap for a reply that can have none: each name is counted outside the prompt span (the fast
+    reader proved the prompt key occurs once); only a reply naming a key more than once -- nested
+    in another object, or really duplicated -- is parsed again to tell which.
+    """
+    if span is not None:
+        start, end = span
+        if raw.count(_TOKEN_NAME, 0, start) + raw.count(_TOKEN_NAME, end) <= 1:
+            return []
+    elif raw.count(_TOKEN_NAME) <= 1 and raw.count(_NAME) <= 1:
+        return []
+    repeated: list[str] = []
+
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        names = [name for name, _ in items]
+        for key in _TOKEN_KEYS:
+            if names.count(key) > 1 and key not in repeated:
+                repeated.append(key)
+        return dict(items)
+
+    try:
+        json.loads(raw, object_pairs_hook=pairs)
+    except (ValueError, UnicodeDecodeError):
+        return []  # not JSON: the reply is refused as such
+    return [f"the reply gives {key} more than once in one object" for key in repeated]
 
 
 def parse_chat_reply(raw: bytes) -> tuple[dict[str, Any] | None, array | None]:

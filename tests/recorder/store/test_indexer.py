@@ -296,6 +296,10 @@ def test_the_index_process_says_it_is_behind_when_more_than_a_batch_is_queued(tm
     while acked < len(nothing):  # acknowledged every ACK_EVERY operations
         assert ours.poll(10)
         acked = ours.recv()[0]
+    deadline = time.monotonic() + 30
+    while "caught_up" not in spy.calls:  # its queue is empty now: it says so before waiting
+        assert time.monotonic() < deadline, spy.calls
+        time.sleep(0.01)
     ours.send([(0, "stop", None, False, True)])
     worker.join(10)
     assert not worker.is_alive()
@@ -337,6 +341,22 @@ def test_idle_priority_adapts_where_allowed_and_falls_back_to_low_where_not() ->
     assert _in_thread(refused) == (False, os.SCHED_OTHER, min(19, ours + index_priority.NICENESS))
     with pytest.raises(ValueError, match="priority must be one of"):
         index_priority.Scheduling("realtime")
+
+
+def test_an_index_process_raised_by_the_recorder_lowers_itself_once_caught_up() -> None:
+    """The recorder raises the index process from outside (``_wake_child``), without the process
+    noticing it was behind: once its queue is empty it must go back to idle all the same."""
+
+    def raised_from_outside():
+        s = index_priority.Scheduling("idle")
+        s.apply(leave_idle_allowed=True)
+        os.sched_setscheduler(threading.get_native_id(), os.SCHED_OTHER, os.sched_param(0))  # as the recorder does
+        seen = [os.sched_getscheduler(0)]
+        s.caught_up()
+        seen.append(os.sched_getscheduler(0))
+        return seen
+
+    assert _in_thread(raised_from_outside) == [os.SCHED_OTHER, os.SCHED_IDLE]
 
 
 async def test_pending_appends_hold_no_record_while_the_index_process_works(tmp_path: Path) -> None:

@@ -153,3 +153,86 @@ def test_split_leaves_the_span_unread_for_the_reader() -> None:
     reply, span = split_chat_reply(odd)  # not checked here: the reader refuses it, the full parse keeps it
     assert span == b"5,-6,7" and PromptIdsReader().read(span) is None
     assert parse_chat_reply(odd)[0]["prompt_token_ids"] == [5, -6, 7]
+
+
+def _nested_raw(top: bytes, nested_key: bytes = b'"prompt_token_ids"') -> bytes:
+    """A reply whose top-level prompt ids are ``top`` (raw JSON) and which carries the key again,
+    with ids, inside ``kv_transfer_params`` -- and no usage block that could contradict them."""
+    return (b'{"id":"c","object":"chat.completion","choices":[{"index":0,"finish_reason":"stop",'
+            b'"token_ids":[7],"message":{"role":"assistant","content":"x"},'
+            b'"logprobs":{"content":[{"token":"t","logprob":-0.5}]}}],'
+            b'"prompt_token_ids":' + top + b',"kv_transfer_params":{' + nested_key + b':[11,12,13]}}')
+
+
+@pytest.mark.parametrize("raw", [
+    _nested_raw(b"null"),  # top level null, nested ids: the nested list is not the prompt
+    _nested_raw(b"null").replace(b'"prompt_token_ids":null', b'"prompt_token_ids": null'),
+    # the top-level key spelled with an escape: only a full parse sees it is the same key
+    _nested_raw(b"null").replace(b'"prompt_token_ids":null', b'"prompt\\u005ftoken_ids":null'),
+    # the top-level key absent altogether
+    _nested_raw(b"null").replace(b'"prompt_token_ids":null,', b""),
+])
+def test_a_nested_prompt_token_ids_is_never_taken_for_the_prompt(raw: bytes) -> None:
+    full = orjson.loads(raw)
+    assert full.get("prompt_token_ids") is None and full["kv_transfer_params"]["prompt_token_ids"] == [11, 12, 13]
+    reply, span = split_chat_reply(raw)
+    assert span is None and reply == full  # the full parse, untouched
+    reply, ids = parse_chat_reply(raw)
+    assert ids is None and reply == full
+    ev = extract_evidence(reply, ids)
+    assert not ev.valid and "engine returned no prompt_token_ids" in ev.reasons
+    assert PromptIdsReader().take(_upstream(raw)) is None
+
+
+@pytest.mark.parametrize("raw, doubt", [
+    (b'{"choices":[],"prompt_token_ids":[1,2],"prompt_token_ids":null}', "prompt_token_ids"),
+    (b'{"choices":[],"prompt_token_ids":null,"prompt_token_ids":[1,2]}', "prompt_token_ids"),
+    (b'{"choices":[{"token_ids":[9],"token_ids":[7]}],"prompt_token_ids":[1,2]}', "token_ids"),
+    (b'{"choices":[{"token_ids":[7]}],"prompt_token_ids":[1,2],"kv_transfer_params":{"token_ids":[3]}}', None),
+    (b'{"choices":[{"token_ids":[7]}],"prompt_token_ids":[1,2],"kv_transfer_params":{"prompt_token_ids":[3]}}', None),
+    (_nested_raw(b"[4,5]"), None),  # nested once, top level once: not a duplicate
+])
+def test_a_token_key_given_twice_in_one_object_is_a_doubt(raw: bytes, doubt: str | None) -> None:
+    reply = _upstream(raw)
+    assert reply.doubts == ([f"the reply gives {doubt} more than once in one object"] if doubt else [])
+
+
+def test_duplicated_top_level_keys_are_read_as_the_full_parse_reads_them() -> None:
+    # JSON parsers keep the last of duplicated keys: the fast reader must never pick another one
+    first_ids = b'{"choices":[],"prompt_token_ids":[1,2],"prompt_token_ids":null}'
+    reply, span = split_chat_reply(first_ids)
+    assert span is None and reply == orjson.loads(first_ids) and reply["prompt_token_ids"] is None
+    last_ids = b'{"choices":[],"prompt_token_ids":null,"prompt_token_ids":[1,2]}'
+    reply, span = split_chat_reply(last_ids)
+    assert span is None and reply == orjson.loads(last_ids) and reply["prompt_token_ids"] == [1, 2]
+
+
+def _upstream(raw: bytes):
+    from openenv_harness.recorder.upstream.base import UpstreamReply
+    from openenv_harness.recorder.upstream.reply_parse import parse_engine_reply
+
+    parsed, span, doubts = parse_engine_reply(raw, status=200, chat=True)
+    return UpstreamReply(status=200, json=parsed, prompt_span=span, body=raw, doubts=doubts)
+
+
+def test_the_httpx_transport_reads_a_nested_key_as_the_full_parse_does() -> None:
+    """Every transport cuts the span with the same function; the httpx one, end to end."""
+    import asyncio
+
+    import httpx
+
+    from openenv_harness.recorder.upstream.http import HTTPEngine
+
+    raw = _nested_raw(b"null")
+    engine = HTTPEngine("http://engine.test", transport=httpx.MockTransport(
+        lambda request: httpx.Response(200, content=raw, headers={"content-type": "application/json"})))
+
+    async def one() -> object:
+        await engine.start()
+        try:
+            return await engine.chat({"messages": []}, session_id="s")
+        finally:
+            await engine.aclose()
+
+    reply = asyncio.run(one())
+    assert reply.prompt_span is None and reply.json == orjson.loads(raw)
