@@ -287,8 +287,8 @@ class SQLiteStore(RecordStore):
         with self._append_lock:  # seq order, journal order and queue order are one order
             if self._indexer.failed:  # refuse before journalling: the agent's retry must not be a twin
                 raise IndexerFailed(self._indexer.failed)
-            if record.session_id in self._sealed:
-                raise SessionSealed(f"session {record.session_id} is closed: its records are final")
+            if name == "append" and item.session_id in self._sealed:  # a session row may follow its close
+                raise SessionSealed(f"session {item.session_id} is closed: its records are final")
             seq = self._next_seq
             where = self.journal.append(seq, parts)
             self._next_seq = seq + 1
