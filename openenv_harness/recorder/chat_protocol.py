@@ -385,7 +385,8 @@ if HttpToolsProtocol is not None:
                 return
             cycle = _Answering(request.keep_alive)
             self.cycle = cycle  # type: ignore[assignment]
-            self._write(body_too_large(request.limit).to_response(), cycle)
+            error = body_too_large(request.limit)  # in the agent's own API's error shape
+            self._write(request.dialect.error(error) if request.dialect is not None else error.to_response(), cycle)
 
         async def _answer(self, request: _ChatRequest, cycle: _Answering) -> None:
             assert self._recorder is not None

@@ -144,7 +144,8 @@ class SQLiteStore(RecordStore):
         #: every record with a lower seq is in SQLite, except ``_unindexed`` (kept in the journal):
         #: seq -> where its frame lies in the journal (None when not known), until it is indexed
         self._indexed_through = 0
-        self._unindexed: dict[int, tuple[int, int, int] | None] = {}
+        #: per seq: ("append", where it lies in the journal) or ("session", the row), for ``recover``
+        self._unindexed: dict[int, tuple[str, Any]] = {}
         #: appends held back by the backlog: (loop, future), woken together once it is under the limit
         self._drain_lock = threading.Lock()
         self._drain_waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future]] = []
@@ -404,7 +405,8 @@ class SQLiteStore(RecordStore):
                 seq = arg[0]
                 if error is not None:
                     # stays journalled: ``recover`` or the next open indexes it again
-                    self._unindexed[seq] = arg[2] if name == "append" and len(arg) > 2 else None
+                    self._unindexed[seq] = (name, arg[2] if len(arg) > 2 else None) if name == "append" \
+                        else (name, arg[1])
                 else:
                     self._unindexed.pop(seq, None)  # a record ``recover`` sent again is indexed now
                     if name == "append":
@@ -705,16 +707,20 @@ class SQLiteStore(RecordStore):
                 return False
             old.stop(timeout_s=10)  # its child is gone; this collects what it had not acknowledged
             again = sorted(self._unindexed.items())  # nothing else changes it now: no indexer runs
-            lost = [seq for seq, where in again if where is None]
+            lost = [seq for seq, (_, what) in again if what is None]
             if lost:  # not expected from a process indexer: every append it held says where it lies
                 log.error("store: %d unindexed record(s) do not say where they lie; they are indexed at the "
                           "next open", len(lost))
             new = make_indexer(self.indexer_kind, self)
             new.start()
             self._indexer = new
-            for seq, where in again:
-                if where is not None:
-                    new.submit(("append", (seq, None, where), None, None), resent=True)
+            for seq, (kind, what) in again:
+                if what is None:
+                    continue
+                if kind == "append":
+                    new.submit(("append", (seq, None, what), None, None), resent=True)
+                else:  # a session row: the latest state of the session, sent again as it was
+                    new.submit(("session", (seq, what), None, None), resent=True)
         log.warning("store: index process replaced after it failed; %d record(s) sent to it again", len(again))
         return True
 
