@@ -29,6 +29,7 @@ from openenv_harness.recorder.context import RecorderContext
 from openenv_harness.recorder.drift_cause import break_cause, drift_cause, turn_view
 from openenv_harness.recorder.errors import AgentError
 from openenv_harness.recorder.fidelity import FidelityTracker
+from openenv_harness.recorder.prompt_mode import strategy_for
 from openenv_harness.recorder.provenance import call_provenance
 from openenv_harness.recorder.relay_errors import relay_upstream_error, relay_upstream_failure
 from openenv_harness.recorder.request_body import check_body, not_json
@@ -73,6 +74,8 @@ class Flow:
     #: set when a tool-call cap cut the reply (``budget.cut_tool_calls``); kept in the record's metadata
     tool_limit: dict[str, Any] | None = None
     stored: bool = False
+    #: how the prompt mode served this call (incremental sessions): continued or fell back, and why
+    prompt_mode: dict[str, Any] | None = None
 
 
 # -- authenticate ------------------------------------------------------------------------------
@@ -206,7 +209,7 @@ async def forward(flow: Flow) -> None:
     flow.version_start = ctx.fence.version
     ctx.fence.inflight += 1
     try:
-        flow.reply = await upstream.chat(flow.upstream_body, session_id=flow.session.id)
+        flow.reply = await strategy_for(flow.session.spec.prompt_mode).send(flow, upstream)
     except UpstreamFailure as exc:
         flow.version_end = ctx.fence.version
         error = relay_upstream_failure(exc, ctx.config.retry_after_s)
@@ -293,6 +296,9 @@ async def record(flow: Flow) -> None:
         md["weight_versions"] = weight_versions
     if flow.tool_limit is not None:
         md["tool_limit"] = flow.tool_limit
+    if session.spec.prompt_mode != "full_history":
+        md["prompt_mode"] = flow.prompt_mode or {"mode": session.spec.prompt_mode, "continued": False,
+                                                 "reason": "not_attempted"}
     if md["straddled_sync"]:
         flow.ctx.metrics.straddled.inc()
     if aborted:
@@ -336,6 +342,7 @@ async def record(flow: Flow) -> None:
     while len(recent) > flow.ctx.config.dedupe_window:
         recent.popitem(last=False)
     flow.agent_reply = agent_view(flow.reply.json, keep_logprobs=flow.keep_logprobs)
+    strategy_for(session.spec.prompt_mode).committed(flow)
 
 
 def observe_cause(flow: Flow, md: dict[str, Any], transition: Any, ev: Evidence) -> None:

@@ -62,6 +62,11 @@ class Upstream(abc.ABC):
         """Engine control and introspection (``/version``, ``/tokenize``, ``/pause`` ...)."""
         raise UpstreamFailure("protocol", f"{self.name} does not support {method} {path}")
 
+    async def post_for_session(self, path: str, body: dict[str, Any], *, session_id: str) -> UpstreamReply:
+        """A session's call to another engine route (render, generate, derender): like ``chat``, it
+        carries the session, so engines that route or script by session see it."""
+        return await self.request("POST", path, json=body)
+
 
 #: What an engine's error shows in place of the recorder's engine API key.
 REDACTED_KEY = b"[engine API key]"
