@@ -128,13 +128,13 @@ class Incremental:
             raise Fallback("aux_call", f"a {flow.call_kind} call is not part of a chain")
         messages = flow.body.get("messages") or []
         index, checkpoint = _find_parent(flow, state, messages)
-        if not checkpoint.ends_turn:
-            raise Fallback("turn_not_ended", "the previous sample did not stop at the end-of-turn id (a length "
-                           "stop, or an abort): nothing certified follows it")
         turn_end = _turn_end_ids(flow)
         if not turn_end:
             raise Fallback("junction_uncertified", "the template certification did not certify the turn-end "
                            "junction (no certification, or the property failed)")
+        if not checkpoint.ends_turn:
+            raise Fallback("turn_not_ended", "the previous sample did not stop at the end-of-turn id (a length "
+                           "stop, or an abort): nothing certified follows it")
         if state.routes_missing:
             raise Fallback("no_scale_out_routes", state.routes_missing)
         cut = len(checkpoint.message_digests) + 1
@@ -170,6 +170,8 @@ class Incremental:
             "full_render_diff": render_diff(prompt, full_ids),
         }
         state.parents[flow.call_index] = index
+        for stale in [k for k in state.parents if k < flow.call_index - 64]:  # calls that failed later
+            del state.parents[stale]
         return _compose(derendered.json, generated.json, prompt)
 
 

@@ -170,6 +170,9 @@ async def render(state: EngineState, request: Request) -> Response:
         text = state.template.render(messages, parsed.tools, parsed.add_generation_prompt, **kwargs)
     except (TemplateError, ValueError, TypeError) as exc:
         return error_response(400, str(exc))
+    fault = _render_fault(state, request, parsed)
+    if fault is not None:
+        return fault
     ids = state.tokenizer.encode(text)
     return _json({
         "request_id": new_id(), "token_ids": ids, "token_offsets": None, "features": None, "content_parts": None,
@@ -179,6 +182,17 @@ async def render(state: EngineState, request: Request) -> Response:
         "stream_options": None, "cache_salt": None, "priority": 0, "kv_transfer_params": None,
         "ec_transfer_params": None,
     })
+
+
+def _render_fault(state: EngineState, request: Request, chat: ChatRequest) -> Response | None:
+    """A fault registered for the render route (``Fault.route``), matched by the turn these messages ask for."""
+    keys = state.keys_for(request.headers.get(SESSION_HEADER), chat.model)
+    _, script = state.script_for(keys)
+    choice = choose_turn({"messages": chat.messages, "tools": chat.tools}, script)
+    fault = state.faults.take(keys, choice.index, choice.kind == "aux", route="/v1/chat/completions/render")
+    if fault is None or fault.status is None:
+        return None
+    return Response(dumps(fault.error_response_body()), status_code=fault.status, media_type="application/json")
 
 
 async def generate(state: EngineState, request: Request) -> Response:
