@@ -39,3 +39,21 @@ def test_incremental_rollouts_are_one_clean_row_where_full_history_forks(harness
     assert_rows_cover_turns_once(rows, [turns], run.agent_requests)
     assert run.metrics["tally"] == tally  # TRL's loop trained the same single row
     assert sum(rows[0].completion_mask) == sum(len(r["sampled"]["token_ids"]) for r in run.agent_requests)
+
+
+@pytest.mark.parametrize("label", ["noncanonical", "rewritten"])
+def test_realign_keeps_at_least_what_trls_own_realign_keeps(label: str, rollouts: Rollouts) -> None:
+    """Full history, same trace: our realign masks only from each divergence point on."""
+    from openenv_harness.assembly import assemble_session
+
+    run = rollouts.get("pi", label)
+    turns = _turns_from_training_trace(run.trace)
+    trl_rows, trl_tally = _chain_to_sequences(turns, "threshold", 1024)
+    assert trl_tally["realign"] >= 1
+    trl_kept = sum(sum(r.completion_mask) for r in trl_rows)
+    ours = assemble_session(rollouts.admin.records(run.session["session_id"]), strategy="realign")
+    assert ours.stats.resolutions.realigned == trl_tally["realign"]
+    assert ours.stats.trainable_tokens >= trl_kept
+    sampled = sum(len(t.output_ids) for t in turns)
+    assert ours.stats.trainable_tokens < sampled  # drift costs something in full history ...
+    assert ours.stats.resolutions.lost_tokens == sampled - ours.stats.trainable_tokens
