@@ -61,7 +61,8 @@ class IncrementalState:
 
     checkpoints: list[Checkpoint] = field(default_factory=list)
     routes_missing: str | None = None
-    #: call index -> the checkpoint it continued (replaced by the call's own once it is recorded)
+    #: in-flight call (``id`` of its flow) -> the checkpoint it continued, replaced by the call's own
+    #: once it is recorded (call numbers are given only then); bounded: calls that fail never commit
     parents: dict[int, int] = field(default_factory=dict)
     probe_prefix: dict[str, list[int]] = field(default_factory=dict)
 
@@ -117,7 +118,7 @@ class Incremental:
                                 reply_digest=history_match.digest(message),
                                 rendering=history_match.tools_digest(flow.body),
                                 ends_turn=bool(turn_end) and bool(completion) and completion[-1] == turn_end[0])
-        parent = state.parents.pop(flow.call_index, None)
+        parent = state.parents.pop(id(flow), None)
         state.checkpoints = [c for i, c in enumerate(state.checkpoints) if i != parent][-(MAX_CHECKPOINTS - 1):]
         state.checkpoints.append(checkpoint)
 
@@ -169,9 +170,9 @@ class Incremental:
             "checkpoint_len": len(checkpoint.ids), "trailer_len": len(turn_end) - 1, "suffix_len": len(suffix_ids),
             "full_render_diff": render_diff(prompt, full_ids),
         }
-        state.parents[flow.call_index] = index
-        for stale in [k for k in state.parents if k < flow.call_index - 64]:  # calls that failed later
-            del state.parents[stale]
+        state.parents[id(flow)] = index
+        while len(state.parents) > 64:  # left by calls that failed after the engine answered
+            del state.parents[next(iter(state.parents))]
         return _compose(derendered.json, generated.json, prompt)
 
 

@@ -148,7 +148,7 @@ async def _sample_ids(state: EngineState, request: Request, path: str, body: Any
     if fault is not None and fault.latency_s:
         await asyncio.sleep(fault.latency_s)
     if fault is not None and fault.status is not None:
-        return Response(dumps(fault.error_response_body()), status_code=fault.status,
+        return Response(dumps(fault.error_response_body(dict(request.headers))), status_code=fault.status,
                         media_type="application/json", headers=fault.error_headers())
     room = state.config.max_model_len - len(prompt_ids)
     sample = sample_turn(choice, script, script_key, state.tokenizer, state.template,
@@ -192,7 +192,8 @@ def _render_fault(state: EngineState, request: Request, chat: ChatRequest) -> Re
     fault = state.faults.take(keys, choice.index, choice.kind == "aux", route="/v1/chat/completions/render")
     if fault is None or fault.status is None:
         return None
-    return Response(dumps(fault.error_response_body()), status_code=fault.status, media_type="application/json")
+    return Response(dumps(fault.error_response_body(dict(request.headers))), status_code=fault.status,
+                    media_type="application/json")
 
 
 async def generate(state: EngineState, request: Request) -> Response:
