@@ -8,7 +8,8 @@ from openenv_harness.testing.engine import EngineServer
 from agentloop import run_agent, tool_script
 
 
-def _run(engine: EngineServer, admin: RecorderClient, mode: str, *, stream: bool = True, **script: object) -> list[dict]:
+def _run(engine: EngineServer, admin: RecorderClient, mode: str, *, stream: bool = True,
+         **script: object) -> list[dict]:
     s = admin.create_session(prompt_mode=mode)
     engine.set_script(s["session_id"], tool_script(3, **script))  # type: ignore[arg-type]
     run_agent(s["base_url"], s["secret"], stream=stream, echo="pi")
@@ -43,3 +44,19 @@ def test_noncanonical_segmentation_stays_exact(engine: EngineServer, recorder: R
     sampled = [f["sampled"] for f in engine.requests(records[0]["metadata"]["session_id"]) if "sampled" in f]
     assert [r["prompt_token_ids"] for r in records] == [s["prompt_token_ids"] for s in sampled]
     assert [r["completion_token_ids"] for r in records] == [s["token_ids"] for s in sampled]
+
+
+def test_reasoning_under_the_other_field_name_is_the_same_turn(engine: EngineServer, recorder: RecorderServer,
+                                                               admin: RecorderClient) -> None:
+    """OpenCode replays ``reasoning`` as ``reasoning_content``: a named equivalence, the chain continues."""
+    from openenv_harness.testing.engine import Script, ToolCallSpec, Turn
+
+    turns = [Turn(reasoning=f"Step {i} needs a look.", tool_calls=[ToolCallSpec(name="bash", arguments={"i": i})])
+             for i in range(2)]
+    s = admin.create_session(prompt_mode="incremental", prompt_mode_strict=True)
+    engine.set_script(s["session_id"], Script(turns=[*turns, Turn(content="All done.")]))
+    run_agent(s["base_url"], s["secret"], stream=True, echo="opencode")
+    records = admin.records(s["session_id"])
+    assert [r["metadata"]["fidelity"]["class"] for r in records] == ["root", "exact", "exact"]
+    modes = [r["metadata"]["prompt_mode"] for r in records[1:]]
+    assert all(m["continued"] and "reasoning_field_renamed" in m["equivalences"] for m in modes)
