@@ -130,6 +130,9 @@ class Incremental:
             raise Fallback("aux_call", f"a {flow.call_kind} call is not part of a chain")
         messages = flow.body.get("messages") or []
         index, checkpoint = _find_parent(flow, state, messages)
+        if not upstream.exact_ids:
+            raise Fallback("no_scale_out_routes", f"{upstream.name} takes messages, not prompt ids (a white-box "
+                           "ModelStep): nothing can be continued exactly")
         turn_end = _turn_end_ids(flow)
         if not turn_end:
             raise Fallback("junction_uncertified", "the template certification did not certify the turn-end "

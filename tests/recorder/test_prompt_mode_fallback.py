@@ -109,3 +109,20 @@ def test_an_engine_error_mid_way_reaches_the_agent_and_is_recorded(engine: Engin
     records = admin.records(s["session_id"])
     assert records[-1]["metadata"]["prompt_mode"]["continued"] is True
     assert _classes([records[0], records[-1]]) == ["root", "exact"]
+
+
+def test_a_white_box_model_step_falls_back(tmp_path: Path) -> None:
+    """A ModelStep takes messages, not prompt ids: incremental calls are served in full history."""
+    from openenv_harness.recorder.upstream.model_step import ModelStepUpstream
+    from openenv_harness.testing.model_step import ScriptedModelStep
+
+    step = ScriptedModelStep(["ls", "cat a.py"], "done")
+    config = RecorderConfig(store_path=str(tmp_path / "r.db"), engine_url="http://127.0.0.1:9", admin_token=ADMIN)
+    with RecorderServer(config, upstreams={"step": ModelStepUpstream(step)}) as rec, \
+            RecorderClient(rec.url, ADMIN) as admin:
+        s = admin.create_session(prompt_mode="incremental", upstream="step")
+        run_agent(s["base_url"], s["secret"], stream=False, echo="pi")
+        records = admin.records(s["session_id"])
+        assert _reasons(records) == ["chain_start", "no_scale_out_routes", "no_scale_out_routes"]
+        assert "ModelStep" in records[1]["metadata"]["prompt_mode"]["detail"]
+        assert len(step.calls) == 3

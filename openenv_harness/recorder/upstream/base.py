@@ -45,6 +45,9 @@ class Upstream(abc.ABC):
 
     #: Short description for provenance, e.g. ``vllm-http:http://127.0.0.1:8000``.
     name: str = "upstream"
+    #: Whether ``post_for_session`` reaches an engine's render / generate / derender routes (HTTP
+    #: engines); a ``ModelStep`` takes messages, not prompt ids, so incremental calls fall back.
+    exact_ids: bool = False
 
     async def start(self) -> None:
         """Acquire resources bound to the running event loop."""
