@@ -450,6 +450,8 @@ async def record_failure(flow: Flow, error: AgentError) -> None:
         "message": error.message,
         "upstream_body": error.upstream_body,
     }
+    if flow.prompt_mode is not None:  # incremental: which step of the continuation failed
+        md["prompt_mode"] = flow.prompt_mode
     budget.account(session, flow.call_kind, None, served=False)
     md["limits"] = budget.limits_state(session)
     pending = PendingRecord(

@@ -167,20 +167,22 @@ class Incremental:
         generate_body: dict[str, Any] = {"token_ids": prompt, "sampling_params": params}
         if flow.upstream_body.get("model"):
             generate_body["model"] = flow.upstream_body["model"]
-        generated = await upstream.post_for_session(GENERATE, generate_body, session_id=session)
-        if generated.status != 200 or generated.json is None:
-            return generated  # an engine error mid-way: relayed and recorded by the forward step
-        derender_body = {"generate_response": generated.json, "prompt_token_ids": prompt,
-                         "chat_request": flow.upstream_body}
-        derendered = await upstream.post_for_session(DERENDER, derender_body, session_id=session)
-        if derendered.status != 200 or derendered.json is None:
-            return derendered
         flow.prompt_mode = {
             "mode": self.name, "continued": True, "reason": None,
             "equivalences": history_match.used_equivalences(messages[cut - 1], checkpoint.reply),
             "checkpoint_len": len(checkpoint.ids), "trailer_len": len(turn_end) - 1, "suffix_len": len(suffix_ids),
             "full_render_diff": render_diff(prompt, full_ids),
         }
+        generated = await upstream.post_for_session(GENERATE, generate_body, session_id=session)
+        if generated.status != 200 or generated.json is None:
+            flow.prompt_mode["failed_at"] = GENERATE
+            return generated  # an engine error mid-way: relayed and recorded by the forward step
+        derender_body = {"generate_response": generated.json, "prompt_token_ids": prompt,
+                         "chat_request": flow.upstream_body}
+        derendered = await upstream.post_for_session(DERENDER, derender_body, session_id=session)
+        if derendered.status != 200 or derendered.json is None:
+            flow.prompt_mode["failed_at"] = DERENDER
+            return derendered
         state.parents[id(flow)] = index
         while len(state.parents) > 64:  # left by calls that failed after the engine answered
             del state.parents[next(iter(state.parents))]

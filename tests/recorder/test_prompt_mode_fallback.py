@@ -105,6 +105,7 @@ def test_an_engine_error_mid_way_reaches_the_agent_and_is_recorded(engine: Engin
     records = admin.records(s["session_id"])
     assert [r["metadata"]["status"] for r in records] == ["ok", "failed"]
     assert records[1]["metadata"]["error"]["upstream_status"] == 500
+    assert records[1]["metadata"]["prompt_mode"]["failed_at"] == "/inference/v1/generate"
     assert _post(s, messages).status_code == 200  # the retry continues the chain exactly
     records = admin.records(s["session_id"])
     assert records[-1]["metadata"]["prompt_mode"]["continued"] is True
