@@ -64,7 +64,7 @@ class IncrementalState:
     routes_missing: str | None = None
     #: in-flight call (``id`` of its flow) -> the checkpoint it continued, replaced by the call's own
     #: once it is recorded (call numbers are given only then); bounded: calls that fail never commit
-    parents: dict[int, int] = field(default_factory=dict)
+    parents: dict[int, Checkpoint] = field(default_factory=dict)
     probe_prefix: dict[str, list[int]] = field(default_factory=dict)
 
 
@@ -120,7 +120,8 @@ class Incremental:
                                 rendering=history_match.tools_digest(flow.body),
                                 ends_turn=bool(turn_end) and bool(completion) and completion[-1] == turn_end[0])
         parent = state.parents.pop(id(flow), None)
-        state.checkpoints = [c for i, c in enumerate(state.checkpoints) if i != parent][-(MAX_CHECKPOINTS - 1):]
+        # by identity: calls of other chains may have committed meanwhile
+        state.checkpoints = [c for c in state.checkpoints if c is not parent][-(MAX_CHECKPOINTS - 1):]
         state.checkpoints.append(checkpoint)
 
     # -- the continuation ------------------------------------------------------------------------
@@ -129,7 +130,7 @@ class Incremental:
         if flow.call_kind != "agent":
             raise Fallback("aux_call", f"a {flow.call_kind} call is not part of a chain")
         messages = flow.body.get("messages") or []
-        index, checkpoint = _find_parent(flow, state, messages)
+        checkpoint = _find_parent(flow, state, messages)
         if not upstream.exact_ids:
             raise Fallback("no_scale_out_routes", f"{upstream.name} takes messages, not prompt ids (a white-box "
                            "ModelStep): nothing can be continued exactly")
@@ -183,7 +184,7 @@ class Incremental:
         if derendered.status != 200 or derendered.json is None:
             flow.prompt_mode["failed_at"] = DERENDER
             return derendered
-        state.parents[id(flow)] = index
+        state.parents[id(flow)] = checkpoint
         while len(state.parents) > 64:  # left by calls that failed after the engine answered
             del state.parents[next(iter(state.parents))]
         return _compose(derendered.json, generated.json, prompt)
@@ -205,7 +206,7 @@ def _turn_end_ids(flow: "Flow") -> list[int]:
     return list(cert.turn_end_ids) if junction is not None and junction.passed else []
 
 
-def _find_parent(flow: "Flow", state: IncrementalState, messages: list[Any]) -> tuple[int, Checkpoint]:
+def _find_parent(flow: "Flow", state: IncrementalState, messages: list[Any]) -> Checkpoint:
     """The most recent chain tip whose history this call replays (named equivalences allowed)."""
     if not state.checkpoints:
         raise Fallback("chain_start", "no earlier sample in this session to continue")
@@ -216,7 +217,7 @@ def _find_parent(flow: "Flow", state: IncrementalState, messages: list[Any]) -> 
         n = len(c.message_digests)
         if (c.rendering == rendering and len(digests) > n and digests[:n] == c.message_digests
                 and digests[n] == c.reply_digest):
-            return index, c
+            return c
     raise Fallback("history_changed", "the history up to the previous assistant turn is not what was sampled "
                    "(an edited, dropped or inserted message, changed tools, or a new conversation)")
 
