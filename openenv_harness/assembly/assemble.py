@@ -129,18 +129,34 @@ class _SampleBuilder:
         self.add_call(call)
 
     def realign(self, prev: Call, call: Call) -> int:
-        """Replace ``prev``'s reply by its canonical replay (mask 0); return the trainable ids lost."""
+        """Replace ``prev``'s reply by its canonical replay from the first differing id on (mask 0),
+        keeping the exact prefix before it trainable; return the trainable ids lost.
+
+        The kept prefix sits on exactly the context the engine sampled it from (``prev.prompt`` is a
+        prefix of ``call.prompt``), so it trains like any exact token; only from the divergence on
+        does the sample carry the replay the next call saw instead of what was sampled."""
         segment = self.segments.pop()
         if segment.node_id != prev.node_id:
             raise AssemblyError(f"internal: realign expected {prev.node_id} last, found {segment.node_id}")
-        del self.response[segment.offset :]
-        del self.mask[segment.offset :]
-        del self.logprobs[segment.offset :]
+        replay = call.prompt[len(prev.prompt) :]
+        limit = min(len(prev.completion), len(replay))
+        kept = 0
+        while kept < limit and prev.completion[kept] == replay[kept]:
+            kept += 1
+        cut = segment.offset + kept
+        del self.response[cut:]
+        del self.mask[cut:]
+        del self.logprobs[cut:]
+        kept_trainable = sum(self.mask[segment.offset : cut])
+        if kept:
+            self.segments.append(Segment(node_id=prev.node_id, offset=segment.offset, length=kept,
+                                         trainable_tokens=kept_trainable, partial=True))
         self.realigned.append(prev.node_id)
-        self.lost_tokens += segment.trainable_tokens
-        self.add_context(call.prompt[len(prev.prompt) :])
+        lost = segment.trainable_tokens - kept_trainable
+        self.lost_tokens += lost
+        self.add_context(replay[kept:])
         self.add_call(call)
-        return segment.trainable_tokens
+        return lost
 
     def splice(self, prev: Call, call: Call, eot_position: int, eot_id: int) -> None:
         ends_with_eot = bool(prev.completion) and prev.completion[-1] == eot_id

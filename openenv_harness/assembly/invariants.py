@@ -4,8 +4,8 @@ Why a separate module: the rules are the contract with the trainer, and a traine
 want to check a trace that came from elsewhere. Structural rules need only the trace. Identity
 rules need the calls it was built from:
 
-- every segment's sampled ids equal the call's sampled ids, and mask 1 sits exactly on the
-  trainable ones;
+- every segment's sampled ids equal the call's sampled ids (a partial segment: their prefix), and
+  mask 1 sits exactly on the trainable ones;
 - unless the trace is labelled ``approximate``: the tokens before each segment equal that call's
   canonical prompt (every mask-1 token has the context the engine saw), and the trace ends with
   its last call's sampled ids -- so ``prompt_ids + response_ids`` equals the last call's prompt +
@@ -75,9 +75,14 @@ def check_identity(trace: HarnessTrace, calls: Mapping[str, Call]) -> None:
         if call is None:
             raise AssemblyError(f"{label}: segment names unknown call {segment.node_id!r}")
         start = base + segment.offset
-        if segment.length != len(call.completion) or not starts_with_at(full, call.completion_bytes, start):
+        if segment.partial:  # a realigned call's exact prefix
+            sampled = call.completion_bytes[: segment.length * WIDTH]
+            whole = segment.length <= len(call.completion)
+        else:
+            sampled, whole = call.completion_bytes, segment.length == len(call.completion)
+        if not whole or not starts_with_at(full, sampled, start):
             raise AssemblyError(f"{label}: sampled ids of {call.node_id} are not reproduced verbatim")
-        expected_mask[segment.offset : segment.offset + segment.length] = call.mask
+        expected_mask[segment.offset : segment.offset + segment.length] = call.mask[: segment.length]
         if trace.metadata.approximate:
             continue
         if start != len(call.prompt) or not full.startswith(call.prompt_bytes):

@@ -25,8 +25,10 @@ class Segment(BaseModel):
 
     node_id: str
     offset: int = Field(ge=0, description="Index of the call's first sampled id in response_ids")
-    length: int = Field(ge=0, description="Number of sampled ids (the whole completion)")
+    length: int = Field(ge=0, description="Number of sampled ids (the whole completion, unless partial)")
     trainable_tokens: int = Field(ge=0, description="How many of them carry mask 1")
+    partial: bool = Field(False, description="Only the exact prefix of a realigned call's sampled ids: the replay "
+                          "kept them, the rest of the reply is replaced by its canonical replay (mask 0)")
 
 
 class TraceMetadata(BaseModel):
@@ -44,7 +46,8 @@ class TraceMetadata(BaseModel):
     segments: list[Segment]
     exact: int = Field(0, description="exact transitions inside this sample")
     realigned_node_ids: list[str] = Field(
-        default_factory=list, description="calls whose reply was replaced by its canonical replay (mask 0)"
+        default_factory=list, description="calls whose reply was replaced by its canonical replay (mask 0) from the "
+        "first differing id on; the exact prefix before it stays trainable (a partial segment)"
     )
     spliced_node_ids: list[str] = Field(
         default_factory=list, description="calls whose drifted reply was spliced anyway (approximate)"

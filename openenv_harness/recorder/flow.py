@@ -31,6 +31,7 @@ from openenv_harness.recorder.context import RecorderContext
 from openenv_harness.recorder.drift_cause import break_cause, drift_cause, turn_view
 from openenv_harness.recorder.errors import AgentError
 from openenv_harness.recorder.fidelity import FidelityTracker
+from openenv_harness.recorder.prompt_mode import strategy_for
 from openenv_harness.recorder.provenance import call_provenance
 from openenv_harness.recorder.relay_errors import relay_upstream_error, relay_upstream_failure
 from openenv_harness.recorder.request_body import check_body, not_json
@@ -97,6 +98,8 @@ def session_closed(session: LiveSession, *, in_flight: bool = False) -> AgentErr
     message = (f"session {session.id} was closed while this call was in flight; it was not answered" if in_flight
                else f"session {session.id} is closed")
     return AgentError(409, message, type="invalid_request_error", code="session_closed")
+    #: how the prompt mode served this call (incremental sessions): continued or fell back, and why
+    prompt_mode: dict[str, Any] | None = None
 
 
 # -- authenticate ------------------------------------------------------------------------------
@@ -240,7 +243,8 @@ async def forward(flow: Flow) -> None:
     ctx.fence.inflight += 1
     try:
         try:
-            flow.reply = await upstream.chat(flow.upstream_body, session_id=flow.session.id)
+            # the session's prompt mode decides what the engine is asked to continue (prompt_mode.py)
+            flow.reply = await strategy_for(flow.session.spec.prompt_mode).send(flow, upstream)
         finally:
             flow.cancellable = False  # the engine answered (or failed): from here on a close waits
             ctx.fence.inflight -= 1
@@ -338,6 +342,9 @@ async def record(flow: Flow) -> None:
         md["weight_versions"] = weight_versions
     if flow.tool_limit is not None:
         md["tool_limit"] = flow.tool_limit
+    if session.spec.prompt_mode != "full_history":
+        md["prompt_mode"] = flow.prompt_mode or {"mode": session.spec.prompt_mode, "continued": False,
+                                                 "reason": "not_attempted"}
     if md["straddled_sync"]:
         flow.ctx.metrics.straddled.inc()
     if aborted:
@@ -382,6 +389,7 @@ async def record(flow: Flow) -> None:
     while len(recent) > flow.ctx.config.dedupe_window:
         recent.popitem(last=False)
     flow.agent_reply = response
+    strategy_for(session.spec.prompt_mode).committed(flow)
 
 
 def observe_cause(flow: Flow, md: dict[str, Any], transition: Any, ev: Evidence) -> None:
@@ -492,6 +500,8 @@ async def record_failure(flow: Flow, error: AgentError, *, kind: str | None = No
         "message": error.message,
         "upstream_body": error.upstream_body,
     }
+    if flow.prompt_mode is not None:  # incremental: which step of the continuation failed
+        md["prompt_mode"] = flow.prompt_mode
     budget.account(session, flow.call_kind, None, served=False)
     md["limits"] = budget.limits_state(session)
     pending = PendingRecord(

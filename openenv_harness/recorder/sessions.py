@@ -13,7 +13,7 @@ import secrets
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -80,6 +80,13 @@ class SessionSpec(BaseModel):
     require_exact_template: bool = Field(
         False, description="Refuse the session (409, with the failing property and what to do) unless the served "
         "chat template is certified to keep chains exact")
+    prompt_mode: Literal["full_history", "incremental"] = Field(
+        "full_history", description="full_history: the agent's messages are rendered in full each call; incremental: "
+        "a call that continues its chain is sampled from the exact previous prompt and sampled ids plus the engine's "
+        "certified rendering of only the new messages (recorder/prompt_mode.py)")
+    prompt_mode_strict: bool = Field(
+        False, description="incremental only: reject (409) a call whose continuation is not certain instead of "
+        "falling back to full history; a genuine history change still starts a new chain")
     sampling: dict[str, Any] | None = Field(
         None,
         description=(
@@ -131,6 +138,8 @@ class LiveSession:
     turn_views: dict[str, Any] = field(default_factory=dict)
     #: request digests of recent successful calls, for retry replay (bounded by the dedupe window)
     recent_digests: "OrderedDict[str, int]" = field(default_factory=OrderedDict)
+    #: the prompt mode's per-session state (incremental: the chain tips' exact ids)
+    prompt_mode_state: Any = None
     #: the session-constant part of each record's provenance, built on first use
     provenance_cache: dict[str, Any] | None = None
     #: the session's caps as each record's ``limits`` shows them (the spec does not change), built on first use

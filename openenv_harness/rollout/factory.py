@@ -75,6 +75,8 @@ class HarnessSessionFactory(ResourceSessionFactory):
         trainer_template_fingerprint: str | None = None,
         upstream: str | None = None,
         wait_timeout_s: float | None = None,
+        prompt_mode: str = "full_history",
+        prompt_mode_strict: bool = False,
     ) -> None:
         self.preset = get_preset(harness) if isinstance(harness, str) else harness
         self.recorder_url = recorder_url.rstrip("/")
@@ -93,6 +95,8 @@ class HarnessSessionFactory(ResourceSessionFactory):
         self.max_output_tokens = max_output_tokens
         self.trainer_template_fingerprint = trainer_template_fingerprint
         self.upstream = upstream
+        #: the recorder's prompt mode for these sessions (``recorder/prompt_mode.py``)
+        self.prompt_mode, self.prompt_mode_strict = prompt_mode, prompt_mode_strict
         wall = self.budgets.get("max_wall_clock_s")
         #: how long wait_for_completion(None) waits: the wall-clock budget plus a margin, else 30 min
         self.wait_timeout_s = wait_timeout_s if wait_timeout_s is not None else (float(wall) + 60.0 if wall else 1800.0)
@@ -120,6 +124,8 @@ class HarnessSessionFactory(ResourceSessionFactory):
                 sampling=self.sampling,
                 upstream=self.upstream,
                 trainer_template_fingerprint=self.trainer_template_fingerprint,
+                prompt_mode=self.prompt_mode,
+                prompt_mode_strict=self.prompt_mode_strict,
             )
         except BaseException:
             sandbox.close()
@@ -149,6 +155,8 @@ class TRLSessionFactory:
     max_output_tokens: int = 4096
     trainer_template_fingerprint: str | None = None
     wait_timeout_s: float | None = None
+    prompt_mode: str = "full_history"
+    prompt_mode_strict: bool = False
 
     def __call__(self, sampling: dict[str, Any] | None = None) -> HarnessSessionFactory:
         tasks = None if self.tasks is None else {k: Task.model_validate(v) for k, v in self.tasks.items()}
@@ -166,4 +174,6 @@ class TRLSessionFactory:
             max_output_tokens=self.max_output_tokens,
             trainer_template_fingerprint=self.trainer_template_fingerprint,
             wait_timeout_s=self.wait_timeout_s,
+            prompt_mode=self.prompt_mode,
+            prompt_mode_strict=self.prompt_mode_strict,
         )

@@ -85,6 +85,8 @@ def launch_agent(
     sampling: dict[str, Any] | None = None,
     upstream: str | None = None,
     trainer_template_fingerprint: str | None = None,
+    prompt_mode: str = "full_history",
+    prompt_mode_strict: bool = False,
     session_id: str | None = None,
 ) -> LaunchedAgent:
     session_id = session_id or new_session_id()
@@ -117,6 +119,8 @@ def launch_agent(
         spec["upstream"] = upstream
     if trainer_template_fingerprint:
         spec["trainer_template_fingerprint"] = trainer_template_fingerprint
+    if prompt_mode != "full_history" or prompt_mode_strict:  # the recorder's SessionSpec validates both
+        spec.update(prompt_mode=prompt_mode, prompt_mode_strict=prompt_mode_strict)
     info = client.create_session(**spec)
     launch = preset.prepare(setup_for(replace(endpoint, api_key=info["secret"])), instruction, executable)
     if launch.files != draft.files:

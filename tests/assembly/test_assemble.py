@@ -88,6 +88,26 @@ def test_realign_replaces_the_drifted_reply_with_its_canonical_replay(toy) -> No
     assert session.stats.resolutions.realigned == 1 and session.stats.resolutions.lost_tokens == 3
 
 
+def test_realign_keeps_the_exact_prefix_of_a_drifted_reply_trainable(toy) -> None:
+    """Call 0 sampled [21, fish, ing, eot]; the replay is [21, fishing]: the 21 stays trainable."""
+    messages = [("system", [11]), ("user", [21])]
+    p0 = toy.render(messages)
+    p1 = toy.render(messages + [("assistant", [21, FISHING]), ("tool", [301])])
+    records = [toy.record(p0, [21, FISH, ING, toy.EOT], call_index=0, logps=[-0.1, -0.2, -0.3, -0.4]),
+               toy.record(p1, [7, 5], call_index=1, logps=[-0.5, -0.6])]
+    session = assemble_session(records, strategy="realign")
+    (trace,) = session.traces
+    assert trace.input_ids == p1 + [7, 5]
+    assert trace.loss_mask == [1] + [0] * (len(p1) - len(p0) - 1) + [1, 1]
+    assert trace.response_logprobs[0] == -0.1
+    first, last = trace.metadata.segments
+    assert (first.node_id, first.length, first.partial, first.trainable_tokens) == ("sess/0", 1, True, 1)
+    assert (last.node_id, last.partial) == ("sess/1", False)
+    assert trace.metadata.lost_tokens == 3 and session.stats.trainable_tokens == 3
+    split = assemble_session(records, strategy="split")
+    assert split.stats.trainable_tokens - session.stats.trainable_tokens == 3
+
+
 def test_realign_gate_is_on_the_incoming_completion_length(toy) -> None:
     _, _, records = _drifted_pair(toy, second_completion=(7, 8, 5))
     gated = assemble_session(records, strategy="realign", realign_max_tokens=3)

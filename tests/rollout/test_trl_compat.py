@@ -156,7 +156,9 @@ class Rollouts:
         trace = None
         if session is not None:  # what fetch_training_trace() returned, read again from the recorder
             trace = TrainingTrace.model_validate(self.admin.training_trace_json(session["session_id"]))
-        requests = [r for r in self.engine.requests(model) if r["body"].get("tools") and "sampled" in r]
+        # agent calls: chat calls with tools, and (incremental mode) the exact-id generate calls
+        requests = [r for r in self.engine.requests(model) if "sampled" in r
+                    and (r["body"].get("tools") or r["path"] == "/inference/v1/generate")]
         return Rollout(model, group_id, result, metrics, session, trace, requests)
 
     def close(self) -> None:

@@ -48,6 +48,9 @@ class Upstream(abc.ABC):
 
     #: Short description for provenance, e.g. ``vllm-http:http://127.0.0.1:8000``.
     name: str = "upstream"
+    #: Whether ``post_for_session`` reaches an engine's render / generate / derender routes (HTTP
+    #: engines); a ``ModelStep`` takes messages, not prompt ids, so incremental calls fall back.
+    exact_ids: bool = False
 
     async def start(self) -> None:
         """Acquire resources bound to the running event loop."""
@@ -64,6 +67,11 @@ class Upstream(abc.ABC):
     ) -> UpstreamReply:
         """Engine control and introspection (``/version``, ``/tokenize``, ``/pause`` ...)."""
         raise UpstreamFailure("protocol", f"{self.name} does not support {method} {path}")
+
+    async def post_for_session(self, path: str, body: dict[str, Any], *, session_id: str) -> UpstreamReply:
+        """A session's call to another engine route (render, generate, derender): like ``chat``, it
+        carries the session, so engines that route or script by session see it."""
+        return await self.request("POST", path, json=body)
 
 
 #: What an engine's error shows in place of the recorder's engine API key.

@@ -191,6 +191,11 @@ class H1Engine(Upstream):
         return await self._send("POST", "/v1/chat/completions", orjson.dumps(body),
                                 extra=f"{SESSION_HEADER}: {session_id}", chat=True)
 
+    exact_ids = True
+
+    async def post_for_session(self, path: str, body: dict[str, Any], *, session_id: str) -> UpstreamReply:
+        return await self._send("POST", path, orjson.dumps(body), extra=f"{SESSION_HEADER}: {session_id}")
+
     async def request(
         self, method: str, path: str, *, json: Any = None, params: dict[str, str] | None = None
     ) -> UpstreamReply:

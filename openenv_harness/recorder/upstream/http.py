@@ -85,6 +85,11 @@ class HTTPEngine(Upstream):
             chat=True,
         )
 
+    exact_ids = True
+
+    async def post_for_session(self, path: str, body: dict[str, Any], *, session_id: str) -> UpstreamReply:
+        return await self._send("POST", path, content=orjson.dumps(body), headers={SESSION_HEADER: session_id})
+
     async def request(
         self, method: str, path: str, *, json: Any = None, params: dict[str, str] | None = None
     ) -> UpstreamReply:

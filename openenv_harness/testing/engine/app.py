@@ -31,6 +31,7 @@ from openenv_harness.testing.engine.config import EngineConfig
 from openenv_harness.testing.engine.faults import Fault
 from openenv_harness.testing.engine.fence import PAUSE_MODES
 from openenv_harness.testing.engine.policy import Script
+from openenv_harness.testing.engine.scale_out import add_scale_out_routes
 from openenv_harness.testing.engine.state import DEFAULT_KEY, EngineState
 from openenv_harness.testing.engine.template import prepare_messages
 from openenv_harness.testing.engine.wire import dumps
@@ -178,6 +179,8 @@ def create_engine_app(config: EngineConfig | None = None) -> FastAPI:
     async def _ping() -> Response:
         return Response(status_code=200)
 
+    if config.scale_out:
+        add_scale_out_routes(app, state)
     if config.dev_mode:
         _add_fence_routes(app, state)
     _add_control_routes(app, state)

@@ -36,6 +36,7 @@ class EngineConfig(BaseModel):
     default_script: Script = Field(default_factory=Script, description="Script for keys with none registered")
     decode_delay_s: float = Field(0.0, ge=0, description="Time per sampled token (lets tests straddle a pause)")
     prefill_delay_s: float = Field(0.0, ge=0, description="Time before the first token of each request")
+    scale_out: bool = Field(True, description="vLLM --enable-scale-out: render, generate, derender routes")
     dev_mode: bool = Field(True, description="Serve /pause, /resume, /is_paused (VLLM_SERVER_DEV_MODE=1)")
     max_recorded_requests: int = Field(1000, ge=0, description="Request log size for /_ref/requests (0: off)")
     api_key: str | None = Field(None, description="vLLM --api-key: /v1 routes answer 401 without this bearer key")

@@ -51,9 +51,13 @@ class Fault(BaseModel):
     agent_only: bool = Field(False, description="Never hit calls without tools (titles, summaries)")
     echo_headers: bool = Field(False, description="With status: the error message quotes the request's headers, "
                                "credentials included, as some gateways do")
+    route: str | None = Field(None, description="Only requests to this path (e.g. /v1/chat/completions/render); "
+                              "None: any sampling route (chat, generate, completions)")
 
     @model_validator(mode="after")
     def _has_an_effect(self) -> Fault:
+        if self.route is not None and self.status is None:
+            raise ValueError("a fault on a non-sampling route (route) answers an error status")
         effects = (
             self.status is not None,
             self.latency_s > 0,
@@ -111,8 +115,10 @@ class FaultBook:
         with self._lock:
             return sum(entry.remaining for entry in self._entries.get(key, []))
 
-    def take(self, keys: list[str], turn_index: int, is_aux: bool) -> Fault | None:
-        """Consume one hit of the first fault matching this request, looking up ``keys`` in order."""
+    def take(self, keys: list[str], turn_index: int, is_aux: bool, route: str | None = None) -> Fault | None:
+        """Consume one hit of the first fault matching this request, looking up ``keys`` in order.
+
+        ``route`` is the path of a non-sampling route (render); sampling routes pass None."""
         with self._lock:
             for key in keys:
                 for entry in self._entries.get(key, []):
@@ -120,6 +126,8 @@ class FaultBook:
                     if entry.remaining <= 0:
                         continue
                     if fault.agent_only and is_aux:
+                        continue
+                    if fault.route != route:
                         continue
                     if fault.on_turn is not None and (is_aux or fault.on_turn != turn_index):
                         continue

@@ -1,0 +1,305 @@
+"""How the forward step asks the engine for a sample: the session's prompt mode, as one strategy.
+
+- ``full_history`` (default): the agent's messages go to ``/v1/chat/completions`` as they are; the
+  engine re-renders the whole history each turn and replay drift is detected afterwards.
+- ``incremental``: an agent call that continues its chain is sampled from the exact checkpoint
+  C = previous prompt ids + previous sampled ids, then the junction trailer (the ids the template
+  puts after the end-of-turn id, from the template certification), then the engine's own rendering
+  of only the new messages. Exact by construction: replay-only drift cannot happen. Tokenizer-free:
+  every id comes from the engine (``/v1/chat/completions/render``, ``/inference/v1/generate``,
+  ``/v1/chat/completions/derender``, whose parsers turn the sampled ids into the chat reply).
+
+A call continues only when everything is certain (``history_match`` for the replayed history, the
+certified junction, a suffix whose rendering on a probe prefix -- ending in an assistant tool call
+with the real tool name -- is also the tail of the engine's full render of the same messages).
+Otherwise it falls back to full history with the reason recorded (``strict`` rejects instead,
+except for a genuine history change, which starts a new chain as in full history). A spliced
+prompt that was not certified is never sent.
+
+What the model sees differs from a full render where the agent re-spelled the history (that is
+the point) or where the template drops earlier content (e.g. old reasoning): the records say where
+and by how much (``full_render_diff``); the exact checkpoint is kept, so samples stay exact.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from openenv_harness.recorder import history_match
+from openenv_harness.recorder.errors import AgentError
+from openenv_harness.recorder.upstream.base import Upstream, UpstreamReply
+
+if TYPE_CHECKING:
+    from openenv_harness.recorder.flow import Flow
+
+RENDER, GENERATE, DERENDER = "/v1/chat/completions/render", "/inference/v1/generate", "/v1/chat/completions/derender"
+MAX_CHECKPOINTS = 8
+#: reasons that are not uncertainty: a strict session still proceeds (a new chain, as in full history)
+NEW_CHAIN = {"chain_start", "history_changed", "aux_call"}
+_PROBE_USER = {"role": "user", "content": "."}
+
+
+@dataclass
+class Checkpoint:
+    """One chain tip: the exact ids the engine has seen and said, and the messages they stand for."""
+
+    ids: list[int]
+    message_digests: list[str]
+    reply: dict[str, Any]
+    reply_digest: str
+    rendering: str
+    ends_turn: bool
+
+
+@dataclass
+class IncrementalState:
+    """Per session: recent chain tips (sub-agents interleave) and whether the engine lacks the routes."""
+
+    checkpoints: list[Checkpoint] = field(default_factory=list)
+    routes_missing: str | None = None
+    #: in-flight call (``id`` of its flow) -> the checkpoint it continued, replaced by the call's own
+    #: once it is recorded (call numbers are given only then); bounded: calls that fail never commit
+    parents: dict[int, Checkpoint] = field(default_factory=dict)
+    probe_prefix: dict[str, list[int]] = field(default_factory=dict)
+
+
+class Fallback(Exception):
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(detail)
+        self.reason, self.detail = reason, detail
+
+
+class FullHistory:
+    """Today's behaviour: the agent's messages, rendered in full by the engine."""
+
+    name = "full_history"
+
+    async def send(self, flow: "Flow", upstream: Upstream) -> UpstreamReply:
+        return await upstream.chat(flow.upstream_body, session_id=flow.session.id)
+
+    def committed(self, flow: "Flow") -> None:
+        return None
+
+
+class Incremental:
+    name = "incremental"
+
+    async def send(self, flow: "Flow", upstream: Upstream) -> UpstreamReply:
+        state = _state(flow)
+        started = time.perf_counter()
+        try:
+            reply = await self._continue(flow, upstream, state)
+        except Fallback as fb:
+            if flow.session.spec.prompt_mode_strict and fb.reason not in NEW_CHAIN:
+                raise AgentError(409, f"incremental continuation is not certain ({fb.reason}): {fb.detail}",
+                                 type="invalid_request_error", code="prompt_mode_uncertain") from None
+            flow.prompt_mode = {"mode": self.name, "continued": False, "reason": fb.reason, "detail": fb.detail}
+            return await upstream.chat(flow.upstream_body, session_id=flow.session.id)
+        reply.elapsed_ms = (time.perf_counter() - started) * 1000.0
+        return reply
+
+    def committed(self, flow: "Flow") -> None:
+        """After the record is durable: this call's ids become its chain's checkpoint."""
+        ev = flow.evidence
+        if flow.call_kind != "agent" or ev is None or not ev.valid or flow.agent_reply is None:
+            return
+        choices = flow.agent_reply.get("choices") or [{}]
+        message = choices[0].get("message") or {}
+        completion = list(ev.completion_ids or [])
+        state = _state(flow)
+        messages = flow.body.get("messages") or []
+        turn_end = _turn_end_ids(flow)
+        checkpoint = Checkpoint(ids=list(ev.prompt_ids or []) + completion,
+                                message_digests=history_match.digests(messages), reply=message,
+                                reply_digest=history_match.digest(message),
+                                rendering=history_match.tools_digest(flow.body),
+                                ends_turn=bool(turn_end) and bool(completion) and completion[-1] == turn_end[0])
+        parent = state.parents.pop(id(flow), None)
+        # by identity: calls of other chains may have committed meanwhile
+        state.checkpoints = [c for c in state.checkpoints if c is not parent][-(MAX_CHECKPOINTS - 1):]
+        state.checkpoints.append(checkpoint)
+
+    # -- the continuation ------------------------------------------------------------------------
+
+    async def _continue(self, flow: "Flow", upstream: Upstream, state: IncrementalState) -> UpstreamReply:
+        if flow.call_kind != "agent":
+            raise Fallback("aux_call", f"a {flow.call_kind} call is not part of a chain")
+        messages = flow.body.get("messages") or []
+        checkpoint = _find_parent(flow, state, messages)
+        if not upstream.exact_ids:
+            raise Fallback("no_scale_out_routes", f"{upstream.name} takes messages, not prompt ids (a white-box "
+                           "ModelStep): nothing can be continued exactly")
+        turn_end = _turn_end_ids(flow)
+        if not turn_end:
+            raise Fallback("junction_uncertified", "the template certification did not certify the turn-end "
+                           "junction (no certification, or the property failed)")
+        if not checkpoint.ends_turn:
+            raise Fallback("turn_not_ended", "the previous sample did not stop at the end-of-turn id (a length "
+                           "stop, or an abort): nothing certified follows it")
+        if state.routes_missing:
+            raise Fallback("no_scale_out_routes", state.routes_missing)
+        cut = len(checkpoint.message_digests) + 1
+        suffix = messages[cut:]
+        if not suffix:
+            raise Fallback("no_new_messages", "nothing follows the previous assistant turn")
+        session = flow.session.id
+        # the full render (for the sampling parameters and the contrast) and the suffix's renders
+        # are independent: one round trip's latency instead of two
+        full, suffix_ids = await asyncio.gather(
+            _render(upstream, state, flow.upstream_body, session),
+            _suffix_ids(flow, upstream, state, checkpoint, suffix, turn_end), return_exceptions=True)
+        for outcome in (full, suffix_ids):
+            if isinstance(outcome, BaseException):
+                raise outcome
+        assert isinstance(full, dict) and isinstance(suffix_ids, list)
+        full_ids = [int(t) for t in full["token_ids"]]
+        if full_ids[len(full_ids) - len(suffix_ids):] != suffix_ids:
+            raise Fallback("suffix_not_certified", "the new messages render differently after the real history "
+                           "than after the probe prefix")
+        prompt = checkpoint.ids + turn_end[1:] + suffix_ids
+        params = dict(full.get("sampling_params") or {})
+        if not (flow.body.get("max_tokens") or flow.body.get("max_completion_tokens")) and "max_tokens" in params:
+            params["max_tokens"] = max(1, int(params["max_tokens"]) - max(0, len(prompt) - len(full_ids)))
+        generate_body: dict[str, Any] = {"token_ids": prompt, "sampling_params": params}
+        if flow.upstream_body.get("model"):
+            generate_body["model"] = flow.upstream_body["model"]
+        flow.prompt_mode = {
+            "mode": self.name, "continued": True, "reason": None,
+            "equivalences": history_match.used_equivalences(messages[cut - 1], checkpoint.reply),
+            "checkpoint_len": len(checkpoint.ids), "trailer_len": len(turn_end) - 1, "suffix_len": len(suffix_ids),
+            "full_render_diff": render_diff(prompt, full_ids),
+        }
+        generated = await upstream.post_for_session(GENERATE, generate_body, session_id=session)
+        if generated.status != 200 or generated.json is None:
+            flow.prompt_mode["failed_at"] = GENERATE
+            return generated  # an engine error mid-way: relayed and recorded by the forward step
+        derender_body = {"generate_response": generated.json, "prompt_token_ids": prompt,
+                         "chat_request": flow.upstream_body}
+        derendered = await upstream.post_for_session(DERENDER, derender_body, session_id=session)
+        if derendered.status != 200 or derendered.json is None:
+            flow.prompt_mode["failed_at"] = DERENDER
+            return derendered
+        state.parents[id(flow)] = checkpoint
+        while len(state.parents) > 64:  # left by calls that failed after the engine answered
+            del state.parents[next(iter(state.parents))]
+        return _compose(derendered.json, generated.json, prompt)
+
+
+def _state(flow: "Flow") -> IncrementalState:
+    if flow.session.prompt_mode_state is None:
+        flow.session.prompt_mode_state = IncrementalState()
+    return flow.session.prompt_mode_state
+
+
+def _turn_end_ids(flow: "Flow") -> list[int]:
+    """The certified turn ending (end-of-turn id, then the trailer), or nothing."""
+    watch = flow.ctx.engine_watch
+    cert = getattr(watch, "certification", None)
+    if cert is None or not cert.turn_end_ids:
+        return []
+    junction = next((p for p in cert.properties if p.name == "junction"), None)
+    return list(cert.turn_end_ids) if junction is not None and junction.passed else []
+
+
+def _find_parent(flow: "Flow", state: IncrementalState, messages: list[Any]) -> Checkpoint:
+    """The most recent chain tip whose history this call replays (named equivalences allowed)."""
+    if not state.checkpoints:
+        raise Fallback("chain_start", "no earlier sample in this session to continue")
+    digests = history_match.digests(messages)
+    rendering = history_match.tools_digest(flow.body)
+    for index in range(len(state.checkpoints) - 1, -1, -1):
+        c = state.checkpoints[index]
+        n = len(c.message_digests)
+        if (c.rendering == rendering and len(digests) > n and digests[:n] == c.message_digests
+                and digests[n] == c.reply_digest):
+            return c
+    raise Fallback("history_changed", "the history up to the previous assistant turn is not what was sampled "
+                   "(an edited, dropped or inserted message, changed tools, or a new conversation)")
+
+
+async def _render(upstream: Upstream, state: IncrementalState, body: dict[str, Any], session: str) -> dict[str, Any]:
+    reply = await upstream.post_for_session(RENDER, {k: v for k, v in body.items() if k != "stream"},
+                                            session_id=session)
+    if reply.status in (403, 404, 405):
+        state.routes_missing = f"the engine has no {RENDER} (HTTP {reply.status}): start vLLM with --enable-scale-out"
+        raise Fallback("no_scale_out_routes", state.routes_missing)
+    ids = (reply.json or {}).get("token_ids")
+    if reply.status != 200 or not isinstance(ids, list):
+        raise Fallback("render_failed", f"{RENDER} answered HTTP {reply.status}: {reply.body[:200]!r}")
+    return reply.json or {}
+
+
+async def _suffix_ids(flow: "Flow", upstream: Upstream, state: IncrementalState, checkpoint: Checkpoint,
+                      suffix: list[Any], turn_end: list[int]) -> list[int]:
+    """The new messages' ids: rendered after a probe prefix ending like the real one, prefix cut off."""
+    calls = checkpoint.reply.get("tool_calls") or []
+    name = ((calls[0].get("function") or {}).get("name") if calls and isinstance(calls[0], dict) else None)
+    assistant: dict[str, Any] = {"role": "assistant", "content": "" if name else "."}
+    if name:
+        assistant["tool_calls"] = [{"id": "call_probe", "type": "function",
+                                    "function": {"name": name, "arguments": "{}"}}]
+    base = {k: v for k, v in flow.upstream_body.items()
+            if k in ("model", "tools", "chat_template_kwargs", "tool_choice")}
+    session = flow.session.id
+    key = f"{checkpoint.rendering}/{name}"
+    prefix = state.probe_prefix.get(key)
+    if prefix is None:
+        rendered = await _render(upstream, state, {**base, "messages": [_PROBE_USER, assistant],
+                                                   "add_generation_prompt": False}, session)
+        prefix = [int(t) for t in rendered["token_ids"]]
+        if prefix[-len(turn_end):] != turn_end:
+            raise Fallback("junction_uncertified", "the probe's assistant turn does not end with the certified "
+                           "turn-end ids")
+        state.probe_prefix[key] = prefix
+    generation = flow.body.get("add_generation_prompt", True)
+    whole = await _render(upstream, state, {**base, "messages": [_PROBE_USER, assistant, *suffix],
+                                            "add_generation_prompt": generation}, session)
+    ids = [int(t) for t in whole["token_ids"]]
+    if ids[:len(prefix)] != prefix:
+        raise Fallback("suffix_not_certified", "the probe prefix is not kept when the new messages follow it")
+    return ids[len(prefix):]
+
+
+def render_diff(sampled: list[int], full: list[int]) -> dict[str, Any]:
+    """Where the prompt the engine sampled from departs from its own full render of the same messages."""
+    n = min(len(sampled), len(full))
+    start = next((i for i in range(n) if sampled[i] != full[i]), n)
+    if start == len(sampled) == len(full):
+        return {"identical": True, "position": None, "sampled_len": len(sampled), "full_len": len(full)}
+    tail = 0
+    while tail < n - start and sampled[-1 - tail] == full[-1 - tail]:
+        tail += 1
+    return {"identical": False, "position": start, "sampled_span": len(sampled) - start - tail,
+            "full_span": len(full) - start - tail, "sampled_len": len(sampled), "full_len": len(full)}
+
+
+def _compose(derendered: dict[str, Any], generated: dict[str, Any], prompt: list[int]) -> UpstreamReply:
+    """The chat reply the engine's parsers produced, with the exact ids as token evidence."""
+    reply = dict(derendered)
+    gen_choice = (generated.get("choices") or [{}])[0]
+    choice = dict((reply.get("choices") or [{}])[0])
+    ids = [int(t) for t in gen_choice.get("token_ids") or []]
+    choice["token_ids"] = ids
+    if choice.get("logprobs") is None and isinstance(gen_choice.get("logprobs"), dict):
+        choice["logprobs"] = {"content": [{"token": f"token_id:{e['token_id']}", "logprob": e["logprob"],
+                                           "bytes": None, "top_logprobs": []}
+                                          for e in gen_choice["logprobs"].get("content") or []]}
+    reply["choices"] = [choice]
+    reply["prompt_token_ids"] = prompt
+    reply["usage"] = {**(reply.get("usage") or {}), "prompt_tokens": len(prompt), "completion_tokens": len(ids),
+                      "total_tokens": len(prompt) + len(ids)}
+    if gen_choice.get("weight_versions") is not None:
+        choice["weight_versions"] = gen_choice["weight_versions"]
+    return UpstreamReply(status=200, json=reply, body=orjson.dumps(reply))
+
+
+def strategy_for(mode: str) -> FullHistory | Incremental:
+    return _INCREMENTAL if mode == "incremental" else _FULL
+
+
+_FULL, _INCREMENTAL = FullHistory(), Incremental()

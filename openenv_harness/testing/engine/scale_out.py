@@ -1,0 +1,331 @@
+"""vLLM's scale-out routes on the reference engine: render, generate, derender, and id prompts.
+
+Why: the incremental prompt mode asks the engine to render messages without sampling
+(``POST /v1/chat/completions/render``), to sample from exact ids (``POST /inference/v1/generate``,
+or ``POST /v1/completions`` with a ``list[int]`` prompt) and to parse sampled ids back into a chat
+reply with its own parsers (``POST /v1/chat/completions/derender``). vLLM 0.32 serves these with
+``--enable-scale-out`` (``EngineConfig.scale_out`` here); their shapes follow the real server's
+(checked by ``tests/real_engine/test_real_scale_out.py``).
+
+Sampling from ids has no messages to pick a scripted turn from, so this test double reads the
+roles back out of the decoded prompt (``<|im_start|>role`` headers): the same turn index and the
+same aux rule (no tool list rendered) as ``policy.choose_turn`` applies to a chat request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from typing import Any
+
+import orjson
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
+from jinja2 import TemplateError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from openenv_harness.testing.engine.chat import ChatRequest, error_response, validation_message
+from openenv_harness.testing.engine.config import SESSION_HEADER
+from openenv_harness.testing.engine.parser import parse_output
+from openenv_harness.testing.engine.policy import Sample, choose_turn, sample_turn
+from openenv_harness.testing.engine.state import EngineState
+from openenv_harness.testing.engine.template import prepare_messages
+from openenv_harness.testing.engine.wire import dumps, new_id, output_text
+
+_ROLE_HEADER = re.compile(r"<\|im_start\|>(\w+)\n")
+_TOOLS_MARK = "\n<tools>\n"
+_RESERVED_TEMPLATE_ARGS = {"messages", "tools", "add_generation_prompt"}
+#: the reference engine's generation config: what vLLM's render reports as effective defaults
+_DEFAULT_SAMPLING = {"presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0,
+                     "temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0}
+
+
+class GenerateRequest(BaseModel):
+    """``/inference/v1/generate``'s body (the fields this engine reads; others are accepted)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    token_ids: list[int] = Field(min_length=1)
+    sampling_params: dict[str, Any]
+    model: str | None = None
+    stream: bool = False
+    return_token_ids: bool | None = None
+    output_mode: str = "tokens"
+
+
+class DerenderRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    generate_response: dict[str, Any]
+    prompt_token_ids: list[int] = Field(default_factory=list)
+    chat_request: dict[str, Any]
+
+
+class IdCompletionRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    prompt: list[int] | str
+    model: str | None = None
+    max_tokens: int | None = Field(16, ge=1)
+    logprobs: int | None = None
+    return_token_ids: bool | None = None
+    stream: bool = False
+
+
+def _json(payload: Any, status: int = 200) -> Response:
+    return Response(dumps(payload), status_code=status, media_type="application/json")
+
+
+async def _body(request: Request, model: type[BaseModel]) -> tuple[BaseModel | None, Any, Response | None]:
+    try:
+        raw = orjson.loads(await request.body() or b"{}")
+        return model.model_validate(raw), raw, None
+    except orjson.JSONDecodeError as exc:
+        return None, None, error_response(400, f"Invalid JSON body: {exc}")
+    except ValidationError as exc:
+        return None, None, error_response(400, validation_message(exc))
+
+
+def _sampling_params(chat: ChatRequest, prompt_len: int, max_model_len: int) -> dict[str, Any]:
+    """What the engine would sample the chat request with: its fields over the generation config."""
+    extra = chat.model_extra or {}
+    params: dict[str, Any] = dict(_DEFAULT_SAMPLING)
+    for name in _DEFAULT_SAMPLING:
+        if extra.get(name) is not None:
+            params[name] = extra[name]
+    params.update(stop=extra.get("stop") or [], stop_token_ids=extra.get("stop_token_ids") or [])
+    params["max_tokens"] = chat.max_completion_tokens or chat.max_tokens or max(1, max_model_len - prompt_len)
+    if chat.logprobs:
+        params["logprobs"] = chat.top_logprobs or 0
+    params.update(skip_special_tokens=False, output_kind=2, skip_clone=True, bad_words=[],
+                  skip_reading_prefix_cache=False)
+    return params
+
+
+def _turn_body(text: str) -> dict[str, Any]:
+    """A chat-like view of a decoded prompt, enough for ``choose_turn``: roles and whether tools are on."""
+    roles = _ROLE_HEADER.findall(text)
+    if roles and roles[-1] == "assistant" and text.endswith("<|im_start|>assistant\n"):
+        roles = roles[:-1]  # the generation prompt
+    return {"messages": [{"role": r} for r in roles], "tools": [{}] if _TOOLS_MARK in text else None}
+
+
+async def _paced(state: EngineState, count: int) -> tuple[int, bool]:
+    """Emit ``count`` tokens through the fence (a pause can land mid-generation); (emitted, aborted)."""
+    fence, config = state.fence, state.config
+    generation = await fence.admit()
+    emitted = 0
+    try:
+        if config.prefill_delay_s:
+            await generation.wait_aborted(config.prefill_delay_s)
+        for _ in range(count):
+            if not await fence.step(generation, config.decode_delay_s):
+                return emitted, True
+            emitted += 1
+    finally:
+        fence.release(generation)
+    return emitted, False
+
+
+async def _sample_ids(state: EngineState, request: Request, path: str, body: Any, prompt_ids: list[int],
+                      max_tokens: int | None) -> tuple[Sample, list[int], list[float], str] | Response:
+    """Sample the scripted turn a prompt of ids gets; faults registered for that turn apply."""
+    bad = [t for t in prompt_ids if not 0 <= t < state.tokenizer.vocab_size]
+    if bad:
+        return error_response(400, f"Token ids out of vocabulary: {bad[:5]}", "token_ids")
+    if len(prompt_ids) >= state.config.max_model_len:
+        return error_response(400, f"This model's maximum context length is {state.config.max_model_len} tokens. "
+                              f"However, your request has {len(prompt_ids)} input tokens.", "input_tokens")
+    session = request.headers.get(SESSION_HEADER)
+    model = body.get("model") if isinstance(body, dict) else None
+    entry = state.record(session=session, model=model, path=path, headers=dict(request.headers), body=body)
+    keys = state.keys_for(session, model)
+    script_key, script = state.script_for(keys)
+    choice = choose_turn(_turn_body(state.tokenizer.decode(prompt_ids)), script)
+    entry.update(turn_index=choice.index, turn_kind=choice.kind)
+    fault = state.faults.take(keys, choice.index, choice.kind == "aux")
+    if fault is not None and fault.latency_s:
+        await asyncio.sleep(fault.latency_s)
+    if fault is not None and fault.status is not None:
+        return Response(dumps(fault.error_response_body(dict(request.headers))), status_code=fault.status,
+                        media_type="application/json", headers=fault.error_headers())
+    room = state.config.max_model_len - len(prompt_ids)
+    sample = sample_turn(choice, script, script_key, state.tokenizer, state.template,
+                         min(max_tokens, room) if max_tokens else room)
+    emitted, aborted = await _paced(state, len(sample.token_ids))
+    ids, logprobs = list(sample.token_ids[:emitted]), list(sample.logprobs[:emitted])
+    entry.update(sampled={"prompt_token_ids": list(prompt_ids), "token_ids": ids, "logprobs": logprobs})
+    return sample, ids, logprobs, "abort" if aborted else sample.finish_reason
+
+
+async def render(state: EngineState, request: Request) -> Response:
+    parsed, _, error = await _body(request, ChatRequest)
+    if error is not None:
+        return error
+    assert isinstance(parsed, ChatRequest)
+    try:
+        messages = prepare_messages(parsed.messages, state.config.tool_arguments)
+        kwargs = {k: v for k, v in (parsed.chat_template_kwargs or {}).items() if k not in _RESERVED_TEMPLATE_ARGS}
+        text = state.template.render(messages, parsed.tools, parsed.add_generation_prompt, **kwargs)
+    except (TemplateError, ValueError, TypeError) as exc:
+        return error_response(400, str(exc))
+    fault = _render_fault(state, request, parsed)
+    if fault is not None:
+        return fault
+    ids = state.tokenizer.encode(text)
+    return _json({
+        "request_id": new_id(), "token_ids": ids, "token_offsets": None, "features": None, "content_parts": None,
+        "sampling_params": _sampling_params(parsed, len(ids), state.config.max_model_len),
+        "model": parsed.model, "reasoning_ended": None, "reasoning_parser_kwargs": None,
+        "return_token_ids": parsed.return_token_ids, "output_mode": "tokens", "stream": bool(parsed.stream),
+        "stream_options": None, "cache_salt": None, "priority": 0, "kv_transfer_params": None,
+        "ec_transfer_params": None,
+    })
+
+
+def _render_fault(state: EngineState, request: Request, chat: ChatRequest) -> Response | None:
+    """A fault registered for the render route (``Fault.route``), matched by the turn these messages ask for."""
+    keys = state.keys_for(request.headers.get(SESSION_HEADER), chat.model)
+    _, script = state.script_for(keys)
+    choice = choose_turn({"messages": chat.messages, "tools": chat.tools}, script)
+    fault = state.faults.take(keys, choice.index, choice.kind == "aux", route="/v1/chat/completions/render")
+    if fault is None or fault.status is None:
+        return None
+    return Response(dumps(fault.error_response_body(dict(request.headers))), status_code=fault.status,
+                    media_type="application/json")
+
+
+async def generate(state: EngineState, request: Request) -> Response:
+    parsed, raw, error = await _body(request, GenerateRequest)
+    if error is not None:
+        return error
+    assert isinstance(parsed, GenerateRequest)
+    if parsed.stream:
+        return error_response(400, "the reference engine answers /inference/v1/generate non-streamed only", "stream")
+    params = parsed.sampling_params
+    result = await _sample_ids(state, request, "/inference/v1/generate", raw, parsed.token_ids,
+                               params.get("max_tokens"))
+    if isinstance(result, Response):
+        return result
+    _, ids, logprobs, finish = result
+    content = None
+    if params.get("logprobs") is not None:  # vLLM lists the sampled token among the top ones even at 0
+        content = [{"token_id": t, "logprob": lp, "rank": 1,
+                    "top_logprobs": [{"token_id": t, "logprob": lp, "rank": 1}]}
+                   for t, lp in zip(ids, logprobs)]
+    n = len(ids)
+    return _json({
+        "request_id": new_id("generate-tokens-"), "model": parsed.model or state.config.served_model_name,
+        "created": int(time.time()),
+        "usage": {"prompt_tokens": len(parsed.token_ids), "total_tokens": len(parsed.token_ids) + n,
+                  "completion_tokens": n, "prompt_tokens_details": None, "completion_tokens_details": None},
+        "prompt_logprobs": None, "prompt_token_id_logprobs": None,
+        "prompt_token_ids": parsed.token_ids if parsed.return_token_ids else None,
+        "mm_placeholders": None, "metrics": None, "kv_transfer_params": None, "ec_transfer_params": None,
+        "output_mode": parsed.output_mode,
+        "choices": [{"index": 0, "finish_reason": finish, "stop_reason": None, "token_ids": ids,
+                     "routed_experts": None, "sampling_mask": None,
+                     "weight_versions": [{"version": "default", "start": 0, "end": n}],
+                     "logprobs": {"content": content} if content is not None else None}],
+    })
+
+
+def _derendered_message(state: EngineState, ids: list[int], chat: dict[str, Any], finish: str) -> tuple[dict, str]:
+    tools_on = bool(chat.get("tools")) and chat.get("tool_choice") != "none"
+    parsed = parse_output(output_text(state.tokenizer, ids), tools_on)
+    message: dict[str, Any] = {"role": "assistant", "content": parsed.content, "refusal": None,
+                               "annotations": None, "audio": None, "function_call": None}
+    if parsed.tool_calls:
+        message["tool_calls"] = [{"id": new_id("chatcmpl-tool-"), "type": "function",
+                                  "function": {"name": c.name, "arguments": c.arguments}} for c in parsed.tool_calls]
+        if finish == "stop":
+            finish = "tool_calls"
+    message[state.config.reasoning_field] = parsed.reasoning
+    return message, finish
+
+
+async def derender(state: EngineState, request: Request) -> Response:
+    parsed, _, error = await _body(request, DerenderRequest)
+    if error is not None:
+        return error
+    assert isinstance(parsed, DerenderRequest)
+    choices = parsed.generate_response.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        return error_response(400, "generate_response.choices: at least one choice is required")
+    choice = choices[0]
+    ids = [int(t) for t in choice.get("token_ids") or []]
+    message, finish = _derendered_message(state, ids, parsed.chat_request, choice.get("finish_reason") or "stop")
+    lp = choice.get("logprobs")
+    logprobs = None
+    if isinstance(lp, dict) and isinstance(lp.get("content"), list):
+        texts = state.tokenizer.token_texts
+        logprobs = {"content": [
+            {"token": texts[e["token_id"]], "logprob": e["logprob"], "bytes": list(texts[e["token_id"]].encode()),
+             "top_logprobs": [{"token": texts[t["token_id"]], "logprob": t["logprob"],
+                               "bytes": list(texts[t["token_id"]].encode())} for t in e.get("top_logprobs") or []]}
+            for e in lp["content"]]}
+    n = len(ids)
+    return _json({
+        "id": parsed.generate_response.get("request_id") or new_id(), "object": "chat.completion",
+        "created": int(time.time()), "model": parsed.generate_response.get("model") or state.config.served_model_name,
+        "choices": [{"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish,
+                     "stop_reason": None, "token_ids": None, "routed_experts": None}],
+        "service_tier": None, "system_fingerprint": None,
+        "usage": {"prompt_tokens": 0, "total_tokens": n, "completion_tokens": n, "prompt_tokens_details": None,
+                  "completion_tokens_details": None},
+        "prompt_logprobs": None, "prompt_token_ids": None, "prompt_text": None, "kv_transfer_params": None,
+        "ec_transfer_params": None, "metrics": None,
+    })
+
+
+async def id_completion(state: EngineState, request: Request) -> Response:
+    """``/v1/completions`` with a ``list[int]`` prompt (a text prompt is encoded first)."""
+    parsed, raw, error = await _body(request, IdCompletionRequest)
+    if error is not None:
+        return error
+    assert isinstance(parsed, IdCompletionRequest)
+    if parsed.stream:
+        return error_response(400, "the reference engine answers /v1/completions non-streamed only", "stream")
+    prompt = parsed.prompt if isinstance(parsed.prompt, list) else state.tokenizer.encode(parsed.prompt)
+    if not prompt:
+        return error_response(400, "prompt: at least one token is required", "prompt")
+    result = await _sample_ids(state, request, "/v1/completions", raw, prompt, parsed.max_tokens)
+    if isinstance(result, Response):
+        return result
+    _, ids, logprobs, finish = result
+    texts = state.tokenizer.token_texts
+    lp = None
+    if parsed.logprobs is not None:
+        offsets, at = [], 0
+        for t in ids:
+            offsets.append(at)
+            at += len(texts[t])
+        lp = {"text_offset": offsets, "token_logprobs": logprobs, "tokens": [texts[t] for t in ids],
+              "top_logprobs": [{texts[t]: v} for t, v in zip(ids, logprobs)]}
+    want_ids = bool(parsed.return_token_ids)
+    n = len(ids)
+    return _json({
+        "id": new_id("cmpl-"), "object": "text_completion", "created": int(time.time()),
+        "model": parsed.model or state.config.served_model_name,
+        "choices": [{"index": 0, "text": output_text(state.tokenizer, ids), "logprobs": lp, "finish_reason": finish,
+                     "stop_reason": None, "token_ids": ids if want_ids else None, "prompt_logprobs": None,
+                     "prompt_token_ids": prompt if want_ids else None, "routed_experts": None}],
+        "service_tier": None, "system_fingerprint": None,
+        "usage": {"prompt_tokens": len(prompt), "total_tokens": len(prompt) + n, "completion_tokens": n,
+                  "prompt_tokens_details": None, "completion_tokens_details": None},
+        "kv_transfer_params": None, "ec_transfer_params": None, "metrics": None,
+    })
+
+
+def add_scale_out_routes(app: FastAPI, state: EngineState) -> None:
+    """Register the routes (what ``--enable-scale-out`` adds, plus id prompts on /v1/completions)."""
+    def bind(handler: Any) -> Any:
+        async def route(request: Request) -> Response:
+            return await handler(state, request)
+        return route
+
+    app.add_api_route("/v1/chat/completions/render", bind(render), methods=["POST"])
+    app.add_api_route("/inference/v1/generate", bind(generate), methods=["POST"])
+    app.add_api_route("/v1/chat/completions/derender", bind(derender), methods=["POST"])
+    app.add_api_route("/v1/completions", bind(id_completion), methods=["POST"])

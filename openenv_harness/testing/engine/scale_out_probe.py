@@ -1,0 +1,54 @@
+"""One pass over the scale-out routes, for conformance checks between engines.
+
+Why in the package: the same sequence (render -> generate -> derender -> an id-prompt completion)
+runs against the reference engine and against a real vLLM, and the shapes of the answers are
+compared (``tests/real_engine/test_real_scale_out.py``); the sequence is also how the recorder's
+incremental mode uses these routes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+PROBE_TOOLS = [{"type": "function", "function": {
+    "name": "bash", "description": "Run a shell command.",
+    "parameters": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}}]
+
+
+#: dicts keyed by data (a completion's ``top_logprobs`` maps token text to logprob), not by field names
+_DATA_KEYED = {"top_logprobs"}
+
+
+def shape(value: Any, parent: str | None = None) -> Any:
+    """Key structure of a JSON value: dicts keep their keys (with nested shapes), lists their first item's."""
+    if isinstance(value, dict):
+        if parent in _DATA_KEYED and all(isinstance(v, float) for v in value.values()):
+            return "token->logprob"
+        return {k: shape(v, k) for k, v in sorted(value.items())}
+    if isinstance(value, list):
+        return [shape(value[0], parent)] if value else []
+    return None
+
+
+def run_probe(client: httpx.Client, model: str, max_tokens: int = 4) -> dict[str, Any]:
+    """The four answers, as JSON, with their HTTP statuses checked."""
+    chat = {"model": model, "messages": [{"role": "user", "content": "List the files."}], "tools": PROBE_TOOLS,
+            "max_tokens": max_tokens, "logprobs": True, "top_logprobs": 0}
+    rendered = client.post("/v1/chat/completions/render", json=chat)
+    rendered.raise_for_status()
+    r = rendered.json()
+    generated = client.post("/inference/v1/generate", json={"model": model, "token_ids": r["token_ids"],
+                                                             "sampling_params": r["sampling_params"]})
+    generated.raise_for_status()
+    g = generated.json()
+    derendered = client.post("/v1/chat/completions/derender",
+                             json={"generate_response": g, "prompt_token_ids": r["token_ids"], "chat_request": chat})
+    derendered.raise_for_status()
+    completed = client.post("/v1/completions", json={"model": model, "prompt": r["token_ids"], "max_tokens": 2,
+                                                     "logprobs": 0, "return_token_ids": True})
+    completed.raise_for_status()
+    bad = client.post("/inference/v1/generate", json={"token_ids": []})
+    return {"render": r, "generate": g, "derender": derendered.json(), "completion": completed.json(),
+            "bad_generate_status": bad.status_code, "bad_generate": bad.json()}

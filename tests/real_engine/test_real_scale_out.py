@@ -1,0 +1,26 @@
+"""The reference engine's scale-out routes answer in the real vLLM 0.32's shapes (--enable-scale-out)."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from openenv_harness.engine import VLLMServer
+from openenv_harness.testing.engine import EngineServer
+from openenv_harness.testing.engine.scale_out_probe import run_probe, shape
+
+pytestmark = [pytest.mark.real_engine]
+
+
+def test_render_generate_derender_and_id_prompts_have_vllms_shapes(vllm: VLLMServer) -> None:
+    with httpx.Client(base_url=vllm.url, timeout=300) as client:
+        real = run_probe(client, vllm.settings.served_name)
+    with EngineServer() as engine, httpx.Client(base_url=engine.url, timeout=60) as client:
+        ours = run_probe(client, "reference-model")
+    for route in ("render", "generate", "derender", "completion"):
+        assert shape(ours[route]) == shape(real[route]), route
+    assert ours["bad_generate_status"] == real["bad_generate_status"] == 400
+    assert set(ours["bad_generate"]["error"]) == set(real["bad_generate"]["error"])
+    # what the recorder relies on: the render's ids are what generate sampled from
+    assert real["generate"]["usage"]["prompt_tokens"] == len(real["render"]["token_ids"])
+    assert real["completion"]["choices"][0]["prompt_token_ids"] == real["render"]["token_ids"]

@@ -1,0 +1,62 @@
+"""The incremental prompt mode on the reference engine: exact chains where full history drifts."""
+
+from __future__ import annotations
+
+from openenv_harness.recorder import RecorderClient, RecorderServer
+from openenv_harness.testing.engine import EngineServer
+
+from agentloop import run_agent, tool_script
+
+
+def _run(engine: EngineServer, admin: RecorderClient, mode: str, *, stream: bool = True,
+         **script: object) -> list[dict]:
+    s = admin.create_session(prompt_mode=mode)
+    engine.set_script(s["session_id"], tool_script(3, **script))  # type: ignore[arg-type]
+    run_agent(s["base_url"], s["secret"], stream=stream, echo="pi")
+    return admin.records(s["session_id"])
+
+
+def test_respaced_tool_arguments_give_one_exact_chain(engine: EngineServer, recorder: RecorderServer,
+                                                      admin: RecorderClient) -> None:
+    full = _run(engine, admin, "full_history", spaced_args=True)
+    assert [r["metadata"]["fidelity"]["class"] for r in full] == ["root"] + ["replay_drift"] * 3
+    records = _run(engine, admin, "incremental", spaced_args=True)
+    assert [r["metadata"]["fidelity"]["class"] for r in records] == ["root"] + ["exact"] * 3
+    modes = [r["metadata"]["prompt_mode"] for r in records]
+    assert modes[0]["continued"] is False and modes[0]["reason"] == "chain_start"
+    assert all(m["continued"] for m in modes[1:])
+    assert all("tool_arguments_reserialized" in m["equivalences"] for m in modes[1:])
+    # the engine's own full render differs exactly where the agent re-spelled the arguments
+    assert all(m["full_render_diff"]["identical"] is False for m in modes[1:])
+    for prev, rec in zip(records, records[1:]):
+        chain = prev["prompt_token_ids"] + prev["completion_token_ids"]
+        assert rec["prompt_token_ids"][:len(chain)] == chain
+    # the replies the agent got are what a chat call returns: a finished run, tool calls parsed
+    assert records[-1]["response"]["choices"][0]["message"]["content"] == "All done."
+
+
+def test_noncanonical_segmentation_stays_exact(engine: EngineServer, recorder: RecorderServer,
+                                               admin: RecorderClient) -> None:
+    full = _run(engine, admin, "full_history", segmentation="noncanonical", stream=False)
+    assert "replay_drift" in [r["metadata"]["fidelity"]["class"] for r in full]
+    records = _run(engine, admin, "incremental", segmentation="noncanonical", stream=False)
+    assert [r["metadata"]["fidelity"]["class"] for r in records] == ["root"] + ["exact"] * 3
+    sampled = [f["sampled"] for f in engine.requests(records[0]["metadata"]["session_id"]) if "sampled" in f]
+    assert [r["prompt_token_ids"] for r in records] == [s["prompt_token_ids"] for s in sampled]
+    assert [r["completion_token_ids"] for r in records] == [s["token_ids"] for s in sampled]
+
+
+def test_reasoning_under_the_other_field_name_is_the_same_turn(engine: EngineServer, recorder: RecorderServer,
+                                                               admin: RecorderClient) -> None:
+    """OpenCode replays ``reasoning`` as ``reasoning_content``: a named equivalence, the chain continues."""
+    from openenv_harness.testing.engine import Script, ToolCallSpec, Turn
+
+    turns = [Turn(reasoning=f"Step {i} needs a look.", tool_calls=[ToolCallSpec(name="bash", arguments={"i": i})])
+             for i in range(2)]
+    s = admin.create_session(prompt_mode="incremental", prompt_mode_strict=True)
+    engine.set_script(s["session_id"], Script(turns=[*turns, Turn(content="All done.")]))
+    run_agent(s["base_url"], s["secret"], stream=True, echo="opencode")
+    records = admin.records(s["session_id"])
+    assert [r["metadata"]["fidelity"]["class"] for r in records] == ["root", "exact", "exact"]
+    modes = [r["metadata"]["prompt_mode"] for r in records[1:]]
+    assert all(m["continued"] and "reasoning_field_renamed" in m["equivalences"] for m in modes)
