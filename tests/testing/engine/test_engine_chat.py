@@ -16,13 +16,18 @@ def test_reply_has_vllm_fields_and_token_evidence(engine: EngineServer, wire) ->
     reply = wire.post_chat(engine, wire.chat_body([wire.SYSTEM, wire.USER]))
     assert reply.status_code == 200 and reply.headers["content-type"] == "application/json"
     body = reply.json()
-    assert set(body) >= {"id", "object", "created", "model", "choices", "usage", "prompt_logprobs",
-                         "prompt_token_ids", "kv_transfer_params", "system_fingerprint"}
+    assert set(body) == {"id", "object", "created", "model", "choices", "service_tier", "system_fingerprint",
+                         "usage", "prompt_logprobs", "prompt_token_ids", "prompt_text", "kv_transfer_params",
+                         "ec_transfer_params", "metrics"}
     assert body["id"].startswith("chatcmpl-") and body["object"] == "chat.completion"
     assert body["model"] == "reference-model" and body["prompt_logprobs"] is None
+    assert body["system_fingerprint"].startswith("vllm-0.32.0+reference-") and body["prompt_text"] is None
+    assert body["usage"]["prompt_tokens_details"] is None and body["usage"]["completion_tokens_details"] is None
     choice = body["choices"][0]
     assert choice["finish_reason"] == "tool_calls" and choice["stop_reason"] is None
+    assert choice["routed_experts"] is None
     message = choice["message"]
+    assert (message["refusal"], message["annotations"], message["audio"], message["function_call"]) == (None,) * 4
     assert message["role"] == "assistant" and message["content"] is None
     assert message["reasoning"] == "List first."
     call = message["tool_calls"][0]
@@ -32,7 +37,7 @@ def test_reply_has_vllm_fields_and_token_evidence(engine: EngineServer, wire) ->
     ids = choice["token_ids"]
     assert ids[-1] == tok.im_end_id
     assert tok.decode(ids) == '<think>\nList first.\n</think>\n\n<tool_call>\n{"name": "bash", "arguments": ' \
-                              '{"command":"ls"}}\n</tool_call><|im_end|>'
+                              '{"command": "ls"}}\n</tool_call><|im_end|>'
     content = choice["logprobs"]["content"]
     assert len(content) == len(ids)
     assert [c["token"] for c in content] == [tok.token_texts[i] for i in ids]

@@ -28,8 +28,12 @@ def test_models_version_health_and_info(engine: EngineServer) -> None:
     assert info["eos_token_id"] == reference_tokenizer().im_end_id
 
 
-def test_detokenize_rejects_unknown_ids(engine: EngineServer) -> None:
-    bad = httpx.post(engine.url + "/detokenize", json={"tokens": [1, 10**7]})
+def test_detokenize_skips_unknown_ids_and_rejects_negative_ones(engine: EngineServer) -> None:
+    tok = reference_tokenizer()
+    ids = tok.encode("hello world")
+    known = httpx.post(engine.url + "/detokenize", json={"tokens": [*ids, 10**7]})
+    assert known.status_code == 200 and known.json() == {"prompt": "hello world"}  # what vLLM 0.32 does
+    bad = httpx.post(engine.url + "/detokenize", json={"tokens": [1, -3]})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "tokens"
     both = httpx.post(engine.url + "/tokenize", json={"prompt": "x", "messages": []})
     assert both.status_code == 400
