@@ -21,9 +21,11 @@ import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from jinja2 import TemplateError
 from pydantic import BaseModel, ConfigDict, Field
 
 from openenv_harness.testing.engine.faults import Fault
+from openenv_harness.testing.engine.messages import prepare_messages
 from openenv_harness.testing.engine.template import ChatTemplate
 from openenv_harness.testing.engine.tokenizer import ReferenceTokenizer
 
@@ -179,14 +181,20 @@ def _with_object_arguments(message: dict[str, Any]) -> dict[str, Any]:
 def sampled_text(template: ChatTemplate, turn: Turn, arguments_format: Literal["compact", "spaced"]) -> str:
     """What the model writes for ``turn`` under ``template``, end-of-turn token included.
 
-    Arguments are handed to the template as strings where it prints them verbatim (so a script
-    controls the exact text); templates that expect objects (Qwen2.5's ``tojson``, Qwen3.5's
-    parameter list) get the parsed objects, as vLLM would give them.
+    The message reaches the template as vLLM would hand it over (reasoning under both names,
+    content in the template's format). Arguments are handed over as strings where the template
+    prints them verbatim (so a script controls the exact text); templates that expect objects
+    (Qwen2.5's ``tojson``, Qwen3.5's parameter list) get the parsed objects.
     """
-    message = turn_message(turn, arguments_format)
-    text = template.render_sampled_turn(message)
-    strings = [c["function"]["arguments"] for c in message.get("tool_calls", [])]
-    if all(s in text for s in strings):
+    [message] = prepare_messages([turn_message(turn, arguments_format)], content_format=template.content_format,
+                                 tool_arguments="verbatim")  # reasoning under both names, content as the template reads it
+    if not message.get("tool_calls"):
+        return template.render_sampled_turn(message)
+    try:
+        text = template.render_sampled_turn(message)
+    except (TemplateError, TypeError, AttributeError):
+        text = ""  # the template cannot print string arguments at all
+    if all(c["function"]["arguments"] in text for c in message["tool_calls"]):
         return text
     return template.render_sampled_turn(_with_object_arguments(message))
 
