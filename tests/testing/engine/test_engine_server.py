@@ -85,3 +85,30 @@ def test_runs_as_a_separate_process(tmp_path: Path) -> None:
     finally:
         process.terminate()
         process.wait(10)
+
+
+def test_tokenize_lists_vocabulary_strings(engine: EngineServer) -> None:
+    reply = httpx.post(engine.url + "/tokenize", json={"prompt": "hello world", "return_token_strs": True}).json()
+    tok = reference_tokenizer()
+    assert reply["tokens"] == tok.encode("hello world")
+    assert reply["token_strs"] == [tok.tokenizer.id_to_token(i) for i in reply["tokens"]]
+    assert any(s.startswith("Ġ") for s in reply["token_strs"]), "vLLM lists the raw entries, not decoded text"
+
+
+def test_a_separate_process_serves_a_trl_template(tmp_path: Path, wire) -> None:
+    template = wire.trl_template("qwen3.jinja")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "openenv_harness.testing.engine", "--port", "0", "--chat-template", str(template)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        line = process.stdout.readline()
+        assert line.startswith("READY http://127.0.0.1:"), (line, process.stderr.read() if process.poll() else "")
+        url = line.split()[1]
+        assert httpx.get(url + "/_ref/info").json()["chat_template"] == "qwen3.jinja"
+        ids = httpx.post(url + "/tokenize", json={"messages": [{"role": "user", "content": "hi"}],
+                                                  "chat_template_kwargs": {"enable_thinking": False}}).json()["tokens"]
+        text = httpx.post(url + "/detokenize", json={"tokens": ids}).json()["prompt"]
+        assert text == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+    finally:
+        process.terminate()
+        process.wait(10)

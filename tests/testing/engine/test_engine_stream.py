@@ -130,3 +130,31 @@ def test_empty_turns(engine: EngineServer, wire) -> None:
     assert events[1]["choices"][0]["finish_reason"] == "length" and events[1]["choices"][0]["token_ids"] == []
     plain = wire.post_chat(engine, wire.chat_body([wire.USER])).json()["choices"][0]
     assert (plain["message"]["content"], plain["finish_reason"], plain["token_ids"]) == ("", "length", [])
+
+
+def test_fields_of_vllm_0_32_on_first_finish_and_usage_chunks(engine: EngineServer, wire) -> None:
+    engine.set_script("*", Script(turns=[Turn(content="Hello there.")]))
+    with_usage = wire.read_sse(engine, wire.chat_body([wire.USER], stream_options={"include_usage": True},
+                                                      return_prompt_text=True))
+    first, *tokens, usage, _ = with_usage
+    assert first["prompt_text"].endswith("<|im_start|>assistant\n")  # asked for with return_prompt_text
+    assert all("system_fingerprint" not in e for e in [first, *tokens])
+    assert usage["system_fingerprint"].startswith("vllm-") and usage["choices"] == []
+    assert tokens[-1]["choices"][0]["stop_reason"] is None
+    assert all("stop_reason" not in e["choices"][0] for e in tokens[:-1])
+    plain = wire.read_sse(engine, wire.chat_body([wire.USER]))
+    assert plain[0]["prompt_text"] is None
+    assert plain[-2]["choices"][0]["finish_reason"] == "stop" and plain[-2]["system_fingerprint"].startswith("vllm-")
+
+
+def test_a_hermes_call_is_announced_once_its_name_is_complete(engine: EngineServer, wire) -> None:
+    from openenv_harness.testing.engine.tokenizer import reference_tokenizer
+
+    engine.set_script("*", Script(turns=[Turn(tool_calls=[ToolCallSpec(name="bash", arguments={"command": "ls"})])]))
+    events = wire.read_sse(engine, wire.chat_body([wire.USER]))
+    chunks = [e["choices"][0] for e in events[1:-1]]
+    head = next(i for i, c in enumerate(chunks) if c["delta"].get("tool_calls"))
+    text_so_far = reference_tokenizer().decode([t for c in chunks[: head + 1] for t in c["token_ids"]])
+    assert '"name": "bash"' in text_so_far
+    before = reference_tokenizer().decode([t for c in chunks[:head] for t in c["token_ids"]])
+    assert '"name": "bash"' not in before and all(c["delta"] == {} for c in chunks[:head])
