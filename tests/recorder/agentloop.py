@@ -27,7 +27,9 @@ def tool_script(n_tool_turns: int, *, segmentation: str = "canonical", spaced_ar
     for i in range(n_tool_turns):
         args: Any = {"command": f"echo step {i}"}
         if spaced_args:
-            args = '{"command": "echo step %d"}' % i  # sampled with spaces; agents replay it compact
+            # sampled with odd spacing: neither the agent's compact replay nor the engine's tojson
+            # re-rendering of it (vLLM parses replayed arguments) gives these bytes back
+            args = '{"command":  "echo step %d"}' % i
         turns.append(Turn(content=None if i % 2 else f"Running step {i}.", tool_calls=[ToolCallSpec(name="bash", arguments=args)]))
     turns.append(Turn(content=final))
     return Script(turns=turns, segmentation=segmentation)  # type: ignore[arg-type]

@@ -16,7 +16,7 @@ Typical use::
 """
 
 from openenv_harness.testing.engine.app import create_engine_app
-from openenv_harness.testing.engine.config import ENGINE_VERSION, SESSION_HEADER, EngineConfig
+from openenv_harness.testing.engine.config import ENGINE_VERSION, SESSION_HEADER, EngineConfig, GenerationConfig
 from openenv_harness.testing.engine.faults import Fault
 from openenv_harness.testing.engine.policy import Script, ToolCallSpec, Turn
 from openenv_harness.testing.engine.replay import agent_echo
@@ -31,6 +31,7 @@ __all__ = [
     "EngineConfig",
     "EngineServer",
     "Fault",
+    "GenerationConfig",
     "ReferenceTokenizer",
     "Script",
     "ToolCallSpec",

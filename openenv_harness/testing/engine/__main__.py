@@ -15,7 +15,7 @@ from pathlib import Path
 import uvicorn
 
 from openenv_harness.testing.engine.app import create_engine_app
-from openenv_harness.testing.engine.config import EngineConfig
+from openenv_harness.testing.engine.config import EngineConfig, GenerationConfig
 from openenv_harness.testing.engine.policy import Script
 from openenv_harness.testing.engine.server import bind_socket
 
@@ -27,9 +27,18 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--port", type=int, default=8000, help="0 picks a free port")
     parser.add_argument("--served-model-name", default="reference-model")
     parser.add_argument("--max-model-len", type=int, default=32768)
+    parser.add_argument("--tokenizer", type=Path,
+                        help="A model folder (its tokenizer.json, chat template, special tokens) or a tokenizer.json")
+    parser.add_argument("--chat-template", type=Path, help="Serve this Hugging Face chat template (a .jinja file)")
+    parser.add_argument("--generation-config", type=Path,
+                        help="A generation_config.json (or a model folder): sampling defaults for absent fields")
+    parser.add_argument("--tool-call-parser", choices=["hermes", "qwen3_xml"], default="hermes")
+    parser.add_argument("--reasoning-parser", choices=["think", "none"], default="think")
     parser.add_argument("--reasoning-field", choices=["reasoning", "reasoning_content"], default="reasoning")
+    parser.add_argument("--reasoning-content", choices=["rename", "drop"], default="rename",
+                        help="What the chat route does with a replayed reasoning_content (vLLM 0.32: rename)")
     parser.add_argument("--return-tokens-as-token-ids", action="store_true")
-    parser.add_argument("--tool-arguments", choices=["verbatim", "parsed"], default="verbatim")
+    parser.add_argument("--tool-arguments", choices=["verbatim", "parsed"], default="parsed")
     parser.add_argument("--strict-model-name", action="store_true")
     parser.add_argument("--decode-delay-s", type=float, default=0.0)
     parser.add_argument("--prefill-delay-s", type=float, default=0.0)
@@ -47,7 +56,13 @@ def main(argv: list[str] | None = None) -> int:
     config = EngineConfig(
         served_model_name=args.served_model_name,
         max_model_len=args.max_model_len,
+        tokenizer=args.tokenizer,
+        chat_template=args.chat_template,
+        generation_config=GenerationConfig.from_file(args.generation_config) if args.generation_config else None,
+        tool_call_parser=args.tool_call_parser,
+        reasoning_parser=None if args.reasoning_parser == "none" else args.reasoning_parser,
         reasoning_field=args.reasoning_field,
+        reasoning_content=args.reasoning_content,
         return_tokens_as_token_ids=args.return_tokens_as_token_ids,
         tool_arguments=args.tool_arguments,
         strict_model_name=args.strict_model_name,

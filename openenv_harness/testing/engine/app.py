@@ -17,7 +17,6 @@ from typing import Any
 import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
-from jinja2 import TemplateError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.types import Receive, Scope, Send
 
@@ -30,10 +29,11 @@ from openenv_harness.testing.engine.chat import (
 from openenv_harness.testing.engine.config import EngineConfig
 from openenv_harness.testing.engine.faults import Fault
 from openenv_harness.testing.engine.fence import PAUSE_MODES
+from openenv_harness.testing.engine.messages import MessageError
 from openenv_harness.testing.engine.policy import Script
 from openenv_harness.testing.engine.scale_out import add_scale_out_routes
+from openenv_harness.testing.engine.prompt import render_prompt
 from openenv_harness.testing.engine.state import DEFAULT_KEY, EngineState
-from openenv_harness.testing.engine.template import prepare_messages
 from openenv_harness.testing.engine.wire import dumps
 
 
@@ -89,7 +89,7 @@ class DetokenizeRequest(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     model: str | None = None
-    tokens: list[int]
+    tokens: list[int] = Field(description="Ids; negative ones are a 400, ids outside the vocabulary are skipped")
 
 
 def _json(payload: Any, status: int = 200) -> Response:
@@ -125,12 +125,12 @@ def create_engine_app(config: EngineConfig | None = None) -> FastAPI:
     async def _models() -> Response:
         name, created = config.served_model_name, int(time.time())
         permission = {
-            "id": f"modelperm-{name}", "object": "model_permission", "created": created,
+            "id": f"modelperm-{state.system_fingerprint[-8:]}", "object": "model_permission", "created": created,
             "allow_create_engine": False, "allow_sampling": True, "allow_logprobs": True,
             "allow_search_indices": False, "allow_view": True, "allow_fine_tuning": False,
             "organization": "*", "group": None, "is_blocking": False,
         }
-        card = {"id": name, "object": "model", "created": created, "owned_by": "vllm", "root": name,
+        card = {"id": name, "object": "model", "created": created, "owned_by": "vllm", "root": state.model_root,
                 "parent": None, "max_model_len": config.max_model_len, "permission": [permission]}
         return _json({"object": "list", "data": [card]})
 
@@ -144,16 +144,14 @@ def create_engine_app(config: EngineConfig | None = None) -> FastAPI:
             return error_response(400, "Give exactly one of 'prompt' or 'messages'")
         if parsed.messages is not None:
             try:
-                messages = prepare_messages(parsed.messages, config.tool_arguments)
-                kwargs = {k: v for k, v in (parsed.chat_template_kwargs or {}).items()
-                          if k not in ("messages", "tools", "add_generation_prompt")}
-                text = state.template.render(messages, parsed.tools, parsed.add_generation_prompt, **kwargs)
-            except (TemplateError, ValueError, TypeError) as exc:
-                return error_response(400, str(exc))
+                ids = render_prompt(config, state.template, state.tokenizer, messages=parsed.messages,
+                                    tools=parsed.tools, add_generation_prompt=parsed.add_generation_prompt,
+                                    chat_template_kwargs=parsed.chat_template_kwargs, route="tokenize").ids
+            except MessageError as exc:
+                return error_response(400, str(exc), exc.param)
         else:
-            text = parsed.prompt or ""
-        ids = state.tokenizer.encode(text)
-        strs = [state.tokenizer.token_texts[i] for i in ids] if parsed.return_token_strs else None
+            ids = state.tokenizer.encode(parsed.prompt or "")
+        strs = [state.tokenizer.vocab_string(i) for i in ids] if parsed.return_token_strs else None
         return _json({"count": len(ids), "max_model_len": config.max_model_len, "tokens": ids, "token_strs": strs})
 
     @app.post("/detokenize")
@@ -162,10 +160,12 @@ def create_engine_app(config: EngineConfig | None = None) -> FastAPI:
         if isinstance(parsed, Response):
             return parsed
         assert isinstance(parsed, DetokenizeRequest)
-        bad = [t for t in parsed.tokens if not 0 <= t < state.tokenizer.vocab_size]
-        if bad:
-            return error_response(400, f"Token ids out of vocabulary: {bad[:5]}", "tokens")
-        return _json({"prompt": state.tokenizer.decode(parsed.tokens)})
+        negative = [t for t in parsed.tokens if t < 0]
+        if negative:
+            return error_response(400, f"tokens: Input should be greater than or equal to 0 (got {negative[:5]})",
+                                  "tokens")
+        known = [t for t in parsed.tokens if t < state.tokenizer.vocab_size]  # vLLM skips the others
+        return _json({"prompt": state.tokenizer.decode(known)})
 
     @app.get("/version")
     async def _version() -> Response:
@@ -190,9 +190,13 @@ def create_engine_app(config: EngineConfig | None = None) -> FastAPI:
 def _add_fence_routes(app: FastAPI, state: EngineState) -> None:
     @app.post("/pause")
     async def _pause(request: Request) -> Response:
-        mode = request.query_params.get("mode", "abort")
+        mode = request.query_params.get("mode", "abort")  # no mode means abort, as in vLLM
         if mode not in PAUSE_MODES:
-            return error_response(400, f"mode: Input should be {', '.join(repr(m) for m in PAUSE_MODES)}", "mode")
+            expected = ", ".join(repr(m) for m in PAUSE_MODES[:-1]) + f" or {PAUSE_MODES[-1]!r}"
+            body = {"error": {"message": f"1 validation error: query.mode: Input should be {expected} "
+                                         f"(got {mode!r})", "type": "Bad Request", "param": "query.mode",
+                              "code": 400}}
+            return _json(body, 400)
         await state.fence.pause(mode)
         return _json({"status": "paused"})
 
@@ -240,7 +244,10 @@ def _add_control_routes(app: FastAPI, state: EngineState) -> None:
         return _json({
             "served_model_name": state.config.served_model_name,
             "version": state.config.version,
+            "chat_template": state.template.name,
             "template_sha256": state.template.sha256,
+            "tokenizer": tokenizer.source,
+            "system_fingerprint": state.system_fingerprint,
             "tokenizer_sha256": tokenizer.fingerprint(),
             "vocab_size": tokenizer.vocab_size,
             "eos_token_id": tokenizer.im_end_id,

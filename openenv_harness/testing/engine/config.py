@@ -2,17 +2,52 @@
 
 from __future__ import annotations
 
-from typing import Literal
+import json
+from pathlib import Path
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from openenv_harness.testing.engine.messages import ReasoningContentReplay, ToolArguments
 from openenv_harness.testing.engine.policy import Script
 
 #: What ``GET /version`` reports: vLLM's version line this engine mimics, marked as a reference.
-ENGINE_VERSION = "0.11.0+reference"
+ENGINE_VERSION = "0.32.0+reference"
 
 #: The request header a recorder forwards its session id in; scripts and faults are keyed by it.
 SESSION_HEADER = "x-openenv-harness-session"
+
+
+class GenerationConfig(BaseModel):
+    """A model's ``generation_config.json``: the sampling defaults vLLM applies to fields a request
+    leaves out (its ``--generation-config auto``), and the extra end-of-sequence ids it stops on."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    max_new_tokens: int | None = Field(None, ge=1, description="vLLM's default max_tokens")
+    eos_token_id: int | list[int] | None = None
+
+    @classmethod
+    def from_file(cls, path: Path) -> GenerationConfig:
+        """Read a ``generation_config.json`` (or the one inside a model folder)."""
+        file = path / "generation_config.json" if path.is_dir() else path
+        return cls.model_validate(json.loads(file.read_text(encoding="utf-8")))
+
+    def sampling_defaults(self) -> dict[str, Any]:
+        """The request fields it fills in, under their request names."""
+        names = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
+                 "frequency_penalty")
+        defaults = {name: getattr(self, name) for name in names if getattr(self, name) is not None}
+        if self.max_new_tokens is not None:
+            defaults["max_tokens"] = self.max_new_tokens
+        return defaults
 
 
 class EngineConfig(BaseModel):
@@ -22,13 +57,31 @@ class EngineConfig(BaseModel):
 
     served_model_name: str = Field("reference-model", description="vLLM --served-model-name")
     max_model_len: int = Field(32768, ge=16, description="vLLM --max-model-len")
+    tokenizer: Path | None = Field(
+        None, description="A model folder or its tokenizer.json (the real Qwen2.5 one, say); None: the built-in BPE. "
+        "A folder also supplies its chat template and special tokens, like vLLM --model DIR")
+    chat_template: Path | None = Field(
+        None, description="vLLM --chat-template: any Hugging Face template file (TRL's, say); None: the model "
+        "folder's own, else the reference template")
+    generation_config: GenerationConfig | None = Field(
+        None, description="The model's generation_config.json: defaults for absent sampling fields (off: vLLM's "
+        "neutral defaults, as with --generation-config vllm)")
+    tool_call_parser: Literal["hermes", "qwen3_xml"] = Field(
+        "hermes", description="vLLM --tool-call-parser: hermes JSON in <tool_call>, or Qwen3.5's XML tool calls")
+    reasoning_parser: Literal["think"] | None = Field(
+        "think", description="vLLM --reasoning-parser: split <think>...</think> off into 'reasoning'; None: none "
+        "(the text stays content, as on a vLLM started without one)")
     reasoning_field: Literal["reasoning", "reasoning_content"] = Field(
         "reasoning", description="Where replies carry reasoning: newer vLLM says 'reasoning', older 'reasoning_content'"
     )
+    reasoning_content: ReasoningContentReplay = Field(
+        "rename", description="A replayed 'reasoning_content' on the chat route: vLLM 0.32 renames it to "
+        "'reasoning' (rendered); 'drop' ignores it, as its /tokenize does")
     return_tokens_as_token_ids: bool = Field(False, description="vLLM --return-tokens-as-token-ids")
-    tool_arguments: Literal["verbatim", "parsed"] = Field(
-        "verbatim",
-        description="'parsed' does what vLLM does before templating: json.loads string tool arguments",
+    tool_arguments: ToolArguments = Field(
+        "parsed",
+        description="'parsed' is vLLM: string tool arguments are json.loads-ed before templating; 'verbatim' "
+        "keeps the agent's string",
     )
     strict_model_name: bool = Field(
         False, description="404 for a model name that is neither served nor a script key (vLLM always checks)"
@@ -41,3 +94,11 @@ class EngineConfig(BaseModel):
     max_recorded_requests: int = Field(1000, ge=0, description="Request log size for /_ref/requests (0: off)")
     api_key: str | None = Field(None, description="vLLM --api-key: /v1 routes answer 401 without this bearer key")
     version: str = ENGINE_VERSION
+
+    @classmethod
+    def for_model(cls, folder: Path, **overrides: Any) -> EngineConfig:
+        """The engine as ``vllm serve FOLDER`` would be: its tokenizer, template and generation config."""
+        settings: dict[str, Any] = {"tokenizer": folder}
+        if (folder / "generation_config.json").is_file():
+            settings["generation_config"] = GenerationConfig.from_file(folder)
+        return cls(**{**settings, **overrides})

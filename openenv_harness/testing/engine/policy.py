@@ -5,11 +5,13 @@ request must get the same answer as the original. The turn is therefore chosen f
 alone -- the number of assistant messages after the last user message -- and everything about
 it (text, ids, logprobs) is a pure function of the script, the key and that index.
 
-The sampled text of a turn is exactly what the reference template renders for the assistant
+The sampled text of a turn is exactly what the served template renders for the assistant
 message (see ``ChatTemplate.render_sampled_turn``), so an agent that echoes the turn back
-byte-identically extends the prompt token for token. Tool arguments given as a raw string are
-sampled verbatim; agents re-serialize them (``JSON.stringify(JSON.parse(...))``), which is the
-replay drift real models show when they emit spaces.
+byte-identically extends the prompt token for token. Object arguments are sampled as the
+template's ``tojson`` writes them (``{"command": "ls"}``: what vLLM re-renders after parsing an
+agent's replayed string, so the replay stays clean); a raw string is sampled verbatim where the
+template prints string arguments as given, which is the replay drift real models show when they
+emit odd spacing.
 """
 
 from __future__ import annotations
@@ -19,11 +21,13 @@ import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from jinja2 import TemplateError
 from pydantic import BaseModel, ConfigDict, Field
 
 from openenv_harness.testing.engine.faults import Fault
+from openenv_harness.testing.engine.messages import prepare_messages
 from openenv_harness.testing.engine.template import ChatTemplate
-from openenv_harness.testing.engine.tokenizer import IM_END, ReferenceTokenizer
+from openenv_harness.testing.engine.tokenizer import ReferenceTokenizer
 
 LOGPROB_MIN = -4.0
 LOGPROB_MAX = -0.001
@@ -63,9 +67,10 @@ class Script(BaseModel):
         "Tool run summary", description="Answer to calls without tools (titles, summaries); None scripts them too"
     )
     arguments_format: Literal["compact", "spaced"] = Field(
-        "compact",
-        description="How object arguments are sampled: compact JSON survives an agent's re-serialization, "
-        "spaced JSON survives a byte-identical echo of the engine's reply",
+        "spaced",
+        description="How object arguments are sampled: spaced JSON is what vLLM re-renders from parsed "
+        "arguments (and what a byte-identical echo gives back); compact JSON survives an agent's "
+        "re-serialization only on an engine that renders string arguments verbatim",
     )
 
 
@@ -161,6 +166,39 @@ def noncanonical_ids(tokenizer: ReferenceTokenizer, ids: list[int]) -> list[int]
     return list(ids)
 
 
+def _with_object_arguments(message: dict[str, Any]) -> dict[str, Any]:
+    calls = []
+    for call in message.get("tool_calls", []):
+        arguments = call["function"]["arguments"]
+        try:
+            arguments = json.loads(arguments)
+        except json.JSONDecodeError:
+            pass
+        calls.append({**call, "function": {**call["function"], "arguments": arguments}})
+    return {**message, "tool_calls": calls} if calls else message
+
+
+def sampled_text(template: ChatTemplate, turn: Turn, arguments_format: Literal["compact", "spaced"]) -> str:
+    """What the model writes for ``turn`` under ``template``, end-of-turn token included.
+
+    The message reaches the template as vLLM would hand it over (reasoning under both names,
+    content in the template's format). Arguments are handed over as strings where the template
+    prints them verbatim (so a script controls the exact text); templates that expect objects
+    (Qwen2.5's ``tojson``, Qwen3.5's parameter list) get the parsed objects.
+    """
+    [message] = prepare_messages([turn_message(turn, arguments_format)], content_format=template.content_format,
+                                 tool_arguments="verbatim")  # reasoning under both names, content as the template reads it
+    if not message.get("tool_calls"):
+        return template.render_sampled_turn(message)
+    try:
+        text = template.render_sampled_turn(message)
+    except (TemplateError, TypeError, AttributeError):
+        text = ""  # the template cannot print string arguments at all
+    if all(c["function"]["arguments"] in text for c in message["tool_calls"]):
+        return text
+    return template.render_sampled_turn(_with_object_arguments(message))
+
+
 def sample_turn(
     choice: TurnChoice,
     script: Script,
@@ -170,10 +208,10 @@ def sample_turn(
     max_tokens: int | None,
 ) -> Sample:
     """The completion for ``choice``: text, ids and logprobs, truncated to ``max_tokens``."""
-    text = template.render_sampled_turn(turn_message(choice.turn, script.arguments_format))
+    text = sampled_text(template, choice.turn, script.arguments_format)
     finish: Literal["stop", "length"] = choice.turn.finish_reason
     if finish == "length":
-        text = text[: -len(IM_END)]
+        text = text[: -len(template.eos_text)]
     ids = tokenizer.encode(text)
     if script.segmentation == "noncanonical":
         ids = noncanonical_ids(tokenizer, ids)

@@ -30,7 +30,8 @@ from openenv_harness.testing.engine.config import SESSION_HEADER
 from openenv_harness.testing.engine.parser import parse_output
 from openenv_harness.testing.engine.policy import Sample, choose_turn, sample_turn
 from openenv_harness.testing.engine.state import EngineState
-from openenv_harness.testing.engine.template import prepare_messages
+from openenv_harness.testing.engine.messages import MessageError
+from openenv_harness.testing.engine.prompt import render_prompt
 from openenv_harness.testing.engine.wire import dumps, new_id, output_text
 
 _ROLE_HEADER = re.compile(r"<\|im_start\|>(\w+)\n")
@@ -164,16 +165,17 @@ async def render(state: EngineState, request: Request) -> Response:
     if error is not None:
         return error
     assert isinstance(parsed, ChatRequest)
-    try:
-        messages = prepare_messages(parsed.messages, state.config.tool_arguments)
+    try:  # the chat route's own preprocessing and template: render gives what chat would sample from
         kwargs = {k: v for k, v in (parsed.chat_template_kwargs or {}).items() if k not in _RESERVED_TEMPLATE_ARGS}
-        text = state.template.render(messages, parsed.tools, parsed.add_generation_prompt, **kwargs)
-    except (TemplateError, ValueError, TypeError) as exc:
+        prompt = render_prompt(state.config, state.template, state.tokenizer, messages=parsed.messages,
+                               tools=parsed.tools, add_generation_prompt=parsed.add_generation_prompt,
+                               chat_template_kwargs=kwargs, route="chat")
+    except (MessageError, TemplateError, ValueError, TypeError) as exc:
         return error_response(400, str(exc))
     fault = _render_fault(state, request, parsed)
     if fault is not None:
         return fault
-    ids = state.tokenizer.encode(text)
+    ids = prompt.ids
     return _json({
         "request_id": new_id(), "token_ids": ids, "token_offsets": None, "features": None, "content_parts": None,
         "sampling_params": _sampling_params(parsed, len(ids), state.config.max_model_len),

@@ -7,6 +7,7 @@ known by its session header (what a recorder forwards), else its model name, els
 
 from __future__ import annotations
 
+import hashlib
 import threading
 import time
 from collections import deque
@@ -16,8 +17,8 @@ from openenv_harness.testing.engine.config import EngineConfig
 from openenv_harness.testing.engine.faults import Fault, FaultBook
 from openenv_harness.testing.engine.fence import Fence
 from openenv_harness.testing.engine.policy import Script
-from openenv_harness.testing.engine.template import ChatTemplate, reference_template
-from openenv_harness.testing.engine.tokenizer import ReferenceTokenizer, reference_tokenizer
+from openenv_harness.testing.engine.template import ChatTemplate, load_chat_template
+from openenv_harness.testing.engine.tokenizer import ReferenceTokenizer, hf_tokenizer, reference_tokenizer
 
 DEFAULT_KEY = "*"
 
@@ -27,8 +28,16 @@ class EngineState:
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
-        self.tokenizer: ReferenceTokenizer = reference_tokenizer()
-        self.template: ChatTemplate = reference_template()
+        folder = config.tokenizer if config.tokenizer is not None and config.tokenizer.is_dir() else None
+        self.tokenizer: ReferenceTokenizer = (hf_tokenizer(config.tokenizer) if config.tokenizer is not None
+                                              else reference_tokenizer())
+        self.template: ChatTemplate = load_chat_template(config.chat_template, folder)
+        #: what ``GET /v1/models`` reports as ``root`` (vLLM: the model path it loaded)
+        self.model_root = str(folder) if folder is not None else config.served_model_name
+        digest = hashlib.sha256(f"{config.served_model_name}\x1f{self.template.sha256}\x1f"
+                                f"{self.tokenizer.fingerprint()}".encode()).hexdigest()
+        #: vLLM's form: ``vllm-<version>-<8 hex of its config hash>``
+        self.system_fingerprint = f"vllm-{config.version}-{digest[:8]}"
         self.fence = Fence()
         self.faults = FaultBook()
         self._scripts: dict[str, Script] = {}

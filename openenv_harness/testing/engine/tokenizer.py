@@ -1,4 +1,4 @@
-"""A real byte-level BPE tokenizer, trained locally on a fixed corpus.
+"""The engine's tokenizer: a real byte-level BPE, trained locally -- or a model's own.
 
 Why train one instead of shipping a model's tokenizer: the reference engine has to run offline,
 start in well under a second and give identical ids in every process. A small BPE (a few thousand
@@ -11,6 +11,10 @@ Pre-tokenization isolates every ``"\\n"``. That keeps the boundary between a pro
 with ``"<|im_start|>assistant\\n"``) and the sampled text a pre-token boundary, so a canonical
 completion encodes the same alone as inside the next prompt -- the property that lets a chat
 template be checked for token-level prefix preservation.
+
+``hf_tokenizer(path)`` loads a model's own ``tokenizer.json`` instead (the real Qwen2.5
+tokenizer, for instance), so the engine can produce exactly the ids a real vLLM serving that
+model would; the lookups below are the same for both.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
@@ -45,8 +50,13 @@ MIN_FREQUENCY = 1
 #: Text between atomic tokens is encoded independently (that is how HF tokenizers work), so the
 #: engine encodes piece by piece and caches pieces: the system prompt, the tool schemas and every
 #: earlier turn of a growing conversation are encoded once, not on every call.
-_ATOMIC_SPLIT = re.compile("(" + "|".join(re.escape(t) for t in SPECIAL_TOKENS + ADDED_TOKENS) + ")")
 PIECE_CACHE_SIZE = 8192
+
+
+def _atomic_split(texts: tuple[str, ...]) -> re.Pattern[str]:
+    """Splits text around atomic tokens, longest first (so no token matches inside another)."""
+    ordered = sorted(texts, key=len, reverse=True)
+    return re.compile("(" + "|".join(re.escape(t) for t in ordered) + ")")
 
 
 def _byte_to_unicode() -> dict[int, str]:
@@ -98,11 +108,20 @@ class ReferenceTokenizer:
     merge_parts: dict[int, tuple[int, int]] = field(default_factory=dict)
     #: Ids of special and added tokens (never split, never byte-decoded).
     atomic_ids: frozenset[int] = frozenset()
+    #: Control tokens: skipped when text is decoded with special tokens skipped (vLLM's default).
+    special_ids: frozenset[int] = frozenset()
+    #: Where it came from: ``"reference"`` or the ``tokenizer.json`` it was loaded from.
+    source: str = "reference"
+    #: False when some added token matches loosely (stripping, normalized): then whole-text encoding.
+    piecewise: bool = True
     _atomic_by_text: dict[str, int] = field(default_factory=dict, repr=False)
+    _split: re.Pattern[str] | None = field(default=None, repr=False)
+    _fingerprint: str | None = field(default=None, repr=False)
     _encode_piece: Callable[[str], tuple[int, ...]] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self._atomic_by_text = {t: self.tokenizer.token_to_id(t) for t in SPECIAL_TOKENS + ADDED_TOKENS}
+        self._atomic_by_text = {self.token_texts[i]: i for i in self.atomic_ids}
+        self._split = _atomic_split(tuple(self._atomic_by_text)) if self._atomic_by_text else None
         encode = self.tokenizer.encode
         self._encode_piece = functools.lru_cache(maxsize=PIECE_CACHE_SIZE)(
             lambda piece: tuple(encode(piece, add_special_tokens=False).ids)
@@ -110,16 +129,18 @@ class ReferenceTokenizer:
 
     @property
     def vocab_size(self) -> int:
-        return self.tokenizer.get_vocab_size(with_added_tokens=True)
+        return len(self.token_texts)
 
     def encode(self, text: str) -> list[int]:
         """Canonical ids of ``text``; special and added tokens in the text stay atomic.
 
         Equal to ``tokenizer.encode(text, add_special_tokens=False).ids``, computed piecewise.
         """
+        if not self.piecewise or self._split is None:
+            return self.tokenizer.encode(text, add_special_tokens=False).ids
         ids: list[int] = []
         atomic = self._atomic_by_text
-        for piece in _ATOMIC_SPLIT.split(text):
+        for piece in self._split.split(text):
             if not piece:
                 continue
             token_id = atomic.get(piece)
@@ -142,58 +163,93 @@ class ReferenceTokenizer:
     def im_end_id(self) -> int:
         return self.token_id(IM_END)
 
-    @property
-    def special_ids(self) -> frozenset[int]:
-        return frozenset(self.token_id(t) for t in SPECIAL_TOKENS)
+    def vocab_string(self, token_id: int) -> str:
+        """The vocabulary entry itself (``"Ġworld"``): what vLLM's ``/tokenize`` lists as ``token_strs``."""
+        return self.tokenizer.id_to_token(token_id) or ""
 
     def to_json(self) -> str:
         """The tokenizer in HF ``tokenizer.json`` form (loadable by ``PreTrainedTokenizerFast``)."""
         return self.tokenizer.to_str()
 
     def fingerprint(self) -> str:
-        """sha256 of the serialized tokenizer: equal fingerprints mean equal ids everywhere."""
-        return hashlib.sha256(self.to_json().encode()).hexdigest()
+        """sha256 of the serialized tokenizer: equal fingerprints mean equal ids everywhere (computed once)."""
+        if self._fingerprint is None:
+            self._fingerprint = hashlib.sha256(self.to_json().encode()).hexdigest()
+        return self._fingerprint
 
     def split(self, token_id: int) -> tuple[int, int] | None:
         """Two shorter vocabulary ids that decode to the same bytes as ``token_id``, if any."""
         return self.merge_parts.get(token_id)
 
 
-def _build_lookups(tokenizer: Tokenizer) -> ReferenceTokenizer:
+def _build_lookups(tokenizer: Tokenizer, atomic_texts: tuple[str, ...], special_texts: tuple[str, ...],
+                   source: str = "reference", piecewise: bool = True) -> ReferenceTokenizer:
     vocab = tokenizer.get_vocab(with_added_tokens=True)
-    size = tokenizer.get_vocab_size(with_added_tokens=True)
-    atomic = frozenset(vocab[t] for t in SPECIAL_TOKENS + ADDED_TOKENS)
+    size = max(vocab.values()) + 1
+    atomic = frozenset(vocab[t] for t in atomic_texts)
     by_id = {i: t for t, i in vocab.items()}
     texts: list[str] = []
     raw: list[bytes] = []
     for token_id in range(size):
-        token = by_id[token_id]
+        token = by_id.get(token_id, "")
         if token_id in atomic:
             texts.append(token)
             raw.append(token.encode())
             continue
-        data = bytes(_UNICODE_TO_BYTE[ch] for ch in token)
+        try:
+            data = bytes(_UNICODE_TO_BYTE[ch] for ch in token)
+        except KeyError as exc:
+            raise ValueError(f"{source}: only byte-level BPE tokenizers are supported "
+                             f"(token {token_id} {token!r} is not in the byte alphabet)") from exc
         raw.append(data)
         texts.append(data.decode("utf-8", errors="replace"))
-    merges = json.loads(tokenizer.to_str())["model"]["merges"]
+    merges = json.loads(tokenizer.to_str())["model"].get("merges") or []
     parts: dict[int, tuple[int, int]] = {}
     for merge in merges:
         left, right = merge.split(" ", 1) if isinstance(merge, str) else merge
         merged = vocab.get(left + right)
         if merged is not None and merged not in parts:
             parts[merged] = (vocab[left], vocab[right])
-    return ReferenceTokenizer(tokenizer, texts, raw, parts, atomic)
+    special = frozenset(vocab[t] for t in special_texts)
+    return ReferenceTokenizer(tokenizer, texts, raw, parts, atomic, special, source, piecewise)
 
 
 @functools.lru_cache(maxsize=1)
 def reference_tokenizer() -> ReferenceTokenizer:
     """The process-wide reference tokenizer (trained on first use, then cached)."""
-    return _build_lookups(_train())
+    return build_reference_tokenizer()
 
 
 def build_reference_tokenizer() -> ReferenceTokenizer:
     """Train a fresh, uncached copy (for determinism checks)."""
-    return _build_lookups(_train())
+    return _build_lookups(_train(), SPECIAL_TOKENS + ADDED_TOKENS, SPECIAL_TOKENS)
+
+
+def tokenizer_file(path: Path) -> Path:
+    """``path`` itself, or the ``tokenizer.json`` inside a model folder."""
+    return path / "tokenizer.json" if path.is_dir() else path
+
+
+@functools.lru_cache(maxsize=4)
+def _load(file: str) -> ReferenceTokenizer:
+    tokenizer = Tokenizer.from_file(file)
+    added = tokenizer.get_added_tokens_decoder()
+    atomic = tuple(token.content for token in added.values())
+    special = tuple(token.content for token in added.values() if token.special)
+    exact = all(not (t.lstrip or t.rstrip or t.single_word or t.normalized) for t in added.values())
+    return _build_lookups(tokenizer, atomic, special, source=file, piecewise=exact)
+
+
+def hf_tokenizer(path: Path | str) -> ReferenceTokenizer:
+    """A model's own tokenizer (``tokenizer.json``, or a model folder holding one), loaded once.
+
+    Raises ``FileNotFoundError`` when there is none and ``ValueError`` for a tokenizer that is not
+    a byte-level BPE (the only kind whose token bytes the engine can report like vLLM does).
+    """
+    file = tokenizer_file(Path(path)).resolve()
+    if not file.is_file():
+        raise FileNotFoundError(f"no tokenizer.json at {file}")
+    return _load(str(file))
 
 
 def is_noncanonical(tokenizer: ReferenceTokenizer, ids: list[int]) -> bool:

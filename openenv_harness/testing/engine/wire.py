@@ -1,31 +1,36 @@
 """vLLM's chat-completions wire format: non-streamed bodies and SSE chunks.
 
 Why a module of its own: the whole point of the reference engine is that its bytes look like a
-real vLLM 0.11+ server's, so every field, its presence and its null-ness is decided here and
-nowhere else. Notable vLLM behaviours reproduced:
+real vLLM 0.32 server's, so every field, its presence and its null-ness is decided here and
+nowhere else (``tests/real_engine/test_engine_conformance.py`` holds it to the real one). Notable
+vLLM behaviours reproduced:
 
 - ``return_token_ids`` adds a top-level ``prompt_token_ids`` and ``choices[i].token_ids``; the
   completion ids include the end-of-turn id on a natural stop, while the text excludes it.
+- fields a plain OpenAI server does not send: top-level ``prompt_text`` (with
+  ``return_prompt_text``), ``kv_transfer_params``, ``ec_transfer_params``, ``metrics``,
+  ``prompt_logprobs``; per choice ``stop_reason`` and ``routed_experts``; the message's
+  ``refusal``/``annotations``/``audio``/``function_call``/``reasoning`` nulls; ``usage``'s
+  ``prompt_tokens_details``/``completion_tokens_details``; a ``system_fingerprint`` string.
 - ``logprobs.content[j] = {token, logprob, bytes, top_logprobs}``; with token-ids-as-tokens the
   token strings are ``"token_id:N"``. ``top_logprobs`` lists the sampled token first.
-- streaming: a first chunk with the role and ``prompt_token_ids``, then one chunk per sampled
-  token carrying its ``token_ids`` (with an empty ``delta`` when the token shows no text, e.g.
-  markup or the end-of-turn token), the finish reason on the chunk of the last token, an optional
-  usage chunk with ``choices: []``, then ``data: [DONE]``.
-- tool calls stream as deltas: ``index``, ``id``, ``type`` and ``function.name`` first, then
-  pieces of ``function.arguments`` that concatenate to the non-streamed arguments string.
+- streaming: a first chunk with the role, ``content: ""``, ``prompt_token_ids`` and
+  ``prompt_text``; then one chunk per sampled token carrying its ``token_ids`` (see ``deltas`` for
+  what each delta holds); the finish reason and ``stop_reason`` on the chunk of the last token
+  (with ``system_fingerprint`` when no usage chunk follows); an optional usage chunk with
+  ``choices: []`` and the ``system_fingerprint``; then ``data: [DONE]``.
 """
 
 from __future__ import annotations
 
-import codecs
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 
-from openenv_harness.testing.engine.parser import ParsedOutput, parse_output
+from openenv_harness.testing.engine.deltas import token_deltas
+from openenv_harness.testing.engine.parser import ParsedOutput, ToolParser, parse_output
 from openenv_harness.testing.engine.policy import token_logprob
 from openenv_harness.testing.engine.tokenizer import ReferenceTokenizer
 
@@ -57,12 +62,18 @@ class ReplySpec:
     token_ids: list[int]
     logprobs: list[float]
     finish_reason: str
+    system_fingerprint: str = ""
+    prompt_text: str | None = None
     return_token_ids: bool = False
     want_logprobs: bool = False
     top_logprobs: int = 0
     tokens_as_ids: bool = False
     reasoning_field: str = "reasoning"
     parse_tools: bool = False
+    tool_choice_required: bool = False
+    tool_parser: ToolParser = "hermes"
+    parse_reasoning: bool = True
+    open_think: bool = False
     include_usage: bool = False
     missing_token_ids: bool = False
     logprob_mismatch: bool = False
@@ -76,6 +87,11 @@ def output_text(tokenizer: ReferenceTokenizer, ids: list[int]) -> str:
     special = tokenizer.special_ids
     data = b"".join(tokenizer.token_bytes[i] for i in ids if i not in special)
     return data.decode("utf-8", errors="replace")
+
+
+def parse_reply(spec: ReplySpec, text: str) -> ParsedOutput:
+    return parse_output(text, spec.parse_tools, tool_parser=spec.tool_parser, reasoning=spec.parse_reasoning,
+                        open_think=spec.open_think)
 
 
 def _logprob_value(spec: ReplySpec, position: int) -> float | str:
@@ -128,8 +144,10 @@ def _ensure_tool_call_ids(spec: ReplySpec, parsed: ParsedOutput) -> None:
 
 
 def _finish_reason(spec: ReplySpec, parsed: ParsedOutput, streamed: bool) -> str:
-    """vLLM reports ``tool_calls`` when tools were parsed; a stream only when the model stopped."""
-    if parsed.tool_calls and (spec.finish_reason == "stop" or not streamed):
+    """vLLM reports ``tool_calls`` when tools were parsed: in a stream (and under ``tool_choice:
+    "required"``) only when the model stopped by itself, otherwise whatever ended it."""
+    stopped = spec.finish_reason == "stop"
+    if parsed.tool_calls and (stopped or not (streamed or spec.tool_choice_required)):
         return "tool_calls"
     return spec.finish_reason
 
@@ -137,11 +155,14 @@ def _finish_reason(spec: ReplySpec, parsed: ParsedOutput, streamed: bool) -> str
 def completion_body(tokenizer: ReferenceTokenizer, spec: ReplySpec, emitted: int) -> dict[str, Any]:
     """The non-streamed ``chat.completion`` for the first ``emitted`` sampled tokens."""
     ids = spec.token_ids[:emitted]
-    parsed = parse_output(output_text(tokenizer, ids), spec.parse_tools)
+    parsed = parse_reply(spec, output_text(tokenizer, ids))
     _ensure_tool_call_ids(spec, parsed)
+    content = parsed.content
+    if spec.tool_choice_required and content is None:
+        content = ""  # vLLM's "required" path always says content ""
     message: dict[str, Any] = {
         "role": "assistant",
-        "content": parsed.content,
+        "content": content,
         "refusal": None,
         "annotations": None,
         "audio": None,
@@ -155,10 +176,10 @@ def completion_body(tokenizer: ReferenceTokenizer, spec: ReplySpec, emitted: int
     message[spec.reasoning_field] = parsed.reasoning
     logprobs = None
     if spec.want_logprobs:
-        content = [logprob_entry(tokenizer, spec, i) for i in range(len(ids))]
-        if spec.logprob_mismatch and content:
-            content.pop()
-        logprobs = {"content": content}
+        entries = [logprob_entry(tokenizer, spec, i) for i in range(len(ids))]
+        if spec.logprob_mismatch and entries:
+            entries.pop()
+        logprobs = {"content": entries}
     choice: dict[str, Any] = {
         "index": 0,
         "message": message,
@@ -166,6 +187,7 @@ def completion_body(tokenizer: ReferenceTokenizer, spec: ReplySpec, emitted: int
         "finish_reason": _finish_reason(spec, parsed, streamed=False),
         "stop_reason": None,
         "token_ids": ids if spec.return_token_ids else None,
+        "routed_experts": None,
     }
     body: dict[str, Any] = {
         "id": spec.request_id,
@@ -174,11 +196,14 @@ def completion_body(tokenizer: ReferenceTokenizer, spec: ReplySpec, emitted: int
         "model": spec.model,
         "choices": [choice],
         "service_tier": None,
-        "system_fingerprint": None,
-        "usage": {**usage(spec, len(ids)), "prompt_tokens_details": None},
+        "system_fingerprint": spec.system_fingerprint,
+        "usage": {**usage(spec, len(ids)), "prompt_tokens_details": None, "completion_tokens_details": None},
         "prompt_logprobs": None,
         "prompt_token_ids": spec.prompt_ids if spec.return_token_ids else None,
+        "prompt_text": spec.prompt_text,
         "kv_transfer_params": None,
+        "ec_transfer_params": None,
+        "metrics": None,
     }
     if spec.missing_token_ids:
         del choice["token_ids"], body["prompt_token_ids"]
@@ -188,19 +213,19 @@ def completion_body(tokenizer: ReferenceTokenizer, spec: ReplySpec, emitted: int
 class StreamEncoder:
     """Builds the SSE chunks of one streamed reply, token by token.
 
-    The deltas are computed from the parse of the whole sampled text, so that concatenating
-    them gives exactly the non-streamed message (content, reasoning and argument strings). A
-    stream cut short by an abort keeps the deltas it already sent; the non-streamed reply of an
-    aborted request is parsed from its partial text instead.
+    The deltas come from the parse of the whole sampled text (see ``deltas``). A stream cut short
+    by an abort keeps the deltas it already sent; the non-streamed reply of an aborted request is
+    parsed from its partial text instead.
     """
 
     def __init__(self, tokenizer: ReferenceTokenizer, spec: ReplySpec) -> None:
         self.tokenizer = tokenizer
         self.spec = spec
-        self._text = output_text(tokenizer, spec.token_ids)
-        self.parsed = parse_output(self._text, spec.parse_tools)
+        text = output_text(tokenizer, spec.token_ids)
+        self.parsed = parse_reply(spec, text)
         _ensure_tool_call_ids(spec, self.parsed)
-        self._deltas = self._token_deltas()
+        self._deltas = token_deltas(tokenizer, spec.token_ids, text, self.parsed, spec.tool_call_ids,
+                                    spec.reasoning_field, spec.tool_parser)
 
     def _chunk(self, choices: list[dict[str, Any]], **extra: Any) -> bytes:
         spec = self.spec
@@ -211,12 +236,12 @@ class StreamEncoder:
     def first(self) -> bytes:
         choice = {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
         if self.spec.missing_token_ids:
-            return self._chunk([choice])
+            return self._chunk([choice], prompt_text=self.spec.prompt_text)
         prompt_ids = self.spec.prompt_ids if self.spec.return_token_ids else None
-        return self._chunk([choice], prompt_token_ids=prompt_ids)
+        return self._chunk([choice], prompt_token_ids=prompt_ids, prompt_text=self.spec.prompt_text)
 
-    def token(self, position: int) -> bytes:
-        """The chunk of sampled token ``position``; the last one carries the finish reason."""
+    def token(self, position: int, finish_reason: str | None = None) -> bytes:
+        """The chunk of sampled token ``position``; the last one (or an aborted one) carries the finish."""
         spec = self.spec
         choice: dict[str, Any] = {"index": 0, "delta": self._deltas[position], "logprobs": None,
                                   "finish_reason": None}
@@ -224,78 +249,30 @@ class StreamEncoder:
             skip = spec.logprob_mismatch and position == len(spec.token_ids) - 1
             entries = [] if skip else [logprob_entry(self.tokenizer, spec, position)]
             choice["logprobs"] = {"content": entries}
-        if position == len(spec.token_ids) - 1:
-            choice["finish_reason"] = _finish_reason(spec, self.parsed, streamed=True)
+        if finish_reason is None and position == len(spec.token_ids) - 1:
+            finish_reason = _finish_reason(spec, self.parsed, streamed=True)
+        extra: dict[str, Any] = {}
+        if finish_reason is not None:
+            choice["finish_reason"] = finish_reason
             choice["stop_reason"] = None
+            if not spec.include_usage:
+                extra["system_fingerprint"] = spec.system_fingerprint
         if not spec.missing_token_ids:
             choice["token_ids"] = [spec.token_ids[position]] if spec.return_token_ids else None
-        return self._chunk([choice])
+        return self._chunk([choice], **extra)
 
     def closing(self, finish_reason: str) -> bytes:
-        """A finish chunk without a new token: an aborted request, or a completion of no tokens."""
+        """A finish chunk without a new token (a completion of no tokens)."""
         choice: dict[str, Any] = {"index": 0, "delta": {}, "logprobs": None, "finish_reason": finish_reason,
                                   "stop_reason": None}
         if not self.spec.missing_token_ids:
             choice["token_ids"] = [] if self.spec.return_token_ids else None
-        return self._chunk([choice])
+        extra = {} if self.spec.include_usage else {"system_fingerprint": self.spec.system_fingerprint}
+        return self._chunk([choice], **extra)
 
     def usage(self, emitted: int) -> bytes:
-        return self._chunk([], usage=usage(self.spec, emitted))
+        return self._chunk([], usage=usage(self.spec, emitted), system_fingerprint=self.spec.system_fingerprint)
 
     @staticmethod
     def done() -> bytes:
         return b"data: [DONE]\n\n"
-
-    def _token_deltas(self) -> list[dict[str, Any]]:
-        tokenizer, spec, parsed = self.tokenizer, self.spec, self.parsed
-        special = tokenizer.special_ids
-        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        last = len(spec.token_ids) - 1
-        args_sent = [0] * len(parsed.tool_calls)
-        headers_sent = [False] * len(parsed.tool_calls)
-        deltas: list[dict[str, Any]] = []
-        start = 0
-        for position, token_id in enumerate(spec.token_ids):
-            data = b"" if token_id in special else tokenizer.token_bytes[token_id]
-            end = start + len(decoder.decode(data, final=position == last))
-            delta: dict[str, Any] = {}
-            if parsed.reasoning_span:
-                piece = _overlap(parsed.reasoning_span, start, end)
-                if piece:
-                    delta[spec.reasoning_field] = self._text[piece[0] : piece[1]]
-            if parsed.content_span:
-                piece = _overlap(parsed.content_span, start, end)
-                if piece:
-                    delta["content"] = self._text[piece[0] : piece[1]]
-            calls = []
-            for index, call in enumerate(parsed.tool_calls):
-                if end <= call.span[0] or start >= call.span[1]:
-                    continue
-                entry: dict[str, Any] = {"index": index}
-                function: dict[str, Any] = {}
-                if not headers_sent[index]:
-                    headers_sent[index] = True
-                    entry.update(id=spec.tool_call_ids[index], type="function")
-                    function["name"] = call.name
-                begin, finish = call.arguments_span
-                progress = min(max(end, begin), finish) - begin
-                upto = len(call.arguments) * progress // max(finish - begin, 1)
-                if end >= call.span[1]:
-                    upto = len(call.arguments)
-                if upto > args_sent[index]:
-                    function["arguments"] = call.arguments[args_sent[index] : upto]
-                    args_sent[index] = upto
-                if function:
-                    entry["function"] = function
-                    calls.append(entry)
-            if calls:
-                delta["tool_calls"] = calls
-            deltas.append(delta)
-            start = end
-        return deltas
-
-
-
-def _overlap(span: tuple[int, int], start: int, end: int) -> tuple[int, int] | None:
-    low, high = max(span[0], start), min(span[1], end)
-    return (low, high) if low < high else None

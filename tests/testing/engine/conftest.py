@@ -7,7 +7,9 @@ test folders share).
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -36,6 +38,31 @@ TOOLS: list[dict[str, Any]] = [
 
 SYSTEM = {"role": "system", "content": "You are a coding agent. Use the tools."}
 USER = {"role": "user", "content": [{"type": "text", "text": "Run ls and tell me what you see."}]}
+
+
+def trl_template(name: str) -> Path:
+    """One of the chat templates TRL ships, read from the installed package (never copied here)."""
+    import trl
+
+    path = Path(trl.__file__).parent / "chat_templates" / name
+    assert path.is_file(), f"TRL {trl.__version__} ships no {name}"
+    return path
+
+
+@pytest.fixture(scope="session")
+def qwen_folder() -> Path:
+    """The real Qwen2.5-Coder-0.5B-Instruct folder vLLM serves (its tokenizer.json, chat template,
+    generation config). ``./dev setup`` installs it; without it these tests fail, never skip --
+    unless the real-engine parts were deselected on purpose with ``OEH_WITH_ENGINE=0``."""
+    from openenv_harness.engine import engine_home, prepared_model_dir
+
+    folder = prepared_model_dir(engine_home())
+    if folder is None:
+        if os.environ.get("OEH_WITH_ENGINE", "1") == "0":
+            pytest.skip("OEH_WITH_ENGINE=0: the real model was deselected on purpose")
+        pytest.fail(f"the real Qwen2.5 model is not installed under {engine_home()}: run ./dev setup "
+                    "(or python -m openenv_harness.engine setup)", pytrace=False)
+    return folder
 
 
 @pytest.fixture(scope="module")
@@ -81,6 +108,7 @@ def _read_sse(engine: EngineServer, body: dict[str, Any], headers: dict[str, str
 class Wire:
     """Constants and HTTP helpers shared by the engine tests."""
 
+    trl_template = staticmethod(trl_template)
     TOOLS = TOOLS
     SYSTEM = SYSTEM
     USER = USER

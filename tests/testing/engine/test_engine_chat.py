@@ -16,13 +16,18 @@ def test_reply_has_vllm_fields_and_token_evidence(engine: EngineServer, wire) ->
     reply = wire.post_chat(engine, wire.chat_body([wire.SYSTEM, wire.USER]))
     assert reply.status_code == 200 and reply.headers["content-type"] == "application/json"
     body = reply.json()
-    assert set(body) >= {"id", "object", "created", "model", "choices", "usage", "prompt_logprobs",
-                         "prompt_token_ids", "kv_transfer_params", "system_fingerprint"}
+    assert set(body) == {"id", "object", "created", "model", "choices", "service_tier", "system_fingerprint",
+                         "usage", "prompt_logprobs", "prompt_token_ids", "prompt_text", "kv_transfer_params",
+                         "ec_transfer_params", "metrics"}
     assert body["id"].startswith("chatcmpl-") and body["object"] == "chat.completion"
     assert body["model"] == "reference-model" and body["prompt_logprobs"] is None
+    assert body["system_fingerprint"].startswith("vllm-0.32.0+reference-") and body["prompt_text"] is None
+    assert body["usage"]["prompt_tokens_details"] is None and body["usage"]["completion_tokens_details"] is None
     choice = body["choices"][0]
     assert choice["finish_reason"] == "tool_calls" and choice["stop_reason"] is None
+    assert choice["routed_experts"] is None
     message = choice["message"]
+    assert (message["refusal"], message["annotations"], message["audio"], message["function_call"]) == (None,) * 4
     assert message["role"] == "assistant" and message["content"] is None
     assert message["reasoning"] == "List first."
     call = message["tool_calls"][0]
@@ -32,7 +37,7 @@ def test_reply_has_vllm_fields_and_token_evidence(engine: EngineServer, wire) ->
     ids = choice["token_ids"]
     assert ids[-1] == tok.im_end_id
     assert tok.decode(ids) == '<think>\nList first.\n</think>\n\n<tool_call>\n{"name": "bash", "arguments": ' \
-                              '{"command":"ls"}}\n</tool_call><|im_end|>'
+                              '{"command": "ls"}}\n</tool_call><|im_end|>'
     content = choice["logprobs"]["content"]
     assert len(content) == len(ids)
     assert [c["token"] for c in content] == [tok.token_texts[i] for i in ids]
@@ -187,3 +192,52 @@ def test_engine_options_reasoning_field_token_ids_strict_model_and_parsed_argume
         second = wire.post_chat(engine, wire.chat_body(echoed)).json()
         held = first["prompt_token_ids"] + ids
         assert second["prompt_token_ids"][: len(held)] == held
+
+
+def test_generation_config_defaults_fill_in_absent_sampling_fields(wire) -> None:
+    from openenv_harness.testing.engine import GenerationConfig
+
+    generation = GenerationConfig(temperature=0.7, top_p=0.8, top_k=20, repetition_penalty=1.05, max_new_tokens=3)
+    with EngineServer(EngineConfig(generation_config=generation)) as engine:
+        engine.set_script("*", Script(turns=[Turn(content="A long answer with many words in it.")]))
+        defaulted = wire.post_chat(engine, wire.chat_body([wire.USER])).json()
+        pinned = wire.post_chat(engine, wire.chat_body([wire.USER], temperature=0, max_tokens=6)).json()
+        first, second = (r["sampling"] for r in engine.requests())
+    assert (first["temperature"], first["top_p"], first["top_k"], first["repetition_penalty"]) == (0.7, 0.8, 20, 1.05)
+    assert (first["max_tokens"], len(defaulted["choices"][0]["token_ids"])) == (3, 3)  # max_new_tokens
+    assert (second["temperature"], second["top_p"], second["max_tokens"]) == (0, 0.8, 6)
+    assert len(pinned["choices"][0]["token_ids"]) == 6
+    with EngineServer() as plain:  # off by default: vLLM's neutral values (--generation-config vllm)
+        wire.post_chat(plain, wire.chat_body([wire.USER]))
+        neutral = plain.requests()[-1]["sampling"]
+    assert (neutral["temperature"], neutral["top_p"], neutral["top_k"]) == (1.0, 1.0, 0)
+
+
+def test_length_rules_of_vllm_0_32(engine: EngineServer, wire) -> None:
+    over = wire.post_chat(engine, wire.chat_body([wire.USER], max_tokens=32769))
+    assert over.status_code == 400 and over.json()["error"]["param"] == "max_tokens"
+    assert "cannot be greater than max_model_len=32768" in over.json()["error"]["message"]
+    # within max_model_len but past what the prompt leaves: accepted, the budget clamped
+    assert wire.post_chat(engine, wire.chat_body([wire.USER], max_tokens=32768)).status_code == 200
+    huge = wire.post_chat(engine, wire.chat_body([{"role": "user", "content": "word " * 40000}]))
+    assert huge.status_code == 400 and huge.json()["error"]["param"] == "input_tokens"
+
+
+def test_stream_options_need_a_stream_and_required_tool_choice_says_content_empty(engine: EngineServer, wire) -> None:
+    options = wire.post_chat(engine, wire.chat_body([wire.USER], stream_options={"include_usage": True}))
+    assert options.status_code == 400 and options.json()["error"]["param"] == "stream_options"
+    engine.set_script("*", Script(turns=[TOOL_TURN]))
+    auto = wire.post_chat(engine, wire.chat_body([wire.USER])).json()["choices"][0]["message"]
+    required = wire.post_chat(engine, wire.chat_body([wire.USER], tool_choice="required")).json()["choices"][0]
+    assert auto["content"] is None and required["message"]["content"] == ""
+    assert required["finish_reason"] == "tool_calls" and required["message"]["tool_calls"]
+
+
+def test_prompt_text_and_no_reasoning_parser(wire) -> None:
+    config = EngineConfig(reasoning_parser=None, default_script=Script(turns=[TOOL_TURN]))
+    with EngineServer(config) as engine:
+        reply = wire.post_chat(engine, wire.chat_body([wire.USER], return_prompt_text=True)).json()
+        assert reply["prompt_text"] == reference_tokenizer().decode(reply["prompt_token_ids"])
+        message = reply["choices"][0]["message"]
+        assert message["reasoning"] is None and message["content"].startswith("<think>\nList first.\n</think>")
+        assert message["tool_calls"][0]["function"]["name"] == "bash"

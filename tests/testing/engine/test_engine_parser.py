@@ -60,3 +60,33 @@ def test_empty_output_has_empty_content_unless_tools_or_reasoning_took_its_place
     assert parse_output("", parse_tools=True).content == ""
     assert parse_output("<think>\nx\n</think>\n\n", parse_tools=True).content is None
     assert parse_output('<tool_call>\n{"name": "a", "arguments": {}}\n</tool_call>', parse_tools=True).content is None
+
+
+def test_qwen3_xml_tool_calls_come_back_with_string_values() -> None:
+    text = ("Checking.\n\n<tool_call>\n<function=bash>\n<parameter=command>\nls -la\n</parameter>\n"
+            "<parameter=timeout>\n5\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=read>\n"
+            "<parameter=path>\nline one\nline two\n</parameter>\n</function>\n</tool_call>")
+    parsed = parse_output(text, parse_tools=True, tool_parser="qwen3_xml")
+    assert parsed.content == "Checking."  # the template's blank line before the first call is glue
+    assert [(c.name, json.loads(c.arguments)) for c in parsed.tool_calls] == [
+        ("bash", {"command": "ls -la", "timeout": "5"}), ("read", {"path": "line one\nline two"})]
+    first = parsed.tool_calls[0]
+    assert text[first.name_end - len("<function=bash>"): first.name_end] == "<function=bash>"
+    malformed = parse_output("<tool_call>\n<parameter=x>\n1\n</parameter>\n</tool_call>", parse_tools=True,
+                             tool_parser="qwen3_xml")
+    assert malformed.tool_calls == [] and malformed.content.startswith("<tool_call>")
+
+
+def test_a_hermes_call_is_complete_once_its_name_is() -> None:
+    text = '<tool_call>\n{"name": "bash", "arguments": {"command": "ls"}}\n</tool_call>'
+    [call] = parse_output(text, parse_tools=True).tool_calls
+    assert text[: call.name_end].endswith('"name": "bash"')
+
+
+def test_reasoning_opened_by_the_prompt_and_no_reasoning_parser() -> None:
+    opened = parse_output("Plan it.\n</think>\n\nDone.", parse_tools=True, open_think=True)
+    assert (opened.reasoning, opened.content) == ("Plan it.", "Done.")
+    unfinished = parse_output("Still going", parse_tools=True, open_think=True)
+    assert (unfinished.reasoning, unfinished.content) == ("Still going", None)
+    raw = parse_output("<think>\nPlan.\n</think>\n\nDone.", parse_tools=True, reasoning=False)
+    assert (raw.reasoning, raw.content) == (None, "<think>\nPlan.\n</think>\n\nDone.")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Iterator
 
@@ -116,7 +117,56 @@ async def test_wait_returns_after_in_flight_requests_finish(slow_engine: EngineS
 
 def test_bad_mode_is_a_400_and_dev_routes_can_be_off(slow_engine: EngineServer) -> None:
     bad = httpx.post(slow_engine.url + "/pause", params={"mode": "later"})
-    assert bad.status_code == 400 and bad.json()["error"]["param"] == "mode"
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "query.mode"  # vLLM's query validation
     assert slow_engine.is_paused() is False
     with EngineServer(EngineConfig(dev_mode=False)) as engine:
         assert httpx.post(engine.url + "/pause").status_code == 404
+
+
+async def _stream_until(client: httpx.AsyncClient, body: dict, tokens_before_signal: int,
+                        signal: asyncio.Event) -> list[dict]:
+    """Read a stream; set ``signal`` once ``tokens_before_signal`` token chunks have arrived."""
+    events = []
+    async with client.stream("POST", "/v1/chat/completions", json=body) as response:
+        async for line in response.aiter_lines():
+            if line.startswith("data: {"):
+                events.append(json.loads(line[6:]))
+                if sum(1 for e in events if e["choices"] and "role" not in e["choices"][0]["delta"]) >= \
+                        tokens_before_signal:
+                    signal.set()
+    return events
+
+
+async def _until_in_flight(engine: EngineServer) -> None:
+    while engine.app.state.engine.fence.in_flight < 1:
+        await asyncio.sleep(0.01)
+
+
+async def test_an_abort_lands_on_the_last_token_and_before_any_token_sends_no_finish() -> None:
+    """vLLM 0.32, measured: the abort's finish reason rides on the chunk of the last token sent; a
+    request aborted before its first token gets its first chunk, no finish chunk, then usage."""
+    config = EngineConfig(decode_delay_s=0.02, prefill_delay_s=3600, default_script=Script(turns=[TURN]))
+    with EngineServer(config) as engine:
+        async with httpx.AsyncClient(base_url=engine.url, timeout=30) as client:
+            never = asyncio.Event()
+            early = asyncio.create_task(_stream_until(client, _body(stream=True, stream_options={
+                "include_usage": True}), 1, never))
+            await asyncio.wait_for(_until_in_flight(engine), 10)  # admitted, still in its (endless) prefill
+            await client.post("/pause", params={"mode": "abort"})
+            events = await asyncio.wait_for(early, 10)
+            await client.post("/resume")
+        assert [bool(e["choices"]) for e in events] == [True, False] and events[1]["usage"]["completion_tokens"] == 0
+        assert not never.is_set()
+    config = EngineConfig(decode_delay_s=0.05, default_script=Script(turns=[TURN]))
+    with EngineServer(config) as engine:
+        async with httpx.AsyncClient(base_url=engine.url, timeout=30) as client:
+            two_tokens = asyncio.Event()
+            late = asyncio.create_task(_stream_until(client, _body(stream=True), 2, two_tokens))
+            await asyncio.wait_for(two_tokens.wait(), 10)
+            await client.post("/pause", params={"mode": "abort"})
+            events = await asyncio.wait_for(late, 10)
+            await client.post("/resume")
+        last = events[-1]["choices"][0]
+        assert last["finish_reason"] == "abort" and len(last["token_ids"]) == 1
+        assert all(e["choices"][0]["finish_reason"] is None for e in events[:-1])
+        assert 2 < len(events) - 1 < len(TURN.content)  # cut short, not finished

@@ -28,8 +28,12 @@ def test_models_version_health_and_info(engine: EngineServer) -> None:
     assert info["eos_token_id"] == reference_tokenizer().im_end_id
 
 
-def test_detokenize_rejects_unknown_ids(engine: EngineServer) -> None:
-    bad = httpx.post(engine.url + "/detokenize", json={"tokens": [1, 10**7]})
+def test_detokenize_skips_unknown_ids_and_rejects_negative_ones(engine: EngineServer) -> None:
+    tok = reference_tokenizer()
+    ids = tok.encode("hello world")
+    known = httpx.post(engine.url + "/detokenize", json={"tokens": [*ids, 10**7]})
+    assert known.status_code == 200 and known.json() == {"prompt": "hello world"}  # what vLLM 0.32 does
+    bad = httpx.post(engine.url + "/detokenize", json={"tokens": [1, -3]})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "tokens"
     both = httpx.post(engine.url + "/tokenize", json={"prompt": "x", "messages": []})
     assert both.status_code == 400
@@ -78,6 +82,33 @@ def test_runs_as_a_separate_process(tmp_path: Path) -> None:
             "model": "m", "messages": [{"role": "user", "content": "hi"}],
             "tools": [{"type": "function", "function": {"name": "x"}}]}).json()
         assert reply["choices"][0]["message"]["content"] == "from a file"
+    finally:
+        process.terminate()
+        process.wait(10)
+
+
+def test_tokenize_lists_vocabulary_strings(engine: EngineServer) -> None:
+    reply = httpx.post(engine.url + "/tokenize", json={"prompt": "hello world", "return_token_strs": True}).json()
+    tok = reference_tokenizer()
+    assert reply["tokens"] == tok.encode("hello world")
+    assert reply["token_strs"] == [tok.tokenizer.id_to_token(i) for i in reply["tokens"]]
+    assert any(s.startswith("Ġ") for s in reply["token_strs"]), "vLLM lists the raw entries, not decoded text"
+
+
+def test_a_separate_process_serves_a_trl_template(tmp_path: Path, wire) -> None:
+    template = wire.trl_template("qwen3.jinja")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "openenv_harness.testing.engine", "--port", "0", "--chat-template", str(template)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        line = process.stdout.readline()
+        assert line.startswith("READY http://127.0.0.1:"), (line, process.stderr.read() if process.poll() else "")
+        url = line.split()[1]
+        assert httpx.get(url + "/_ref/info").json()["chat_template"] == "qwen3.jinja"
+        ids = httpx.post(url + "/tokenize", json={"messages": [{"role": "user", "content": "hi"}],
+                                                  "chat_template_kwargs": {"enable_thinking": False}}).json()["tokens"]
+        text = httpx.post(url + "/detokenize", json={"tokens": ids}).json()["prompt"]
+        assert text == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
     finally:
         process.terminate()
         process.wait(10)

@@ -1,4 +1,5 @@
-"""Streamed replies: vLLM's chunk sequence, and deltas that add up to the non-streamed reply."""
+"""Streamed replies: vLLM's chunk sequence, and deltas that add up to the non-streamed reply
+(except tool arguments, which a hermes parser streams as sampled and returns re-serialized)."""
 
 from __future__ import annotations
 
@@ -69,9 +70,11 @@ def test_deltas_add_up_to_the_non_streamed_reply(engine: EngineServer, wire) -> 
     assert streamed["message"]["content"] == choice["message"]["content"] == "Let me check."
     assert streamed["message"]["reasoning"] == choice["message"]["reasoning"] == "Look around first."
     calls = [streamed["message"]["tool_calls"][i] for i in sorted(streamed["message"]["tool_calls"])]
-    assert [(c["name"], c["arguments"]) for c in calls] == [
-        (c["function"]["name"], c["function"]["arguments"]) for c in choice["message"]["tool_calls"]]
-    assert calls[1]["arguments"] == '{"path": "notes.txt"}'
+    assert [c["name"] for c in calls] == [c["function"]["name"] for c in choice["message"]["tool_calls"]]
+    # spaced object arguments: the sampled text is the re-serialization; a raw string streams as sampled
+    assert calls[0]["arguments"] == choice["message"]["tool_calls"][0]["function"]["arguments"] == '{"command": "ls -la"}'
+    assert calls[1]["arguments"] == '{"path":  "notes.txt"}'
+    assert choice["message"]["tool_calls"][1]["function"]["arguments"] == '{"path": "notes.txt"}'
     assert all(c["id"].startswith("chatcmpl-tool-") for c in calls)
     assert streamed["finish_reason"] == choice["finish_reason"] == "tool_calls"
 
@@ -82,8 +85,9 @@ def test_tool_call_deltas_start_with_id_type_and_name(engine: EngineServer, wire
     chunks = [e["choices"][0] for e in events if e != "[DONE]" and e["choices"]]
     deltas = [call for chunk in chunks for call in chunk["delta"].get("tool_calls", [])]
     heads = [d for d in deltas if "id" in d]
-    assert [(h["index"], h["type"], h["function"]["name"]) for h in heads] == [(0, "function", "bash"),
-                                                                              (1, "function", "read")]
+    assert [(h["index"], h["type"], h["function"]) for h in heads] == [(0, "function", {"name": "bash"}),
+                                                                      (1, "function", {"name": "read"})]
+    assert all(c["delta"]["content"] is None for c in chunks if "tool_calls" in c["delta"])  # hermes says null
     for head in heads:
         later = deltas[deltas.index(head) + 1:]
         assert all("id" not in d and "name" not in d.get("function", {}) for d in later if d["index"] == head["index"])
@@ -126,3 +130,31 @@ def test_empty_turns(engine: EngineServer, wire) -> None:
     assert events[1]["choices"][0]["finish_reason"] == "length" and events[1]["choices"][0]["token_ids"] == []
     plain = wire.post_chat(engine, wire.chat_body([wire.USER])).json()["choices"][0]
     assert (plain["message"]["content"], plain["finish_reason"], plain["token_ids"]) == ("", "length", [])
+
+
+def test_fields_of_vllm_0_32_on_first_finish_and_usage_chunks(engine: EngineServer, wire) -> None:
+    engine.set_script("*", Script(turns=[Turn(content="Hello there.")]))
+    with_usage = wire.read_sse(engine, wire.chat_body([wire.USER], stream_options={"include_usage": True},
+                                                      return_prompt_text=True))
+    first, *tokens, usage, _ = with_usage
+    assert first["prompt_text"].endswith("<|im_start|>assistant\n")  # asked for with return_prompt_text
+    assert all("system_fingerprint" not in e for e in [first, *tokens])
+    assert usage["system_fingerprint"].startswith("vllm-") and usage["choices"] == []
+    assert tokens[-1]["choices"][0]["stop_reason"] is None
+    assert all("stop_reason" not in e["choices"][0] for e in tokens[:-1])
+    plain = wire.read_sse(engine, wire.chat_body([wire.USER]))
+    assert plain[0]["prompt_text"] is None
+    assert plain[-2]["choices"][0]["finish_reason"] == "stop" and plain[-2]["system_fingerprint"].startswith("vllm-")
+
+
+def test_a_hermes_call_is_announced_once_its_name_is_complete(engine: EngineServer, wire) -> None:
+    from openenv_harness.testing.engine.tokenizer import reference_tokenizer
+
+    engine.set_script("*", Script(turns=[Turn(tool_calls=[ToolCallSpec(name="bash", arguments={"command": "ls"})])]))
+    events = wire.read_sse(engine, wire.chat_body([wire.USER]))
+    chunks = [e["choices"][0] for e in events[1:-1]]
+    head = next(i for i, c in enumerate(chunks) if c["delta"].get("tool_calls"))
+    text_so_far = reference_tokenizer().decode([t for c in chunks[: head + 1] for t in c["token_ids"]])
+    assert '"name": "bash"' in text_so_far
+    before = reference_tokenizer().decode([t for c in chunks[:head] for t in c["token_ids"]])
+    assert '"name": "bash"' not in before and all(c["delta"] == {} for c in chunks[:head])

@@ -10,7 +10,8 @@ from jinja2 import TemplateError
 
 from openenv_harness.testing.engine.policy import ToolCallSpec, Turn, turn_message
 from openenv_harness.testing.engine.replay import agent_echo
-from openenv_harness.testing.engine.template import ChatTemplate, prepare_messages, reference_template
+from openenv_harness.testing.engine.messages import prepare_messages
+from openenv_harness.testing.engine.template import ChatTemplate, reference_template
 from openenv_harness.testing.engine.tokenizer import reference_tokenizer
 
 SYSTEM = {"role": "system", "content": "You are a coding agent. Use the tools."}
@@ -116,7 +117,7 @@ def test_unknown_role_is_a_template_error() -> None:
         reference_template().render([{"role": "robot", "content": "beep"}])
 
 
-def test_prepare_messages_never_mutates_and_rejects_bad_json() -> None:
+def test_prepare_messages_never_mutates_and_coerces_bad_json_like_vllm() -> None:
     messages = [USER, _assistant(None, None, [("bash", '{"command":"ls"}')]), _assistant("x")]
     messages[2]["tool_calls"] = []
     snapshot = copy.deepcopy(messages)
@@ -124,8 +125,10 @@ def test_prepare_messages_never_mutates_and_rejects_bad_json() -> None:
     assert messages == snapshot
     assert prepared[1]["tool_calls"][0]["function"]["arguments"] == {"command": "ls"}
     assert "tool_calls" not in prepared[2]
-    with pytest.raises(ValueError, match="not valid JSON"):
-        prepare_messages([_assistant(None, None, [("bash", "{oops")])], tool_arguments="parsed")
+    # vLLM 0.32 keeps the conversation going: an unparsable or non-object argument string becomes {}
+    for bad in ("{oops", "[1, 2]", ""):
+        [fixed] = prepare_messages([_assistant(None, None, [("bash", bad)])], tool_arguments="parsed")
+        assert fixed["tool_calls"][0]["function"]["arguments"] == {}
 
 
 def test_fingerprint_is_the_sha256_of_the_source() -> None:

@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 from hypothesis import given, settings
+from tokenizers import Tokenizer
 from hypothesis import strategies as st
 
 from openenv_harness.testing.engine.policy import noncanonical_ids
@@ -125,3 +126,44 @@ def test_render_and_encode_of_a_long_prompt_is_fast() -> None:
     elapsed = time.perf_counter() - started
     assert len(ids) > 2000
     assert elapsed < 0.1, f"render + encode took {elapsed * 1000:.1f} ms"
+
+
+def test_the_real_qwen_tokenizer_loads_from_the_model_folder(qwen_folder) -> None:
+    from openenv_harness.testing.engine.tokenizer import hf_tokenizer
+
+    tok = hf_tokenizer(qwen_folder)
+    assert tok is hf_tokenizer(qwen_folder / "tokenizer.json"), "loaded once"
+    assert tok.encode("hello world") == [14990, 1879]  # what the real vLLM's /tokenize says
+    assert tok.vocab_string(1879) == "Ġworld" and tok.token_texts[1879] == " world"
+    assert (tok.im_end_id, tok.token_id("<tool_call>"), tok.token_id("</tool_call>")) == (151645, 151657, 151658)
+    assert tok.im_end_id in tok.special_ids and tok.token_id("<tool_call>") not in tok.special_ids
+    assert tok.encode("<tool_call>\n{}</tool_call><|im_end|>")[0] == 151657
+    assert tok.decode(tok.encode("héllo ☃ <|im_end|>"), skip_special_tokens=True) == "héllo ☃ "
+    assert tok.vocab_size == 151936
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.one_of(_PIECES, st.text(max_size=12)), max_size=12))
+def test_piecewise_encoding_equals_whole_text_encoding_for_the_real_tokenizer(parts: list[str]) -> None:
+    from openenv_harness.engine import engine_home, prepared_model_dir
+    from openenv_harness.testing.engine.tokenizer import hf_tokenizer
+
+    folder = prepared_model_dir(engine_home())
+    assert folder is not None, "the real model is not installed: run ./dev setup"
+    tok = hf_tokenizer(folder)
+    text = "".join(parts)
+    assert tok.encode(text) == tok.tokenizer.encode(text, add_special_tokens=False).ids
+
+
+def test_a_tokenizer_that_is_not_byte_level_is_refused(tmp_path) -> None:
+    import pytest
+    from tokenizers import models
+
+    from openenv_harness.testing.engine.tokenizer import hf_tokenizer
+
+    words = Tokenizer(models.WordLevel({"hello": 0, "日本": 1, "[UNK]": 2}, unk_token="[UNK]"))
+    words.save(str(tmp_path / "tokenizer.json"))
+    with pytest.raises(ValueError, match="only byte-level BPE"):
+        hf_tokenizer(tmp_path)
+    with pytest.raises(FileNotFoundError):
+        hf_tokenizer(tmp_path / "missing")
