@@ -238,9 +238,17 @@ async def _junction(r: _Renderer) -> tuple[PropertyResult, list[int], list[int]]
     diverge = next((i for i, (a, b) in enumerate(zip(with_call[start:], plain[start:])) if a != b), None)
     # the first id where a tool call's rendering departs from an empty answer's: its opening tag
     open_ids = with_call[start + diverge:start + diverge + 1] if diverge is not None else []
-    if not tail or one[:len(head)] != head:
-        return (PropertyResult("junction", True, False, "assistant turns share no common ending after the "
-                               "generation prompt: a sampled turn cannot be continued safely"), open_ids, [])
+    if one[:len(head)] != head:
+        at = _prefix_at(head, one) or 0
+        return (PropertyResult("junction", True, False,
+                               "the generation prompt is not a token prefix of a rendered assistant turn: the "
+                               "template's rendering tokenizes the turn's start differently from the prompt the "
+                               "model sampled after, so every sampled turn re-renders differently at its start",
+                               at, await r.text(head[max(0, at - 4):at + 8]), await r.text(one[max(0, at - 4):at + 8])),
+                open_ids, [])
+    if not tail:
+        return (PropertyResult("junction", True, False, "assistant turns share no common ending: a sampled turn "
+                               "cannot be continued safely"), open_ids, [])
     trailer = await r.text(tail[1:])
     return (PropertyResult("junction", True, True,
                            f"an assistant turn ends with {await r.text(tail[:1])!r} then {trailer!r}: a sampled turn "
