@@ -163,6 +163,11 @@ def run(
     order = {(h, t.id, i): n for n, (h, t, i) in enumerate(jobs)}
     reports.sort(key=lambda r: order.get((r.harness, r.task, 0), 0))
     console.print(_summary(reports))
+    cert = stack.recorder.ctx.engine_info.get("template_certification") if stack.recorder is not None else None
+    if cert:  # beside the chain status: whether the served template can keep chains exact at all
+        failed = "; ".join(f"{f['property']}: {f['detail']}" for f in cert.get("failed") or [])
+        console.print(f"template: [bold]{cert['status']}[/]" + (f" ({failed})" if failed else "")
+                      + (f" ({cert.get('reason')})" if cert.get("reason") else ""))
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "summary.json").write_text(json.dumps([r.as_dict() for r in reports], indent=2))
     console.print(f"records: [bold]{store}[/]   summary: [bold]{run_dir / 'summary.json'}[/]")

@@ -24,6 +24,7 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     done = cli("run", "--harness", "pi", "--task", "write-greeting,fix-add", "--out", str(out))
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "rollouts" in done.stdout and "records:" in done.stdout
+    assert "template: certified" in done.stdout  # the served template's certification beside the chains
     return out
 
 

@@ -142,3 +142,10 @@ def rollouts(vllm, tmp_path_factory) -> dict[str, Any]:
         stack.close()
         capture.stop()
     return out
+
+
+@pytest.fixture(scope="session")
+def cli_paths() -> dict[str, Path]:
+    from openenv_harness.harnesses.install import ensure_installed
+
+    return ensure_installed(["pi", "opencode"])
