@@ -4,13 +4,13 @@ Each task also carries a scripted solution for the embedded reference engine, wr
 tool every supported agent has: a shell. The scripts name it as Pi and OpenCode do (``bash`` with a
 ``command`` argument); ``script_for`` writes the same calls for an agent whose shell tool is named
 otherwise (Codex's ``exec_command`` with ``cmd``, Claude Code's ``Bash``), so the demo and the tests
-drive every real agent through real multi-turn tool use. Tool-call arguments are compact JSON, the
-form agents replay, so a canonical-sampling run chains exactly.
+drive every real agent through real multi-turn tool use. Tool-call arguments are JSON objects:
+the engine samples them as its template writes them and, like vLLM, parses an agent's replay before
+rendering it again, so a canonical-sampling run chains exactly.
 """
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any
 
@@ -20,7 +20,9 @@ _VERIFY = "python3 -m unittest -q 2>&1"
 
 
 def _bash(command: str) -> dict:
-    return {"tool_calls": [{"name": "bash", "arguments": json.dumps({"command": command}, separators=(",", ":"))}]}
+    # object arguments: sampled as the template's tojson writes them, which is also what vLLM re-renders
+    # from an agent's (compact) replay once it has parsed it -- so the scripted chain stays clean
+    return {"tool_calls": [{"name": "bash", "arguments": {"command": command}}]}
 
 
 FIX_ADD = Task(

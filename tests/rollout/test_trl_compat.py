@@ -45,8 +45,9 @@ TEMPERATURE = 0.7
 SCRIPTS: dict[str, Script] = {
     "canonical": Script(turns=TASK.reference_script),
     "noncanonical": Script(turns=TASK.reference_script, segmentation="noncanonical"),
-    # the model emits spaced JSON, the agent replays it compact: drift on the first transition only
-    "rewritten": Script(turns=[Turn(tool_calls=[ToolCallSpec(name="bash", arguments='{"command": "cat calc.py"}')]),
+    # the model emits compact JSON; vLLM re-renders the agent's replay of it with tojson's spaces: drift on
+    # the first transition only
+    "rewritten": Script(turns=[Turn(tool_calls=[ToolCallSpec(name="bash", arguments='{"command":"cat calc.py"}')]),
                                *TASK.reference_script[1:]]),
     "unsolved": Script(turns=[Turn(content="I could not find the bug.")]),
 }
@@ -234,7 +235,7 @@ def test_drift_forks_exactly_where_the_recorder_saw_it(harness: str, label: str,
         assert is_noncanonical(reference_tokenizer(), first)
         assert run.fidelity == ["root"] + ["replay_drift"] * 3
     else:
-        assert '{"command": "cat calc.py"}' in reference_tokenizer().decode(first)
+        assert '{"command":"cat calc.py"}' in reference_tokenizer().decode(first)
         assert run.fidelity == ["root", "replay_drift", "exact", "exact"]
     tally = run.metrics["tally"]  # TRL's own count, from its loop-owning run (threshold 0)
     drifted = sum(c in DRIFTED for c in run.fidelity)
