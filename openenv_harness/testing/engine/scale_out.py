@@ -22,24 +22,20 @@ from typing import Any
 import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
-from jinja2 import TemplateError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from openenv_harness.testing.engine.chat import ChatRequest, error_response, validation_message
-from openenv_harness.testing.engine.config import SESSION_HEADER
+from openenv_harness.testing.engine.chat import ChatRequest, effective_sampling, error_response, validation_message
+from openenv_harness.testing.engine.config import SESSION_HEADER, EngineConfig
+from openenv_harness.testing.engine.messages import MessageError
 from openenv_harness.testing.engine.parser import parse_output
 from openenv_harness.testing.engine.policy import Sample, choose_turn, sample_turn
-from openenv_harness.testing.engine.state import EngineState
-from openenv_harness.testing.engine.messages import MessageError
 from openenv_harness.testing.engine.prompt import render_prompt
+from openenv_harness.testing.engine.state import EngineState
+from openenv_harness.testing.engine.tokenizer import THINK_CLOSE, THINK_OPEN
 from openenv_harness.testing.engine.wire import dumps, new_id, output_text
 
 _ROLE_HEADER = re.compile(r"<\|im_start\|>(\w+)\n")
 _TOOLS_MARK = "\n<tools>\n"
-_RESERVED_TEMPLATE_ARGS = {"messages", "tools", "add_generation_prompt"}
-#: the reference engine's generation config: what vLLM's render reports as effective defaults
-_DEFAULT_SAMPLING = {"presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0,
-                     "temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0}
 
 
 class GenerateRequest(BaseModel):
@@ -88,15 +84,15 @@ async def _body(request: Request, model: type[BaseModel]) -> tuple[BaseModel | N
         return None, None, error_response(400, validation_message(exc))
 
 
-def _sampling_params(chat: ChatRequest, prompt_len: int, max_model_len: int) -> dict[str, Any]:
-    """What the engine would sample the chat request with: its fields over the generation config."""
+def _sampling_params(config: EngineConfig, chat: ChatRequest, prompt_len: int) -> dict[str, Any]:
+    """What the engine would sample the chat request with: its fields over the generation config
+    (vLLM's render reports these effective values)."""
     extra = chat.model_extra or {}
-    params: dict[str, Any] = dict(_DEFAULT_SAMPLING)
-    for name in _DEFAULT_SAMPLING:
-        if extra.get(name) is not None:
-            params[name] = extra[name]
+    params: dict[str, Any] = effective_sampling(config, extra)
     params.update(stop=extra.get("stop") or [], stop_token_ids=extra.get("stop_token_ids") or [])
-    params["max_tokens"] = chat.max_completion_tokens or chat.max_tokens or max(1, max_model_len - prompt_len)
+    default = config.generation_config.max_new_tokens if config.generation_config else None
+    params["max_tokens"] = (chat.max_completion_tokens or chat.max_tokens or default
+                            or max(1, config.max_model_len - prompt_len))
     if chat.logprobs:
         params["logprobs"] = chat.top_logprobs or 0
     params.update(skip_special_tokens=False, output_kind=2, skip_clone=True, bad_words=[],
@@ -165,20 +161,18 @@ async def render(state: EngineState, request: Request) -> Response:
     if error is not None:
         return error
     assert isinstance(parsed, ChatRequest)
-    try:  # the chat route's own preprocessing and template: render gives what chat would sample from
-        kwargs = {k: v for k, v in (parsed.chat_template_kwargs or {}).items() if k not in _RESERVED_TEMPLATE_ARGS}
-        prompt = render_prompt(state.config, state.template, state.tokenizer, messages=parsed.messages,
-                               tools=parsed.tools, add_generation_prompt=parsed.add_generation_prompt,
-                               chat_template_kwargs=kwargs, route="chat")
-    except (MessageError, TemplateError, ValueError, TypeError) as exc:
-        return error_response(400, str(exc))
+    try:  # the render route validates a chat request, so it preprocesses like the chat route
+        ids = render_prompt(state.config, state.template, state.tokenizer, messages=parsed.messages,
+                            tools=parsed.tools, add_generation_prompt=parsed.add_generation_prompt,
+                            chat_template_kwargs=parsed.chat_template_kwargs, route="chat").ids
+    except MessageError as exc:
+        return error_response(400, str(exc), exc.param)
     fault = _render_fault(state, request, parsed)
     if fault is not None:
         return fault
-    ids = prompt.ids
     return _json({
         "request_id": new_id(), "token_ids": ids, "token_offsets": None, "features": None, "content_parts": None,
-        "sampling_params": _sampling_params(parsed, len(ids), state.config.max_model_len),
+        "sampling_params": _sampling_params(state.config, parsed, len(ids)),
         "model": parsed.model, "reasoning_ended": None, "reasoning_parser_kwargs": None,
         "return_token_ids": parsed.return_token_ids, "output_mode": "tokens", "stream": bool(parsed.stream),
         "stream_options": None, "cache_salt": None, "priority": 0, "kv_transfer_params": None,
@@ -233,9 +227,15 @@ async def generate(state: EngineState, request: Request) -> Response:
     })
 
 
-def _derendered_message(state: EngineState, ids: list[int], chat: dict[str, Any], finish: str) -> tuple[dict, str]:
+def _derendered_message(state: EngineState, ids: list[int], chat: dict[str, Any], finish: str,
+                        prompt_ids: list[int]) -> tuple[dict, str]:
+    config = state.config
     tools_on = bool(chat.get("tools")) and chat.get("tool_choice") != "none"
-    parsed = parse_output(output_text(state.tokenizer, ids), tools_on)
+    prompt = state.tokenizer.decode(prompt_ids) if prompt_ids else ""
+    tail = prompt[prompt.rfind(THINK_OPEN):] if THINK_OPEN in prompt else ""
+    parsed = parse_output(output_text(state.tokenizer, ids), tools_on, tool_parser=config.tool_call_parser,
+                          reasoning=config.reasoning_parser is not None,
+                          open_think=bool(tail) and THINK_CLOSE not in tail)
     message: dict[str, Any] = {"role": "assistant", "content": parsed.content, "refusal": None,
                                "annotations": None, "audio": None, "function_call": None}
     if parsed.tool_calls:
@@ -257,7 +257,8 @@ async def derender(state: EngineState, request: Request) -> Response:
         return error_response(400, "generate_response.choices: at least one choice is required")
     choice = choices[0]
     ids = [int(t) for t in choice.get("token_ids") or []]
-    message, finish = _derendered_message(state, ids, parsed.chat_request, choice.get("finish_reason") or "stop")
+    message, finish = _derendered_message(state, ids, parsed.chat_request, choice.get("finish_reason") or "stop",
+                                          parsed.prompt_token_ids)
     lp = choice.get("logprobs")
     logprobs = None
     if isinstance(lp, dict) and isinstance(lp.get("content"), list):
