@@ -27,7 +27,8 @@ TOOLS = [{"type": "function", "function": {"name": "bash", "description": "Run a
                                                           "properties": {"command": {"type": "string"}}}}}]
 SCRIPT = Script(turns=[
     Turn(content="Listing.", tool_calls=[ToolCallSpec(name="bash", arguments={"command": "ls"})]),
-    Turn(tool_calls=[ToolCallSpec(name="bash", arguments='{"command": "cat notes.txt"}')]),  # agents re-serialize it
+    # sampled with odd spacing: neither the agent's re-serialization nor the engine's re-rendering gives it back
+    Turn(tool_calls=[ToolCallSpec(name="bash", arguments='{"command":  "cat notes.txt"}')]),
     Turn(content="Testing.", tool_calls=[ToolCallSpec(name="bash", arguments={"command": "pytest -q"})]),
     Turn(content="All done."),
 ])

@@ -48,10 +48,11 @@ def run_verifiers(args: list[str], *, timeout_s: float = 120.0) -> subprocess.Co
 
 
 def tool_script(steps: int, *, spaced_args: bool = False, segmentation: str = "canonical") -> Script:
-    """``steps`` bash calls, then a final answer. ``spaced_args`` samples arguments agents re-serialize."""
+    """``steps`` bash calls, then a final answer. ``spaced_args`` samples odd spacing that neither the
+    agent's re-serialization nor the engine's re-rendering of it (vLLM parses replayed arguments) gives back."""
     turns = []
     for i in range(steps):
-        arguments: Any = '{"command": "echo step %d"}' % i if spaced_args else {"command": f"echo step {i}"}
+        arguments: Any = '{"command":  "echo step %d"}' % i if spaced_args else {"command": f"echo step {i}"}
         turns.append(Turn(content=f"Running step {i}." if i % 2 == 0 else None,
                           tool_calls=[ToolCallSpec(name="bash", arguments=arguments)]))
     turns.append(Turn(content="All done."))

@@ -28,10 +28,12 @@ ENGINE_ERROR = "Injected 500 Internal Server Error"
 
 
 def tool_script(n_tool_turns: int, *, spaced_args: bool = False) -> Script:
-    """``n_tool_turns`` bash calls then a final answer; spaced arguments come back compacted (drift)."""
+    """``n_tool_turns`` bash calls then a final answer. ``spaced_args`` samples odd spacing that neither
+    the agent's compact replay nor the engine's re-rendering of it (vLLM parses replayed arguments)
+    gives back: drift."""
     turns = []
     for i in range(n_tool_turns):
-        args: Any = '{"command": "echo step %d"}' % i if spaced_args else {"command": f"echo step {i}"}
+        args: Any = '{"command":  "echo step %d"}' % i if spaced_args else {"command": f"echo step {i}"}
         turns.append(Turn(content=f"Running step {i}.", tool_calls=[ToolCallSpec(name="bash", arguments=args)]))
     turns.append(Turn(content="All done."))
     return Script(turns=turns)
