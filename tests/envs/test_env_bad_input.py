@@ -135,7 +135,8 @@ def test_http_reset_with_an_unknown_task_is_a_404_naming_the_known_tasks(env_ser
 
 
 @pytest.mark.parametrize(("body", "status", "reason"), [
-    ({"task_id": "fix-add", "harness": "codex"}, 400, r"unknown harness 'codex'; known harnesses: opencode, pi"),
+    ({"task_id": "fix-add", "harness": "gemini"}, 400,
+     r"unknown harness 'gemini'; known harnesses: claude-code, codex, opencode, pi"),
     ({"taskid": "fix-add"}, 400, r"unknown reset option\(s\) taskid; accepted: seed, episode_id, task_id"),
     ({"task_id": 3}, 400, r"task_id must be a string"),
     ({"split": "train", "index": 99}, 404, r"task index 99 is out of range"),
