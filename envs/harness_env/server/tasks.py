@@ -35,8 +35,9 @@ class TaskFileError(ValueError):
 
 
 def _bash(command: str) -> dict[str, Any]:
-    """A scripted tool call in the compact JSON form agents replay (so the chain stays exact)."""
-    return {"tool_calls": [{"name": "bash", "arguments": json.dumps({"command": command}, separators=(",", ":"))}]}
+    """A scripted tool call with object arguments: sampled as the template's ``tojson`` writes them, which is
+    also what vLLM re-renders after parsing the agent's replay, so the chain stays exact."""
+    return {"tool_calls": [{"name": "bash", "arguments": {"command": command}}]}
 
 
 FIX_RANGE_SUM = Task(
