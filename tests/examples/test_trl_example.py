@@ -72,7 +72,8 @@ def spaced_reference_script(task_id: str) -> Script:
     so the agent's compact replay re-renders to the very tokens sampled."""
     turns = []
     for turn in BUILTIN_TASKS[task_id].reference_script:
-        calls = [ToolCallSpec(name=c["name"], arguments=json.loads(c["arguments"])) for c in turn.get("tool_calls", [])]
+        calls = [ToolCallSpec(name=c["name"], arguments=json.loads(c["arguments"]) if isinstance(c["arguments"], str)
+                              else c["arguments"]) for c in turn.get("tool_calls", [])]
         turns.append(Turn(content=turn.get("content"), tool_calls=calls))
     return Script(turns=turns, arguments_format="spaced")
 
