@@ -86,6 +86,8 @@ class Flow:
     task: asyncio.Task | None = None
     cancellable: bool = True
     cancelled_by_close: bool = False
+    #: how the prompt mode served this call (incremental sessions): continued or fell back, and why
+    prompt_mode: dict[str, Any] | None = None
 
     def cancel_for_close(self) -> None:
         """The session is closing and this call is still waiting (``SessionRegistry.close``)."""
@@ -98,8 +100,6 @@ def session_closed(session: LiveSession, *, in_flight: bool = False) -> AgentErr
     message = (f"session {session.id} was closed while this call was in flight; it was not answered" if in_flight
                else f"session {session.id} is closed")
     return AgentError(409, message, type="invalid_request_error", code="session_closed")
-    #: how the prompt mode served this call (incremental sessions): continued or fell back, and why
-    prompt_mode: dict[str, Any] | None = None
 
 
 # -- authenticate ------------------------------------------------------------------------------
