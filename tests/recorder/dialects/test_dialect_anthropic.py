@@ -15,6 +15,16 @@ from dialect_clients import ANTHROPIC_TOOLS, AnthropicAgent
 SPACED = '{"command":  "ls -la"}'  # as sampled; the engine's parser returns it re-serialized (one space)
 
 
+@pytest.fixture
+def engine():
+    """Verbatim tool arguments (vLLM's ``parsed`` re-serializes them): what these tests check is that the
+    sampled argument text the dialect restores reaches the template unchanged, so the chain is exact."""
+    from openenv_harness.testing.engine import EngineConfig
+
+    with EngineServer(EngineConfig(tool_arguments="verbatim")) as e:
+        yield e
+
+
 def _session(engine: EngineServer, admin: RecorderClient, script: Script, **spec) -> tuple[dict, str]:
     s = admin.create_session(**spec)
     engine.set_script(s["session_id"], script)

@@ -14,6 +14,16 @@ from dialect_clients import RESPONSES_TOOLS, ResponsesAgent, responses_final
 COMPACT = '{"cmd":"ls -la"}'  # as sampled; the engine's parser returns '{"cmd": "ls -la"}'
 
 
+@pytest.fixture
+def engine():
+    """Verbatim tool arguments (vLLM's ``parsed`` re-serializes them): what these tests check is that the
+    sampled argument text the dialect restores reaches the template unchanged, so the chain is exact."""
+    from openenv_harness.testing.engine import EngineConfig
+
+    with EngineServer(EngineConfig(tool_arguments="verbatim")) as e:
+        yield e
+
+
 def _session(engine: EngineServer, admin: RecorderClient, script: Script, **spec) -> tuple[dict, str]:
     s = admin.create_session(**spec)
     engine.set_script(s["session_id"], script)
