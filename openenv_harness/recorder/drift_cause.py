@@ -12,11 +12,16 @@ different):
 - ``reasoning_not_rendered``: it came back under the same name, but the served template does not
   render that field (per the template certification).
 - ``tool_arguments_reserialized``: a tool call's argument text came back re-serialized (the same
-  JSON, other spacing or key order; or an object instead of the sampled text).
+  JSON, other spacing or key order; or an object instead of the sampled text) in a way the served
+  template renders differently (a template that normalizes spacing, per the certification's
+  ``tool_args_roundtrip`` facts, renders a respaced replay the same: that is no cause).
 - ``content_reflattened``: the text came back as a list of parts (or the reverse).
 - ``edited_message``: the replayed answer's text differs from what was sampled.
 - ``tag_sampled_as_text``: the answer came back verbatim, but the model sampled the tool-call tag
   as text pieces and the template renders it as its special id (certification says which id).
+- ``tool_arguments_restyled``: the template normalizes argument spacing, and the argument text the
+  model sampled (as the agent replayed it, or as the engine's parser returned it) is in another
+  style than the parser's: the template renders the sampled arguments in its own JSON style.
 - ``retokenized``: verbatim answer, other ids: the template re-tokenizes what was sampled.
 - ``unknown``.
 
@@ -85,7 +90,27 @@ def _json_equal(a: Any, b: Any) -> bool:
     return pa == pb
 
 
-def _answer_cause(reply: dict[str, Any], replayed: dict[str, Any], rendered_fields: dict[str, bool]) -> str | None:
+def _same_order_json(a: Any, b: Any) -> bool:
+    """The same JSON with the same key order: what a spacing-normalizing template renders the same."""
+    try:
+        pa = orjson.loads(a) if isinstance(a, str) else a
+        pb = orjson.loads(b) if isinstance(b, str) else b
+        return orjson.dumps(pa) == orjson.dumps(pb)
+    except (orjson.JSONDecodeError, TypeError):
+        return False
+
+
+def _argument_texts(reply: dict[str, Any], replayed: dict[str, Any]) -> list[tuple[Any, Any]]:
+    pairs = []
+    for a, b in zip(reply.get("tool_calls") or [], replayed.get("tool_calls") or []):
+        fa = (a or {}).get("function") or {}
+        fb = (b or {}).get("function") or {}
+        pairs.append((fa.get("arguments"), fb.get("arguments")))
+    return pairs
+
+
+def _answer_cause(reply: dict[str, Any], replayed: dict[str, Any], rendered_fields: dict[str, bool],
+                  respaces: bool = False) -> str | None:
     """A difference between the sampled answer and how it came back, or None when verbatim."""
     name, text = _reasoning(reply)
     if text:
@@ -98,12 +123,11 @@ def _answer_cause(reply: dict[str, Any], replayed: dict[str, Any], rendered_fiel
             return "reasoning_not_rendered"
     sampled_calls = reply.get("tool_calls") or []
     back_calls = replayed.get("tool_calls") or []
-    for a, b in zip(sampled_calls, back_calls):
-        fa = (a or {}).get("function") or {}
-        fb = (b or {}).get("function") or {}
-        if fa.get("arguments") != fb.get("arguments"):
-            return "tool_arguments_reserialized" if _json_equal(fa.get("arguments"), fb.get("arguments")) \
-                else "edited_message"
+    for a, b in _argument_texts(reply, replayed):
+        if a != b:
+            if respaces and _same_order_json(a, b):
+                continue  # the template renders both the same
+            return "tool_arguments_reserialized" if _json_equal(a, b) else "edited_message"
     if len(sampled_calls) != len(back_calls):
         return "edited_message"
     content, back_content = reply.get("content"), replayed.get("content")
@@ -121,11 +145,14 @@ def drift_cause(parent: TurnView, messages: list[Any], prompt: bytes, certificat
     replayed = messages[n] if len(messages) > n and isinstance(messages[n], dict) else None
     if replayed is None or replayed.get("role") != "assistant":
         return "unknown"
-    rendered = {}
+    rendered: dict[str, bool] = {}
+    respaces = False
     for prop in getattr(certification, "properties", None) or []:
         if prop.name == "assistant_stable":
             rendered = (prop.facts or {}).get("rendered") or {}
-    cause = _answer_cause(parent.reply, replayed, rendered)
+        elif prop.name == "tool_args_roundtrip":
+            respaces = bool(((prop.facts or {}).get("same_as_spaced") or {}).get("compact"))
+    cause = _answer_cause(parent.reply, replayed, rendered, respaces)
     if cause is not None:
         return cause
     open_ids = list(getattr(certification, "tool_call_open_ids", None) or [])
@@ -135,6 +162,9 @@ def drift_cause(parent: TurnView, messages: list[Any], prompt: bytes, certificat
         ids = {prompt[i:i + 4] for i in range(0, len(prompt), 4)}
         if tag not in sampled and tag in ids:
             return "tag_sampled_as_text"
+    if respaces and any(isinstance(a, str) and isinstance(b, str) and a != b
+                        for a, b in _argument_texts(parent.reply, replayed)):
+        return "tool_arguments_restyled"
     return "retokenized"
 
 

@@ -89,7 +89,8 @@ def test_fix_range_sum_fails_as_given_and_its_scripted_solution_fixes_it() -> No
         assert FIX_RANGE_SUM.verify(sandbox).reward == 0.0
         for turn in FIX_RANGE_SUM.reference_script or []:
             for call in turn.get("tool_calls", []):
-                command = json.loads(call["arguments"])["command"]
+                arguments = call["arguments"]  # an object, as the built-in tasks sample them; or its JSON text
+                command = (json.loads(arguments) if isinstance(arguments, str) else arguments)["command"]
                 assert sandbox.run(command, cwd=sandbox.workdir, timeout_s=60).exit_code == 0, command
         outcome = FIX_RANGE_SUM.verify(sandbox)
         assert outcome.reward == 1.0, outcome.detail

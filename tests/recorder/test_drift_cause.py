@@ -18,9 +18,12 @@ def ids(*values: int) -> bytes:
     return array("I", values).tobytes()
 
 
-def _certification(rendered: dict | None = None, open_id: int | None = None) -> SimpleNamespace:
-    prop = SimpleNamespace(name="assistant_stable", facts={"rendered": rendered or {}})
-    return SimpleNamespace(properties=[prop], tool_call_open_ids=[open_id] if open_id else [])
+def _certification(rendered: dict | None = None, open_id: int | None = None,
+                   args_same: dict | None = None) -> SimpleNamespace:
+    props = [SimpleNamespace(name="assistant_stable", facts={"rendered": rendered or {}})]
+    if args_same is not None:
+        props.append(SimpleNamespace(name="tool_args_roundtrip", facts={"same_as_spaced": args_same}))
+    return SimpleNamespace(properties=props, tool_call_open_ids=[open_id] if open_id else [])
 
 
 def _drift(reply: dict, replayed: dict, *, completion: bytes = ids(5, 6), prompt: bytes = ids(1, 2, 3),
@@ -66,6 +69,43 @@ def test_a_tag_sampled_as_text_is_told_from_the_ids() -> None:
     # the special id was sampled itself: not this cause
     assert _drift(reply, dict(reply), completion=ids(151657, 5), prompt=replay_prompt, certification=cert) \
         == "retokenized"
+
+
+RESPACING = {"spaced": True, "compact": True, "reordered": False}  # vLLM 0.32 + Qwen2.5: parse, then tojson
+SPACED_TWICE = {**CALL, "function": {"name": "bash", "arguments": '{"command":  "ls"}'}}
+COMPACT = {**CALL, "function": {"name": "bash", "arguments": '{"command":"ls"}'}}
+
+
+def test_a_respaced_replay_is_no_cause_under_a_template_that_respaces() -> None:
+    """Pi replays the parser's arguments compacted; a template that normalizes spacing renders both the same,
+    so the cause is what the ids show (here the tag sampled as text), not the agent's re-serialization."""
+    reply = {"role": "assistant", "content": "", "tool_calls": [CALL]}
+    replayed = {"role": "assistant", "content": "", "tool_calls": [COMPACT]}
+    sampled, replay_prompt = ids(27, 14172, 13429, 29), ids(1, 2, 151657, 198)
+    cert = _certification(open_id=151657, args_same=RESPACING)
+    assert _drift(reply, replayed, completion=sampled, prompt=replay_prompt, certification=cert) \
+        == "tag_sampled_as_text"
+    # the same replay under a template that renders arguments verbatim: the agent's respacing is the cause
+    verbatim = _certification(open_id=151657, args_same={"spaced": True, "compact": False, "reordered": False})
+    assert _drift(reply, replayed, completion=sampled, prompt=replay_prompt, certification=verbatim) \
+        == "tool_arguments_reserialized"
+    # key order is kept by that template: a reordered replay is still the agent's doing
+    reordered = {"role": "assistant", "content": "", "tool_calls": [
+        {**CALL, "function": {"name": "bash", "arguments": '{"n": 1, "command": "ls"}'}}]}
+    two_keys = {"role": "assistant", "content": "", "tool_calls": [
+        {**CALL, "function": {"name": "bash", "arguments": '{"command": "ls", "n": 1}'}}]}
+    assert _drift(two_keys, reordered, certification=cert) == "tool_arguments_reserialized"
+
+
+def test_sampled_argument_spacing_the_template_restyles() -> None:
+    """Codex replays the sampled argument text (two spaces); the engine's parser had re-serialized it, and the
+    template renders the parsed value in its own style: the sampled text cannot survive replay."""
+    reply = {"role": "assistant", "content": "", "tool_calls": [CALL]}
+    replayed = {"role": "assistant", "content": "", "tool_calls": [SPACED_TWICE]}
+    cert = _certification(open_id=151657, args_same=RESPACING)
+    assert _drift(reply, replayed, completion=ids(151657, 5), certification=cert) == "tool_arguments_restyled"
+    # the same texts on both sides: nothing points at the arguments
+    assert _drift(reply, dict(reply), completion=ids(151657, 5), certification=cert) == "retokenized"
 
 
 def test_break_causes() -> None:

@@ -3,10 +3,11 @@
 Codex speaks the Responses API, Claude Code the Anthropic Messages API; both go through the same
 flow as Pi and OpenCode. What each CLI does with the model's turn when it sends it back:
 - Codex replays function-call ``arguments`` and reasoning text verbatim (we hand it the argument
-  text the model sampled, so its chain is exact);
+  text the model sampled);
 - Claude Code replays ``tool_use.input`` as a parsed object and thinking with its signature (the
-  recorder restores the sampled argument text from its replay memory, so its chain is exact too).
-Only what the model itself sampled non-canonically shows as drift.
+  recorder restores the sampled argument text from its replay memory).
+Both chains are exact when the model samples its arguments in the template's JSON style; what the
+model sampled otherwise (non-canonical ids, other argument spacing) shows as drift, with its cause.
 """
 
 from __future__ import annotations
@@ -91,7 +92,11 @@ def test_sampled_argument_text_survives_each_clis_replay(harness: str, cli_paths
         replayed = [m for m in second["request"]["messages"] if m["role"] == "assistant"][-1]
         assert replayed["tool_calls"][0]["function"]["arguments"] == sampled  # what the model sampled
         assert replayed["reasoning"] == "Write the file."
-        assert second["metadata"]["fidelity"]["class"] == "exact"
+        # the engine's template (like vLLM's Qwen2.5) parses the replayed text and renders it in its own JSON
+        # style: the sampled spacing cannot survive, and the recorder says so (a verbatim template keeps the
+        # chain exact: tests/recorder/dialects)
+        fidelity = second["metadata"]["fidelity"]
+        assert (fidelity["class"], fidelity["cause"]) == ("replay_drift", "tool_arguments_restyled")
     finally:
         session.close()
 
