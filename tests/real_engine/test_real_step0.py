@@ -21,8 +21,10 @@ from typing import Any
 
 import pytest
 
-from conftest import MODEL, RealStack
+from conftest import ADMIN, MODEL, RealStack
 from openenv_harness.engine import VLLMServer
+from openenv_harness.rollout import BUILTIN_TASKS, HarnessSessionFactory
+from openenv_harness.rollout.report import run_rollout
 from openenv_harness.trainer.verify import contrast_rerender, load_model, score_tokens, verify_records
 
 pytestmark = [pytest.mark.real_engine, pytest.mark.slow]
@@ -54,6 +56,57 @@ def free_session(vllm: VLLMServer, tmp_path_factory) -> dict[str, Any]:
         return {"records": stack.admin.records(sid), "store": store, "session_id": sid}
     finally:
         stack.close()
+
+
+FREE_SAMPLING = {"temperature": 0, "seed": 0, "max_tokens": 48}  # no tool_choice pin: the policy's own logprobs
+
+
+@pytest.fixture(scope="module")
+def free_rollouts(vllm: VLLMServer, tmp_path_factory) -> dict[str, list[dict[str, Any]]]:
+    """A real Pi and a real OpenCode rollout on the real vLLM with nothing constraining the decoding: this
+    0.5B model then answers the task in text (a JSON code block, no tool call), so each rollout is one
+    agent call -- unconstrained, its logprobs the policy's. Short (48 tokens) to keep the tier quick."""
+    stack = RealStack(tmp_path_factory.mktemp("free-rollouts") / "records.db", vllm.url)
+    out: dict[str, list[dict[str, Any]]] = {}
+    try:
+        for harness in ("pi", "opencode"):
+            factory = HarnessSessionFactory(harness=harness, recorder_url=stack.recorder.url, admin_token=ADMIN,
+                                            model=MODEL, tasks={"fix-add": BUILTIN_TASKS["fix-add"]},
+                                            budgets={"max_agent_calls": 3, "max_wall_clock_s": 400},
+                                            sampling=dict(FREE_SAMPLING))
+            report, session = run_rollout(factory, "fix-add", timeout_s=450)
+            assert session is not None and report.agent_calls >= 1, report
+            out[harness] = stack.admin.records(session.session_id)
+            session.close()
+    finally:
+        stack.close()
+    return out
+
+
+@pytest.mark.parametrize("harness", ["pi", "opencode"])
+def test_the_proof_on_real_agent_rollouts(harness: str, free_rollouts, hf, record_property) -> None:
+    """Every sampled token of a real, unconstrained Pi / OpenCode rollout, as recorded, scored by the
+    trainer's model: the ratios sit at the noise floor (measured here as bf16 against fp32)."""
+    model, tokenizer = hf
+    records = [r for r in free_rollouts[harness] if r["metadata"]["status"] == "ok"]
+    assert records and all(r["metadata"]["logprobs_are_policy"] is True for r in records)
+    assert all(r["metadata"]["provenance"]["decoding_constraint"] in (None, {}) for r in records)
+    report = verify_records(records, model, tokenizer)
+    assert not any(c.constrained for c in report.calls)
+    assert report.policy.tokens == sum(len(r["completion_token_ids"]) for r in records) > 0
+    model.float()
+    try:
+        fp32 = [score_tokens(model, r["prompt_token_ids"], r["completion_token_ids"]) for r in records]
+    finally:
+        model.bfloat16()
+    bf16 = [score_tokens(model, r["prompt_token_ids"], r["completion_token_ids"]) for r in records]
+    floor = max(abs(a - b) for x, y in zip(bf16, fp32) for a, b in zip(x, y))
+    record_property("step0_" + harness, json.dumps({"policy": report.policy.__dict__, "bf16_vs_fp32_floor": floor}))
+    print(f"step-0 proof on a real {harness} rollout:", json.dumps(report.policy.__dict__), "floor:", floor)
+    # every token within the floor's reach, and on average below the floor itself (a few dozen tokens make
+    # the share within 1 +- 0.05 a coarse figure here: it is reported, not asserted)
+    assert report.policy.delta_max <= max(0.25, 3 * floor), report.policy
+    assert report.policy.delta_mean <= floor and abs(report.policy.kl) < 0.02, (report.policy, floor)
 
 
 def test_the_trainers_logprobs_of_the_recorded_ids_match_the_engines(free_session, hf, record_property) -> None:
