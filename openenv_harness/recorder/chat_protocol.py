@@ -40,6 +40,7 @@ from openenv_harness.recorder.app import RecorderApp
 from openenv_harness.recorder.dialects import Dialect, agent_target
 from openenv_harness.recorder.errors import AgentError, body_too_large
 from openenv_harness.recorder.flow import handle_chat
+from openenv_harness.recorder.keepalive import keepalive_body
 from openenv_harness.recorder.request_limits import (
     RequestLimits,
     check_head,
@@ -405,8 +406,33 @@ if HttpToolsProtocol is not None:
                 cycle.keep_alive = False
             if cycle.disconnected or self.transport.is_closing():
                 return  # the agent hung up; the call was still recorded (or failed) as usual
-            self._write(response, cycle)
+            events = keepalive_body(response)
+            if events is not None:
+                await self._write_stream(response, events, cycle)
+            else:
+                self._write(response, cycle)
             self.on_response_complete()
+
+        async def _write_stream(self, response: Any, events: Any, cycle: _Answering) -> None:
+            """A reply committed before its call finished (``keepalive.py``): the head now, then each
+            event as an HTTP/1.1 chunk as it comes; nothing more once the agent has hung up."""
+            out = [_STATUS_LINES.get(response.status_code) or _status_line(response.status_code)]
+            for name, value in (*self.server_state.default_headers, *response.raw_headers):
+                out += [name, b": ", value, b"\r\n"]
+            out.append(b"transfer-encoding: chunked\r\n")
+            if not cycle.keep_alive:
+                out.append(b"connection: close\r\n")
+            self.transport.write(b"".join(out) + b"\r\n")
+            async for chunk in events:
+                if cycle.disconnected or self.transport.is_closing():
+                    continue  # drain: the call finishes and is recorded whether or not anyone listens
+                if chunk:
+                    self.transport.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+            if not (cycle.disconnected or self.transport.is_closing()):
+                self.transport.write(b"0\r\n\r\n")
+            cycle.response_complete = True
+            if not cycle.keep_alive:
+                self.transport.close()
 
         def _write(self, response: Any, cycle: _Answering) -> None:
             """The reply in one write; the connection closed after it unless kept alive."""

@@ -59,6 +59,10 @@ class RecorderConfig(BaseModel):
     retry_after_s: int = Field(2, ge=1, description="Retry-After sent with recorder-made 503s")
     close_grace_s: float = Field(10.0, ge=0, description="How long closing a session lets its calls in flight "
                                  "finish before cancelling them (recorded as cancelled, never trainable)")
+    stream_keepalive_s: float = Field(
+        10.0, ge=0, description="A streaming call still with the engine after this long is committed to a 200 "
+        "event stream that carries the agent API's keepalive event this often until the reply (whose terminal "
+        "event still follows the durable record); CLIs drop streams silent for minutes. 0 never does")
     dedupe_window: int = Field(64, ge=0, description="Recent request digests per session kept for retry replay")
     probe_template: bool = Field(True, description="Probe the engine's served template via /tokenize")
     template_reprobe_s: float = Field(

@@ -24,7 +24,7 @@ import orjson
 from starlette.responses import Response
 
 from openenv_harness.contract import SCHEMA_VERSION
-from openenv_harness.recorder import budget
+from openenv_harness.recorder import budget, keepalive
 from openenv_harness.recorder.auth import bearer_token, digests_match, secret_digest
 from openenv_harness.recorder.classify import classify_call
 from openenv_harness.recorder.context import RecorderContext
@@ -566,8 +566,20 @@ async def handle_chat(ctx: RecorderContext, path_session: str | None, headers: M
         session = authenticate(ctx, path_session, headers)
     except AgentError as exc:
         return dialect.error(exc) if dialect is not None else exc.to_response()
-    flow = Flow(ctx=ctx, session=session, headers=headers, raw=raw, dialect=dialect, task=asyncio.current_task())
+    flow = Flow(ctx=ctx, session=session, headers=headers, raw=raw, dialect=dialect)
     session.call_started(flow)
+    grace = ctx.config.stream_keepalive_s
+    if grace <= 0 or b'"stream"' not in raw:  # only a call that may stream can carry keepalives
+        flow.task = asyncio.current_task()
+        return await _serve_to_end(flow)
+    flow.task = asyncio.ensure_future(_serve_to_end(flow))
+    return await keepalive.answer(flow.task, streaming=lambda: flow.wants_stream, dialect=dialect,
+                                  grace_s=grace, interval_s=grace)
+
+
+async def _serve_to_end(flow: Flow) -> Response:
+    """The call's steps; a close that cancels it while it waits answers it as closed."""
+    session, dialect = flow.session, flow.dialect
     try:
         return await _serve(flow)
     except asyncio.CancelledError:

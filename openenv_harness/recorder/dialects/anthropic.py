@@ -124,6 +124,7 @@ class AnthropicDialect(Dialect):
     name: ClassVar[str] = "anthropic"
     path_suffix: ClassVar[str] = "/v1/messages"
     session_header: ClassVar[str] = "x-claude-code-session-id"
+    keepalive_event: ClassVar[bytes] = b'event: ping\ndata: {"type":"ping"}\n\n'  # as Anthropic's API sends
 
     def to_chat(self, body: dict[str, Any], memory: ReplayMemory) -> tuple[dict[str, Any], DialectCall]:
         return anthropic_request.to_chat(body, memory)
@@ -171,6 +172,17 @@ class AnthropicDialect(Dialect):
 
     def error(self, exc: AgentError) -> Response:
         return anthropic_error(exc.status, exc.message, exc.headers)
+
+    def stream_error(self, response: Response) -> bytes:
+        """Anthropic's in-stream ``error`` event carries the same body as its error response."""
+        try:
+            body = orjson.loads(bytes(response.body))
+        except orjson.JSONDecodeError:
+            body = None
+        if not (isinstance(body, dict) and isinstance(body.get("error"), dict)):
+            body = {"type": "error", "error": {"type": error_type(response.status_code),
+                                               "message": bytes(response.body).decode("utf-8", "replace")}}
+        return sse("error", body)
 
 
 ANTHROPIC = AnthropicDialect()

@@ -111,6 +111,8 @@ class Dialect(abc.ABC):
     path_suffix: ClassVar[str]
     #: The agent's own conversation header, recorded as ``harness_session_id``.
     session_header: ClassVar[str]
+    #: What keeps a waiting stream alive (``keepalive.py``): an SSE comment unless the API has its own.
+    keepalive_event: ClassVar[bytes] = b": keepalive\n\n"
 
     def enter(self, flow: "Flow") -> None:
         """Replace the agent's body in ``flow.raw`` by the chat body the flow will run on."""
@@ -147,3 +149,8 @@ class Dialect(abc.ABC):
     @abc.abstractmethod
     def error(self, exc: AgentError) -> Response:
         """An ``AgentError`` in the dialect's error shape (same status, same Retry-After)."""
+
+    @abc.abstractmethod
+    def stream_error(self, response: Response) -> bytes:
+        """An error response (from ``error``) as the dialect's in-stream error event: what a stream
+        already committed to 200 by keepalives (``keepalive.py``) ends with instead."""

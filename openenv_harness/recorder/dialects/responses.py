@@ -24,6 +24,7 @@ import itertools
 import time
 from typing import Any, ClassVar
 
+import orjson
 from starlette.responses import Response
 
 from openenv_harness.recorder.dialects import responses_request
@@ -140,6 +141,18 @@ class ResponsesDialect(Dialect):
 
     def error(self, exc: AgentError) -> Response:
         return exc.to_response()
+
+    def stream_error(self, response: Response) -> bytes:
+        """A failed response as the stream's terminal ``response.failed`` event, with the error's code
+        and message (what Codex reads to decide whether to retry)."""
+        try:
+            error = orjson.loads(bytes(response.body)).get("error") or {}
+        except (orjson.JSONDecodeError, AttributeError):
+            error = {}
+        message = error.get("message") or bytes(response.body).decode("utf-8", "replace") or f"HTTP {response.status_code}"
+        failed = {"id": f"resp_failed_{response.status_code}", "object": "response", "status": "failed", "output": [],
+                  "error": {"code": error.get("code") or error.get("type") or "server_error", "message": message}}
+        return sse("response.failed", {"type": "response.failed", "sequence_number": 0, "response": failed})
 
 
 RESPONSES = ResponsesDialect()
