@@ -7,10 +7,13 @@ sent it, the messages of both calls, and the ids. Causes, first match wins:
 replay drift (the history up to the parent's request is intact; the parent's answer came back
 different):
 - ``reasoning_dropped``: the reply had reasoning; the replayed assistant message has none.
-- ``reasoning_renamed``: it came back under another field name (OpenCode replays ``reasoning`` as
-  ``reasoning_content``, which vLLM 0.32 does not render).
-- ``reasoning_not_rendered``: it came back under the same name, but the served template does not
-  render that field (per the template certification).
+- ``reasoning_renamed``: it came back under another field name that the engine does not render
+  (OpenCode replays ``reasoning`` as ``reasoning_content``; vLLM 0.32's chat route renames that back
+  to ``reasoning`` and renders it, an engine without that rename drops it). Where the certification
+  (probed through the render route, as the chat route renders) says the new name is rendered, the
+  rename renders the same and is no cause; without a certification a rename is named.
+- ``reasoning_not_rendered``: it came back under a name (the same or another) the served template
+  does not render, and the sampled name is not rendered either (per the template certification).
 - ``tool_arguments_reserialized``: a tool call's argument text came back re-serialized (the same
   JSON, other spacing or key order; or an object instead of the sampled text) in a way the served
   template renders differently (a template that normalizes spacing, per the certification's
@@ -117,10 +120,12 @@ def _answer_cause(reply: dict[str, Any], replayed: dict[str, Any], rendered_fiel
         back_name, back = _reasoning(replayed)
         if not back:
             return "reasoning_dropped"
-        if back_name != name:
-            return "reasoning_renamed"
+        if back_name != name and not rendered_fields:
+            return "reasoning_renamed"  # no certification says how the new name renders
         if rendered_fields and rendered_fields.get(back_name) is False:
-            return "reasoning_not_rendered"
+            return "reasoning_renamed" if back_name != name and rendered_fields.get(name) else "reasoning_not_rendered"
+        # a new name the engine renders like the old (vLLM 0.32's chat route renames reasoning_content
+        # to reasoning before templating): the rename is no cause
     sampled_calls = reply.get("tool_calls") or []
     back_calls = replayed.get("tool_calls") or []
     for a, b in _argument_texts(reply, replayed):

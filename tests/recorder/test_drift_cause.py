@@ -59,6 +59,20 @@ def test_reasoning_the_template_does_not_render() -> None:
     assert _drift(reply, dict(reply), certification=cert) == "reasoning_not_rendered"
 
 
+def test_a_renamed_reasoning_field_is_a_cause_only_where_the_new_name_is_not_rendered() -> None:
+    """OpenCode replays ``reasoning`` as ``reasoning_content``. vLLM 0.32's chat route renames it back
+    before templating (certified through its render route: both names rendered), so the rename
+    renders the same and is no cause; on an engine that drops ``reasoning_content`` it is the cause."""
+    reply = {"role": "assistant", "content": "", "reasoning": "think", "tool_calls": [CALL]}
+    renamed = {"role": "assistant", "content": "", "reasoning_content": "think", "tool_calls": [CALL]}
+    both = _certification({"reasoning": True, "reasoning_content": True})
+    assert _drift(reply, renamed, certification=both) == "retokenized"
+    dropping = _certification({"reasoning": True, "reasoning_content": False})
+    assert _drift(reply, renamed, certification=dropping) == "reasoning_renamed"
+    neither = _certification({"reasoning": False, "reasoning_content": False})
+    assert _drift(reply, renamed, certification=neither) == "reasoning_not_rendered"
+
+
 def test_a_tag_sampled_as_text_is_told_from_the_ids() -> None:
     reply = {"role": "assistant", "content": "", "tool_calls": [CALL]}
     cert = _certification(open_id=151657)
