@@ -31,7 +31,8 @@ different):
 break (the history itself changed):
 - ``resample``: the same prompt as the parent (a retry or a sibling sample).
 - ``sub_agent``: another system prompt than the parent's.
-- ``history_rewritten``: earlier messages were replaced or removed (compaction).
+- ``history_rewritten``: earlier messages were replaced or removed (compaction): a new message holds
+  the reply of a recent compaction call, or the conversation did not grow past the parent.
 - ``edited_message``: an earlier message changed, the conversation kept its length.
 - ``unknown``.
 
@@ -173,12 +174,38 @@ def drift_cause(parent: TurnView, messages: list[Any], prompt: bytes, certificat
     return "retokenized"
 
 
-def break_cause(parent: TurnView, messages: list[Any], same_prompt: bool) -> str:
-    """The cause of a break of ``messages`` against the nearest earlier call ``parent``."""
+#: a summary shorter than this could be found in a history by chance
+_MIN_SUMMARY = 8
+
+
+def _carries_summary(messages: list[Any], crcs: list[int], old: tuple[int, ...], summaries: Any) -> bool:
+    """A message the parent did not have holds the text a compaction call replied with."""
+    texts = [t.strip() for t in summaries if isinstance(t, str) and len(t.strip()) >= _MIN_SUMMARY]
+    if not texts:
+        return False
+    known = set(old)
+    for message, crc in zip(messages, crcs):
+        if crc in known or not isinstance(message, dict):
+            continue
+        body = _text(message.get("content")) or ""
+        if any(t in body for t in texts):
+            return True
+    return False
+
+
+def break_cause(parent: TurnView, messages: list[Any], same_prompt: bool, summaries: Any = ()) -> str:
+    """The cause of a break of ``messages`` against the nearest earlier call ``parent``.
+
+    ``summaries``: the replies of the session's recent compaction calls (aux calls a harness's
+    ``*-compaction`` rule matched). A history that newly carries one was rewritten by compaction --
+    whatever its shape, which alone often looks like an edited message (OpenCode keeps the system
+    prompt and the message count can grow)."""
     if same_prompt:
         return "resample"
     crcs = [_crc(m) for m in messages]
     old = parent.message_crcs
+    if _carries_summary(messages, crcs, old, summaries):
+        return "history_rewritten"
     if old and crcs and old[0] != crcs[0] and _role(messages[0]) in ("system", "developer"):
         return "sub_agent"
     first = next((i for i, (a, b) in enumerate(zip(old, crcs)) if a != b), None)

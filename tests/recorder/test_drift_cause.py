@@ -134,3 +134,23 @@ def test_break_causes() -> None:
               {"role": "assistant", "content": "b"}]
     assert break_cause(parent, edited, same_prompt=False) == "edited_message"
     assert break_cause(parent, history, same_prompt=True) == "resample"
+
+
+def test_a_history_carrying_a_compaction_summary_is_rewritten() -> None:
+    """OpenCode's compaction keeps the system prompt and replaces the rest with [user, the summary the
+    model wrote, user "Continue"]; Pi puts the summary in a user message before the kept turns. By
+    shape alone both look like an edited message; the summary text (a compaction call's reply) says
+    what happened."""
+    parent = turn_view([SYSTEM, USER], {"role": "assistant", "content": "", "tool_calls": [CALL]}, ids(5))
+    summary = "Summary: the agent listed the files."
+    opencode = [SYSTEM, {"role": "user", "content": "What did we do so far?"},
+                {"role": "assistant", "content": summary}, {"role": "user", "content": "Continue if you have next steps"}]
+    assert break_cause(parent, opencode, same_prompt=False) == "edited_message"  # shape only: ambiguous
+    assert break_cause(parent, opencode, same_prompt=False, summaries=[summary]) == "history_rewritten"
+    pi = [SYSTEM, {"role": "user", "content": [{"type": "text", "text": f"compacted:\n<summary>\n{summary}\n</summary>"}]},
+          USER, {"role": "assistant", "content": None, "tool_calls": [CALL]}]
+    assert break_cause(parent, pi, same_prompt=False, summaries=[summary]) == "history_rewritten"
+    # a summary the parent already carried (an earlier compaction) says nothing about this break
+    later = turn_view(opencode, {"role": "assistant", "content": "ok"}, ids(5))
+    edited = [*opencode[:3], {"role": "user", "content": "Stop instead."}]
+    assert break_cause(later, edited, same_prompt=False, summaries=[summary]) == "edited_message"
