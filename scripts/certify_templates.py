@@ -7,7 +7,7 @@ through the engine's render route, which renders a chat request as its chat rout
 ``/tokenize``); with ``--vllm-port`` the real vLLM's own template is certified too. With
 ``--rollouts``, the real Pi and OpenCode CLIs then run the built-in ``fix-add`` task through a
 recorder on a representative subset of templates (the reference engine replaying the task's
-solution, with reasoning on every tool turn) -- and, with ``--vllm-port``, on the real vLLM (the
+solution, with a short reasoning on every tool turn and without) -- and, with ``--vllm-port``, on the real vLLM (the
 real model sampling greedily under ``tool_choice: "required"``, a few agent calls, as the
 real-engine tests run it) -- and the table says what their chains show: exact / drift / break
 transitions, the causes, and the trainable share per assembly strategy.
@@ -112,16 +112,17 @@ def _rollout(engine_url: str, harness: str, model: str, *, timeout_s: float, **f
     return _summarize(report, records)
 
 
-def rollout_row(template: Path, harness: str) -> dict[str, Any]:
-    """One real-CLI rollout of fix-add through a recorder, the reference engine serving ``template``."""
+def rollout_row(template: Path, harness: str, reasoning: bool) -> dict[str, Any]:
+    """One real-CLI rollout of fix-add through a recorder, the reference engine serving ``template``;
+    ``reasoning``: each tool turn samples a short reasoning first (else none, as a non-thinking turn)."""
     from openenv_harness.rollout import BUILTIN_TASKS
     from openenv_harness.testing.engine import EngineServer, Script, Turn
 
     task = BUILTIN_TASKS["fix-add"]
-    turns = [Turn(**{**t.model_dump(), "reasoning": "Let me check."}) if t.tool_calls else t
+    turns = [Turn(**{**t.model_dump(), "reasoning": "Let me check."}) if t.tool_calls and reasoning else t
              for t in (Turn.model_validate(x) if isinstance(x, dict) else x for x in task.reference_script)]
     with EngineServer(engine_config(template)) as engine:
-        model = f"tpl-{template.stem}-{harness}"
+        model = f"tpl-{template.stem}-{harness}-{'r' if reasoning else 'n'}"
         engine.set_script(model, Script(turns=turns))
         return _rollout(engine.url, harness, model, timeout_s=180)
 
@@ -139,14 +140,14 @@ def real_rollout_row(url: str, harness: str) -> dict[str, Any]:
                     budgets={"max_agent_calls": REAL_AGENT_CALLS, "max_wall_clock_s": 540})
 
 
-def _rollout_line(name: str, harness: str, row: dict[str, Any]) -> str:
+def _rollout_line(name: str, harness: str, reasoning: str, row: dict[str, Any]) -> str:
     f = row["fidelity"] or {}
     causes = ", ".join(f"{k} ×{v}" for k, v in row["causes"].items()) or "–"
     ratios = row["ratios"]
     cells = [f"{ratios[s]:.3f}" if ratios.get(s) is not None else "–" for s in ("split", "realign", "approximate")]
-    reward = row["reward"] if row["reward"] is not None else (row["error"] or "unscored")
-    print(f"{name} {harness}: {f} {row['causes']}", file=sys.stderr, flush=True)
-    return (f"| {name} | {harness} | {str(reward).replace('|', '/')[:80]} | {f.get('exact', 0)} / "
+    reward = row["reward"] if row["reward"] is not None else f"not run: {row['error'] or 'unscored'}"
+    print(f"{name} {harness} {reasoning}: {f} {row['causes']}", file=sys.stderr, flush=True)
+    return (f"| {name} | {harness} | {reasoning} | {str(reward).replace('|', '/')[:220]} | {f.get('exact', 0)} / "
             f"{f.get('replay_drift', 0)} / {f.get('break', 0)} | {causes} | " + " | ".join(cells) + " |")
 
 
@@ -236,26 +237,30 @@ def main() -> int:
                   "The built-in `fix-add` task through a recorder (full-history prompt mode), the real CLIs. On the "
                   "reference engine (the subset the test suite certifies, `SUBSET` in the script; all "
                   f"{len(rows)} templates × 2 CLIs would take about half an hour on this 2-core machine, so only "
-                  "the subset runs) the engine replays the task's solution with reasoning on each tool turn, "
-                  "through the template. "
+                  "the subset runs) the engine replays the task's solution (with a short reasoning on each tool "
+                  "turn, and without), through the template, sampling each turn as the template renders it (so a template whose "
+                  "junction fails only for a turn without reasoning, like the Qwen3.5 think templates, shows exact "
+                  "here: a real model sampling after the open think block would not). "
                   + (f"On the real vLLM the real model samples (greedy, seed 0, `tool_choice: \"required\"`, at most "
                      f"{REAL_AGENT_CALLS} agent calls, as `tests/real_engine` runs it): its reward is whatever the "
                      "model managed, the chain columns are what matters. " if real else "")
                   + "Trainable share = mask-1 tokens over response tokens (sampled ids and the tool results between "
                   "them) per assembly strategy (`openenv_harness/assembly`).", "",
-                  "| engine / template | harness | reward | exact / drift / break | causes | split | realign | "
-                  "approximate |",
-                  "|---|---|---|---|---|---|---|---|"]
+                  "| engine / template | harness | reasoning on tool turns | reward | exact / drift / break | causes | "
+                  "split | realign | approximate |",
+                  "|---|---|---|---|---|---|---|---|---|"]
         if real:
             for harness in ("pi", "opencode"):
-                lines.append(_rollout_line(f"real vLLM {_engine_version(vllm_url)}", harness,
+                lines.append(_rollout_line(f"real vLLM {_engine_version(vllm_url)}", harness, "the model's",
                                            real_rollout_row(vllm_url, harness)))
         for name in SUBSET:
             path = next((p for p in trl_templates() if p.name == name), None)
             if path is None:
                 continue
-            for harness in ("pi", "opencode"):
-                lines.append(_rollout_line(name, harness, rollout_row(path, harness)))
+            for reasoning in (True, False):
+                for harness in ("pi", "opencode"):
+                    lines.append(_rollout_line(name, harness, "yes" if reasoning else "no",
+                                               rollout_row(path, harness, reasoning)))
     lines += ["", f"({len(rows)} templates, {time.time() - started:.0f} s.)", ""]
     Path(args.out).write_text("\n".join(lines))
     print(f"wrote {args.out}", file=sys.stderr)

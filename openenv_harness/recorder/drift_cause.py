@@ -22,6 +22,10 @@ different):
 - ``edited_message``: the replayed answer's text differs from what was sampled.
 - ``tag_sampled_as_text``: the answer came back verbatim, but the model sampled the tool-call tag
   as text pieces and the template renders it as its special id (certification says which id).
+- ``template_rerenders_turn``: the answer came back as sampled (or only in ways the template
+  renders the same), but the served template renders a finished assistant turn differently once more
+  follows it (certification: ``tool_prefix`` or ``assistant_stable`` failed -- Qwen3's original
+  template drops an empty think block from earlier turns).
 - ``tool_arguments_restyled``: the template normalizes argument spacing, and the argument text the
   model sampled (as the agent replayed it, or as the engine's parser returned it) is in another
   style than the parser's: the template renders the sampled arguments in its own JSON style.
@@ -152,12 +156,14 @@ def drift_cause(parent: TurnView, messages: list[Any], prompt: bytes, certificat
     if replayed is None or replayed.get("role") != "assistant":
         return "unknown"
     rendered: dict[str, bool] = {}
-    respaces = False
+    respaces = rerenders = False
     for prop in getattr(certification, "properties", None) or []:
         if prop.name == "assistant_stable":
             rendered = (prop.facts or {}).get("rendered") or {}
         elif prop.name == "tool_args_roundtrip":
             respaces = bool(((prop.facts or {}).get("same_as_spaced") or {}).get("compact"))
+        if prop.name in ("tool_prefix", "assistant_stable") and getattr(prop, "passed", None) is False:
+            rerenders = True
     cause = _answer_cause(parent.reply, replayed, rendered, respaces)
     if cause is not None:
         return cause
@@ -168,6 +174,8 @@ def drift_cause(parent: TurnView, messages: list[Any], prompt: bytes, certificat
         ids = {prompt[i:i + 4] for i in range(0, len(prompt), 4)}
         if tag not in sampled and tag in ids:
             return "tag_sampled_as_text"
+    if rerenders:
+        return "template_rerenders_turn"
     if respaces and any(isinstance(a, str) and isinstance(b, str) and a != b
                         for a, b in _argument_texts(parent.reply, replayed)):
         return "tool_arguments_restyled"

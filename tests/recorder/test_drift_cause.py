@@ -154,3 +154,17 @@ def test_a_history_carrying_a_compaction_summary_is_rewritten() -> None:
     later = turn_view(opencode, {"role": "assistant", "content": "ok"}, ids(5))
     edited = [*opencode[:3], {"role": "user", "content": "Stop instead."}]
     assert break_cause(later, edited, same_prompt=False, summaries=[summary]) == "edited_message"
+
+
+def test_a_template_that_re_renders_a_finished_turn_is_the_cause() -> None:
+    """Qwen3's original template drops an empty think block from an assistant turn once a tool result
+    follows it (certification: tool_prefix fails). The agent replayed the turn faithfully apart from
+    respacing the arguments, which this template normalizes anyway: the template is the cause."""
+    reply = {"role": "assistant", "content": "", "tool_calls": [CALL]}
+    replayed = {"role": "assistant", "content": "", "tool_calls": [COMPACT]}
+    cert = _certification(open_id=151657, args_same=RESPACING)
+    cert.properties.append(SimpleNamespace(name="tool_prefix", required=True, passed=False, facts={}))
+    assert _drift(reply, replayed, completion=ids(151657, 5), certification=cert) == "template_rerenders_turn"
+    # a prefix-preserving template: the sampled spacing it restyles is what remains
+    cert.properties[-1] = SimpleNamespace(name="tool_prefix", required=True, passed=True, facts={})
+    assert _drift(reply, replayed, completion=ids(151657, 5), certification=cert) == "tool_arguments_restyled"

@@ -8,6 +8,8 @@ tool loop, so what an agent does with reasoning shows in the ids).
   ``reasoning_content`` (as vLLM's ``/tokenize`` does) makes it a drift: ``reasoning_renamed``.
 - Pi drops reasoning that is only whitespace (its message conversion skips "empty" thinking): the
   template rendered it, the replay has none: ``reasoning_dropped``. OpenCode keeps it: exact.
+- Qwen3's original template drops an empty think block from a turn once a tool result follows it
+  (certification: ``tool_prefix`` fails): ``template_rerenders_turn``; its training variant keeps it: exact.
 - Compaction (Pi after an overflow error, OpenCode at its context limit) replaces the history with a
   summary the agent asked the model for: ``history_rewritten``, not an edited message.
 """
@@ -35,18 +37,18 @@ OVERFLOW = ("This model's maximum context length is 2048 tokens. However, your p
             "which exceeds this limit even without any output tokens. Please reduce the length of the input prompt.")
 
 
-def _qwen3_training() -> Path:
+def _trl_template(name: str = "qwen3_training.jinja") -> Path:
     import trl
 
-    path = Path(trl.__file__).parent / "chat_templates" / "qwen3_training.jinja"
-    assert path.is_file(), f"TRL {trl.__version__} ships no qwen3_training.jinja"
+    path = Path(trl.__file__).parent / "chat_templates" / name
+    assert path.is_file(), f"TRL {trl.__version__} ships no {name}"
     return path
 
 
 def _rollout(harness: str, script: Script, *, fault: Fault | None = None, factory: dict[str, Any] | None = None,
-             **engine: Any) -> tuple[list[dict], dict]:
+             template: str = "qwen3_training.jinja", **engine: Any) -> tuple[list[dict], dict]:
     """One real-CLI rollout of write-greeting; its records and the recorder's template certification."""
-    config = EngineConfig(chat_template=_qwen3_training(), **engine)
+    config = EngineConfig(chat_template=_trl_template(template), **engine)
     with tempfile.TemporaryDirectory() as tmp, EngineServer(config) as server:
         server.set_script(MODEL, script)
         if fault is not None:
@@ -125,3 +127,14 @@ def test_compaction_is_named_history_rewritten(harness: str, cli_paths) -> None:
     assert any("Summary: the agent wrote greeting.txt." in str(m.get("content")) for m in after["request"]["messages"])
     assert (after["metadata"]["fidelity"]["class"], after["metadata"]["fidelity"]["cause"]) == (
         "break", "history_rewritten")
+
+
+@pytest.mark.parametrize(("template", "expected"), [
+    ("qwen3.jinja", [("root", None), ("replay_drift", "template_rerenders_turn")]),
+    ("qwen3_training.jinja", [("root", None), ("exact", None)]),
+])
+def test_a_template_that_drops_an_empty_think_block_is_named(template: str, expected: list, cli_paths) -> None:
+    script = Script(turns=[Turn(tool_calls=[WRITE]), Turn(content="Wrote greeting.txt.")])  # no reasoning
+    records, certification = _rollout("opencode", script, template=template)
+    assert certification["properties"]["tool_prefix"] is (template == "qwen3_training.jinja")
+    assert _transitions(records) == expected
