@@ -225,7 +225,8 @@ async def certify_template(upstream: "Upstream", model: str | None = None, *,
                 r, "assistant_stable", True, [_SYSTEM, _USER, a], [_SYSTEM, _USER, a, _TOOL_RESULT], "", ""))
         bad = next((p for p in stable if not p.passed), None)
         dropped = [n for n, yes in rendered.items() if not yes]
-        where = "this engine's chat route" if r.via == "render" else "this engine's /tokenize (its chat route may differ)"
+        where = ("this engine's chat route" if r.via == "render"
+                 else "this engine's /tokenize (its chat route may differ)")
         notes = (f"reasoning sent as {', '.join(repr(n) for n in dropped)} is not rendered by {where}"
                  if dropped and len(dropped) < 2 else
                  "this template renders no reasoning field" if dropped else "both reasoning field names are rendered")

@@ -144,10 +144,12 @@ def test_a_history_carrying_a_compaction_summary_is_rewritten() -> None:
     parent = turn_view([SYSTEM, USER], {"role": "assistant", "content": "", "tool_calls": [CALL]}, ids(5))
     summary = "Summary: the agent listed the files."
     opencode = [SYSTEM, {"role": "user", "content": "What did we do so far?"},
-                {"role": "assistant", "content": summary}, {"role": "user", "content": "Continue if you have next steps"}]
+                {"role": "assistant", "content": summary},
+                {"role": "user", "content": "Continue if you have next steps"}]
     assert break_cause(parent, opencode, same_prompt=False) == "edited_message"  # shape only: ambiguous
     assert break_cause(parent, opencode, same_prompt=False, summaries=[summary]) == "history_rewritten"
-    pi = [SYSTEM, {"role": "user", "content": [{"type": "text", "text": f"compacted:\n<summary>\n{summary}\n</summary>"}]},
+    compacted = f"compacted:\n<summary>\n{summary}\n</summary>"
+    pi = [SYSTEM, {"role": "user", "content": [{"type": "text", "text": compacted}]},
           USER, {"role": "assistant", "content": None, "tool_calls": [CALL]}]
     assert break_cause(parent, pi, same_prompt=False, summaries=[summary]) == "history_rewritten"
     # a summary the parent already carried (an earlier compaction) says nothing about this break
