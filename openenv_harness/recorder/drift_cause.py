@@ -38,6 +38,10 @@ break (the history itself changed):
 - ``history_rewritten``: earlier messages were replaced or removed (compaction): a new message holds
   the reply of a recent compaction call, or the conversation did not grow past the parent.
 - ``edited_message``: an earlier message changed, the conversation kept its length.
+- ``junction_retokenized``: no message changed, the conversation grew, yet the prompt departs inside
+  the parent's own prompt, and the certification's junction failed: the template tokenizes the end
+  of the generation prompt together with the sampled turn (Qwen3.5's think templates, a turn with no
+  reasoning after ``<think>\\n``).
 - ``unknown``.
 
 Per chain tip the session keeps a ``TurnView``: the reply message (small), the request's message
@@ -201,7 +205,13 @@ def _carries_summary(messages: list[Any], crcs: list[int], old: tuple[int, ...],
     return False
 
 
-def break_cause(parent: TurnView, messages: list[Any], same_prompt: bool, summaries: Any = ()) -> str:
+def _failed(certification: Any, name: str) -> bool:
+    return any(p.name == name and getattr(p, "passed", None) is False
+               for p in getattr(certification, "properties", None) or [])
+
+
+def break_cause(parent: TurnView, messages: list[Any], same_prompt: bool, summaries: Any = (),
+                certification: Any = None) -> str:
     """The cause of a break of ``messages`` against the nearest earlier call ``parent``.
 
     ``summaries``: the replies of the session's recent compaction calls (aux calls a harness's
@@ -218,7 +228,11 @@ def break_cause(parent: TurnView, messages: list[Any], same_prompt: bool, summar
         return "sub_agent"
     first = next((i for i, (a, b) in enumerate(zip(old, crcs)) if a != b), None)
     if first is None:
-        return "unknown" if len(crcs) >= len(old) else "history_rewritten"
+        if len(crcs) < len(old):
+            return "history_rewritten"
+        # the messages only grew, yet the prompt departs inside the parent's: the template re-renders
+        # the generation prompt's end together with the sampled turn (certified junction failure)
+        return "junction_retokenized" if _failed(certification, "junction") else "unknown"
     if len(crcs) < len(old) + 1:  # the conversation did not grow past the parent: it was rewritten
         same_after = sum(1 for a, b in zip(old[first + 1:], crcs[first + 1:]) if a == b)
         if len(crcs) == len(old) and same_after == len(old) - first - 1:

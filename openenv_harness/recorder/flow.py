@@ -404,13 +404,14 @@ def observe_cause(flow: Flow, md: dict[str, Any], transition: Any, ev: Evidence)
     if transition.fidelity in ("replay_drift", "break"):
         parent = views.get(transition.parent)
         prompt = ev.prompt_ids.tobytes()
+        certification = flow.ctx.engine_watch.certification if flow.ctx.engine_watch else None
         if parent is None:
             cause = "unknown"
         elif transition.fidelity == "replay_drift":
-            cause = "resample" if transition.drift_tokens == 0 else drift_cause(
-                parent, messages, prompt, flow.ctx.engine_watch.certification if flow.ctx.engine_watch else None)
+            cause = "resample" if transition.drift_tokens == 0 else drift_cause(parent, messages, prompt, certification)
         else:
-            cause = break_cause(parent, messages, same_prompt=False, summaries=session.compaction_summaries)
+            cause = break_cause(parent, messages, same_prompt=False, summaries=session.compaction_summaries,
+                                certification=certification)
         md["fidelity"]["cause"] = cause
         flow.ctx.metrics.transition_causes.labels(transition.fidelity, cause).inc()
     choices = flow.reply.json.get("choices") if flow.reply is not None and flow.reply.json else None

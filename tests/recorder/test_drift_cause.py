@@ -170,3 +170,17 @@ def test_a_template_that_re_renders_a_finished_turn_is_the_cause() -> None:
     # a prefix-preserving template: the sampled spacing it restyles is what remains
     cert.properties[-1] = SimpleNamespace(name="tool_prefix", required=True, passed=True, facts={})
     assert _drift(reply, replayed, completion=ids(151657, 5), certification=cert) == "tool_arguments_restyled"
+
+
+def test_a_break_in_an_unchanged_history_under_a_failed_junction_is_the_junction() -> None:
+    """Qwen3.5's think templates end the generation prompt in ``<think>\\n``; a turn sampled with no
+    reasoning re-renders that newline merged with the next one, so the next prompt departs inside the
+    parent's own prompt (a break) although no message changed: the certification's junction says why."""
+    history = [SYSTEM, USER]
+    parent = turn_view(history, {"role": "assistant", "content": "", "tool_calls": [CALL]}, ids(5))
+    grown = [*history, {"role": "assistant", "content": "", "tool_calls": [CALL]},
+             {"role": "tool", "tool_call_id": "c1", "content": "a.py"}]
+    junction = SimpleNamespace(properties=[SimpleNamespace(name="junction", required=True, passed=False, facts={})],
+                               tool_call_open_ids=[])
+    assert break_cause(parent, grown, same_prompt=False) == "unknown"
+    assert break_cause(parent, grown, same_prompt=False, certification=junction) == "junction_retokenized"

@@ -10,6 +10,9 @@ tool loop, so what an agent does with reasoning shows in the ids).
   template rendered it, the replay has none: ``reasoning_dropped``. OpenCode keeps it: exact.
 - Qwen3's original template drops an empty think block from a turn once a tool result follows it
   (certification: ``tool_prefix`` fails): ``template_rerenders_turn``; its training variant keeps it: exact.
+- Qwen3.5's think templates end the generation prompt in ``<think>\\n``; a turn sampled without
+  reasoning re-renders that newline merged with the next: the next prompt departs inside the parent's,
+  no message changed, the certified junction failed: ``junction_retokenized`` (a break).
 - Compaction (Pi after an overflow error, OpenCode at its context limit) replaces the history with a
   summary the agent asked the model for: ``history_rewritten``, not an edited message.
 """
@@ -45,10 +48,21 @@ def _trl_template(name: str = "qwen3_training.jinja") -> Path:
     return path
 
 
+def _qwen25_folder() -> Path:
+    from openenv_harness.engine import engine_home, prepared_model_dir
+
+    folder = prepared_model_dir(engine_home())
+    if folder is None:
+        pytest.fail("the Qwen2.5 model folder is not installed: run ./dev setup", pytrace=False)
+    return folder
+
+
 def _rollout(harness: str, script: Script, *, fault: Fault | None = None, factory: dict[str, Any] | None = None,
-             template: str = "qwen3_training.jinja", **engine: Any) -> tuple[list[dict], dict]:
+             template: str = "qwen3_training.jinja", real_tokenizer: bool = False,
+             **engine: Any) -> tuple[list[dict], dict]:
     """One real-CLI rollout of write-greeting; its records and the recorder's template certification."""
-    config = EngineConfig(chat_template=_trl_template(template), **engine)
+    config = (EngineConfig.for_model(_qwen25_folder(), chat_template=_trl_template(template), **engine)
+              if real_tokenizer else EngineConfig(chat_template=_trl_template(template), **engine))
     with tempfile.TemporaryDirectory() as tmp, EngineServer(config) as server:
         server.set_script(MODEL, script)
         if fault is not None:
@@ -138,3 +152,12 @@ def test_a_template_that_drops_an_empty_think_block_is_named(template: str, expe
     records, certification = _rollout("opencode", script, template=template)
     assert certification["properties"]["tool_prefix"] is (template == "qwen3_training.jinja")
     assert _transitions(records) == expected
+
+
+def test_a_failed_junction_is_named_on_the_break_it_causes(cli_paths) -> None:
+    script = Script(turns=[Turn(tool_calls=[WRITE]), Turn(content="Wrote greeting.txt.")])  # no reasoning
+    # the merge is the real Qwen tokenizer's ("\\n\\n" is one id): the built-in test tokenizer has none
+    records, certification = _rollout("opencode", script, template="qwen3_5_think_training.jinja",
+                                      real_tokenizer=True, tool_call_parser="qwen3_xml")
+    assert certification["properties"]["junction"] is False
+    assert _transitions(records) == [("root", None), ("break", "junction_retokenized")]
