@@ -147,7 +147,7 @@ def _rollout_line(name: str, harness: str, reasoning: str, row: dict[str, Any]) 
     cells = [f"{ratios[s]:.3f}" if ratios.get(s) is not None else "–" for s in ("split", "realign", "approximate")]
     reward = row["reward"] if row["reward"] is not None else f"not run: {row['error'] or 'unscored'}"
     print(f"{name} {harness} {reasoning}: {f} {row['causes']}", file=sys.stderr, flush=True)
-    return (f"| {name} | {harness} | {reasoning} | {str(reward).replace('|', '/')[:220]} | {f.get('exact', 0)} / "
+    return (f"| {name} | {harness} | {reasoning} | {str(reward)[:220].replace('|', chr(92) + '|')} | {f.get('exact', 0)} / "
             f"{f.get('replay_drift', 0)} / {f.get('break', 0)} | {causes} | " + " | ".join(cells) + " |")
 
 
