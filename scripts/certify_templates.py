@@ -2,12 +2,15 @@
 
 Each template TRL 1.16 ships (read from the installed package, never copied here) is served by the
 reference engine with the real Qwen2.5 tokenizer (the folder ``./dev setup`` prepares; the built-in
-BPE when it is absent) and certified through its /tokenize and /detokenize, as the recorder does it
-(``openenv_harness/recorder/certify.py``); the real vLLM's own template is certified too. With
+BPE when it is absent) and certified as the recorder does it (``openenv_harness/recorder/certify.py``:
+through the engine's render route, which renders a chat request as its chat route does, else
+``/tokenize``); with ``--vllm-port`` the real vLLM's own template is certified too. With
 ``--rollouts``, the real Pi and OpenCode CLIs then run the built-in ``fix-add`` task through a
 recorder on a representative subset of templates (the reference engine replaying the task's
-solution, with reasoning on every tool turn), and the table says what their chains show: exact /
-drift / break transitions, the causes, and the trainable share per assembly strategy.
+solution, with a short reasoning on every tool turn and without) -- and, with ``--vllm-port``, on the real vLLM (the
+real model sampling greedily under ``tool_choice: "required"``, a few agent calls, as the
+real-engine tests run it) -- and the table says what their chains show: exact / drift / break
+transitions, the causes, and the trainable share per assembly strategy.
 
 Run: ``.venv/bin/python scripts/certify_templates.py [--rollouts] [--vllm-port N] [--out docs/templates.md]``
 (``--vllm-port`` certifies a vLLM started with ``python -m openenv_harness.engine serve --port N``).
@@ -80,29 +83,9 @@ def _mark(cert: Certification, name: str) -> str:
     return "✓" if prop.passed else "✗" if prop.passed is False else "?"
 
 
-def rollout_row(template: Path, harness: str) -> dict[str, Any]:
-    """One real-CLI rollout of fix-add through a recorder, the engine serving ``template``."""
+def _summarize(report: Any, records: list[dict[str, Any]]) -> dict[str, Any]:
     from openenv_harness.assembly import compare_strategies
-    from openenv_harness.recorder import RecorderConfig, RecorderServer
-    from openenv_harness.rollout import BUILTIN_TASKS, HarnessSessionFactory
-    from openenv_harness.rollout.report import run_rollout
-    from openenv_harness.testing.engine import EngineServer, Script, Turn
 
-    task = BUILTIN_TASKS["fix-add"]
-    turns = [Turn(**{**t.model_dump(), "reasoning": "Let me check."}) if t.tool_calls else t
-             for t in (Turn.model_validate(x) if isinstance(x, dict) else x for x in task.reference_script)]
-    with tempfile.TemporaryDirectory() as tmp, EngineServer(engine_config(template)) as engine:
-        admin = "templates-admin-0123456789abcdef"
-        config = RecorderConfig(store_path=f"{tmp}/r.db", engine_url=engine.url, admin_token=admin)
-        with RecorderServer(config) as recorder:
-            model = f"tpl-{template.stem}-{harness}"
-            engine.set_script(model, Script(turns=turns))
-            factory = HarnessSessionFactory(harness=harness, recorder_url=recorder.url, admin_token=admin,
-                                            model=model, tasks={"fix-add": task})
-            report, session = run_rollout(factory, "fix-add", timeout_s=180)
-            records = session.client.records(session.session_id) if session is not None else []
-            if session is not None:
-                session.close()
     causes = Counter((r["metadata"].get("fidelity") or {}).get("cause") for r in records
                      if (r["metadata"].get("fidelity") or {}).get("class") in ("replay_drift", "break"))
     stats = compare_strategies(records) if records else {}
@@ -110,10 +93,90 @@ def rollout_row(template: Path, harness: str) -> dict[str, Any]:
             "ratios": {k: v.trainable_ratio for k, v in stats.items()}, "error": report.error}
 
 
+def _rollout(engine_url: str, harness: str, model: str, *, timeout_s: float, **factory: Any) -> dict[str, Any]:
+    """One real-CLI rollout of fix-add through a fresh recorder in front of ``engine_url``."""
+    from openenv_harness.recorder import RecorderConfig, RecorderServer
+    from openenv_harness.rollout import BUILTIN_TASKS, HarnessSessionFactory
+    from openenv_harness.rollout.report import run_rollout
+
+    with tempfile.TemporaryDirectory() as tmp:
+        admin = "templates-admin-0123456789abcdef"
+        config = RecorderConfig(store_path=f"{tmp}/r.db", engine_url=engine_url, admin_token=admin)
+        with RecorderServer(config) as recorder:
+            sessions = HarnessSessionFactory(harness=harness, recorder_url=recorder.url, admin_token=admin,
+                                             model=model, tasks={"fix-add": BUILTIN_TASKS["fix-add"]}, **factory)
+            report, session = run_rollout(sessions, "fix-add", timeout_s=timeout_s)
+            records = session.client.records(session.session_id) if session is not None else []
+            if session is not None:
+                session.close()
+    return _summarize(report, records)
+
+
+def rollout_row(template: Path, harness: str, reasoning: bool) -> dict[str, Any]:
+    """One real-CLI rollout of fix-add through a recorder, the reference engine serving ``template``;
+    ``reasoning``: each tool turn samples a short reasoning first (else none, as a non-thinking turn)."""
+    from openenv_harness.rollout import BUILTIN_TASKS
+    from openenv_harness.testing.engine import EngineServer, Script, Turn
+
+    task = BUILTIN_TASKS["fix-add"]
+    turns = [Turn(**{**t.model_dump(), "reasoning": "Let me check."}) if t.tool_calls and reasoning else t
+             for t in (Turn.model_validate(x) if isinstance(x, dict) else x for x in task.reference_script)]
+    with EngineServer(engine_config(template)) as engine:
+        model = f"tpl-{template.stem}-{harness}-{'r' if reasoning else 'n'}"
+        engine.set_script(model, Script(turns=turns))
+        return _rollout(engine.url, harness, model, timeout_s=180)
+
+
+#: agent calls per real-vLLM rollout: each call of the 0.5B model on two shared CPU cores takes seconds
+REAL_AGENT_CALLS = 4
+
+
+def real_rollout_row(url: str, harness: str) -> dict[str, Any]:
+    """One real-CLI rollout on the real vLLM, configured as the real-engine tests configure it."""
+    from openenv_harness.cli.stack import REAL_ENGINE_SAMPLING
+    from openenv_harness.engine.model import QWEN25_CODER_05B
+
+    return _rollout(url, harness, QWEN25_CODER_05B.served_name, timeout_s=600, sampling=dict(REAL_ENGINE_SAMPLING),
+                    budgets={"max_agent_calls": REAL_AGENT_CALLS, "max_wall_clock_s": 540})
+
+
+def _rollout_line(name: str, harness: str, reasoning: str, row: dict[str, Any]) -> str:
+    f = row["fidelity"] or {}
+    causes = ", ".join(f"{k} ×{v}" for k, v in row["causes"].items()) or "–"
+    ratios = row["ratios"]
+    cells = [f"{ratios[s]:.3f}" if ratios.get(s) is not None else "–" for s in ("split", "realign", "approximate")]
+    reward = row["reward"] if row["reward"] is not None else f"not run: {row['error'] or 'unscored'}"
+    print(f"{name} {harness} {reasoning}: {f} {row['causes']}", file=sys.stderr, flush=True)
+    return (f"| {name} | {harness} | {reasoning} | {str(reward)[:220].replace('|', chr(92) + '|')} | {f.get('exact', 0)} / "
+            f"{f.get('replay_drift', 0)} / {f.get('break', 0)} | {causes} | " + " | ".join(cells) + " |")
+
+
+def _engine_version(url: str) -> str:
+    import httpx
+
+    try:
+        return str(httpx.get(f"{url}/version", timeout=30).json().get("version"))
+    except (httpx.HTTPError, ValueError, AttributeError):
+        return "?"
+
+
+def _table(rows: list[tuple[str, Certification]]) -> list[str]:
+    lines = ["| template | verdict | " + " | ".join(PROPERTIES) + " | reasoning field rendered | probed via | "
+             "failed because |", "|---|---|" + "---|" * len(PROPERTIES) + "---|---|---|"]
+    for name, cert in rows:
+        stable = next((p for p in cert.properties if p.name == "assistant_stable"), None)
+        rendered = (stable.facts or {}).get("rendered") if stable else None
+        fields = ", ".join(k for k, v in (rendered or {}).items() if v) or ("none" if rendered is not None else "–")
+        why = "; ".join(p.detail for p in cert.properties if p.passed is False and p.required) or (cert.reason or "")
+        lines.append(f"| {name} | {cert.status} | " + " | ".join(_mark(cert, p) for p in PROPERTIES)
+                     + f" | {fields} | {cert.probed_via or '–'} | {why.replace('|', '/')} |")
+    return lines
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rollouts", action="store_true", help="also run the real CLIs on the subset")
-    parser.add_argument("--vllm-port", type=int, default=0)
+    parser.add_argument("--vllm-port", type=int, default=0, help="also certify (and roll out on) this real vLLM")
     parser.add_argument("--out", default=str(ROOT / "docs" / "templates.md"))
     args = parser.parse_args()
     import trl
@@ -127,18 +190,29 @@ def main() -> int:
             rows.append((path.name, Certification("uncertified", 0, [], time.time(),
                                                   reason=f"{type(exc).__name__}: {exc}"[:160])))
         print(f"{path.name}: {rows[-1][1].status}", file=sys.stderr, flush=True)
-    real: Certification | None = None
+    real: list[tuple[str, Certification]] = []
+    vllm_url = f"http://127.0.0.1:{args.vllm_port}"
     if args.vllm_port:
         from openenv_harness.engine.model import QWEN25_CODER_05B
 
-        real = asyncio.run(_certify(f"http://127.0.0.1:{args.vllm_port}", QWEN25_CODER_05B.served_name))
+        version = _engine_version(vllm_url)
+        real = [(f"real vLLM {version}: {QWEN25_CODER_05B.served_name}'s own template",
+                 asyncio.run(_certify(vllm_url, QWEN25_CODER_05B.served_name)))]
+    command = "python scripts/certify_templates.py" + (" --rollouts" if args.rollouts else "") + (
+        " --vllm-port N" if args.vllm_port else "")
     lines = [
         "# Chat templates: which keep chains exact",
         "",
-        f"Generated by `python scripts/certify_templates.py{' --rollouts' if args.rollouts else ''}` with TRL "
-        f"{trl.__version__} (templates read from its installed package) and the reference engine serving each one "
-        "with the real Qwen2.5 tokenizer; the properties are the recorder's own certification "
-        "(`openenv_harness/recorder/certify.py`), probed through the engine's `/tokenize` and `/detokenize`. "
+        f"Generated by `{command}` with TRL {trl.__version__} (templates read from its installed package) and the "
+        "reference engine serving each one with the real Qwen2.5 tokenizer"
+        + (", plus the real vLLM serving its model (first row)" if real else "")
+        + "; the properties are the recorder's own certification (`openenv_harness/recorder/certify.py`), "
+        "probed through the engine's render route (`POST /v1/chat/completions/render`: a chat request's prompt ids "
+        "exactly as the chat route renders them) where it serves one, else `/tokenize` (column *probed via*), and "
+        "`/detokenize`. The route matters: vLLM 0.32's chat route renames a replayed `reasoning_content` to "
+        "`reasoning` before templating, its `/tokenize` drops it, so a /tokenize certificate would say "
+        "`reasoning_content` is not rendered where the chat route renders it (the reference engine does the same; "
+        "`tests/real_engine/test_engine_conformance.py` holds it to the real one). "
         "Required properties decide *certified*: ✓ pass, ✗ fail. The recorder shows the same report in "
         "`openenv-harness doctor`, `/admin/health`, `/metrics` and each session's provenance, and "
         "`require_exact_template` refuses a session on a failed required property.",
@@ -156,38 +230,38 @@ def main() -> int:
         "| tool_args_roundtrip | no | spaced / compact / reordered tool arguments render the same |",
         "| content_parts | no | content as a string and as text parts render the same |",
         "",
-        "| template | verdict | " + " | ".join(PROPERTIES) + " | reasoning field rendered | failed because |",
-        "|---|---|" + "---|" * len(PROPERTIES) + "---|---|",
+        *_table(real + rows),
     ]
-    for name, cert in ([("vLLM 0.32: Qwen2.5-Coder's own", real)] if real else []) + rows:
-        stable = next((p for p in cert.properties if p.name == "assistant_stable"), None)
-        rendered = (stable.facts or {}).get("rendered") if stable else None
-        fields = ", ".join(k for k, v in (rendered or {}).items() if v) or ("none" if rendered is not None else "–")
-        why = "; ".join(p.detail for p in cert.properties if p.passed is False and p.required) or (cert.reason or "")
-        lines.append(f"| {name} | {cert.status} | " + " | ".join(_mark(cert, p) for p in PROPERTIES)
-                     + f" | {fields} | {why.replace('|', '/')} |")
     if args.rollouts:
-        lines += ["", "## Real Pi and OpenCode on the subset", "",
-                  "The built-in `fix-add` task, the reference engine replaying its solution (with reasoning on each "
-                  "tool turn) through the template, the real CLIs through a recorder (full-history mode). "
-                  "Trainable share = mask-1 tokens over sampled tokens per assembly strategy.", "",
-                  "| template | harness | reward | exact / drift / break | causes | split | realign | approximate |",
-                  "|---|---|---|---|---|---|---|---|"]
+        lines += ["", "## Real Pi and OpenCode rollouts", "",
+                  "The built-in `fix-add` task through a recorder (full-history prompt mode), the real CLIs. On the "
+                  "reference engine (the subset the test suite certifies, `SUBSET` in the script; all "
+                  f"{len(rows)} templates × 2 CLIs × 2 variants would take about an hour on this 2-core machine, "
+                  "so only the subset runs) the engine replays the task's solution (with a short reasoning on each tool "
+                  "turn, and without), through the template, sampling each turn as the template renders it: a "
+                  "template's failure shows where the turns it bites are sampled (Qwen3's original drops an empty "
+                  "think block, the Qwen3.5 think templates' junction fails after a turn without reasoning: both "
+                  "show only in the rows without reasoning). "
+                  + (f"On the real vLLM the real model samples (greedy, seed 0, `tool_choice: \"required\"`, at most "
+                     f"{REAL_AGENT_CALLS} agent calls, as `tests/real_engine` runs it): its reward is whatever the "
+                     "model managed, the chain columns are what matters. " if real else "")
+                  + "Trainable share = mask-1 tokens over response tokens (sampled ids and the tool results between "
+                  "them) per assembly strategy (`openenv_harness/assembly`).", "",
+                  "| engine / template | harness | reasoning on tool turns | reward | exact / drift / break | causes | "
+                  "split | realign | approximate |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        if real:
+            for harness in ("pi", "opencode"):
+                lines.append(_rollout_line(f"real vLLM {_engine_version(vllm_url)}", harness, "the model's",
+                                           real_rollout_row(vllm_url, harness)))
         for name in SUBSET:
             path = next((p for p in trl_templates() if p.name == name), None)
             if path is None:
                 continue
-            for harness in ("pi", "opencode"):
-                row = rollout_row(path, harness)
-                f = row["fidelity"]
-                causes = ", ".join(f"{k} ×{v}" for k, v in row["causes"].items()) or "–"
-                ratios = row["ratios"]
-                cells = [f"{ratios[s]:.3f}" if ratios.get(s) is not None else "–"
-                         for s in ("split", "realign", "approximate")]
-                lines.append(f"| {name} | {harness} | {row['reward'] if row['reward'] is not None else row['error']} "
-                             f"| {f.get('exact', 0)} / {f.get('replay_drift', 0)} / {f.get('break', 0)} | {causes} | "
-                             + " | ".join(cells) + " |")
-                print(f"{name} {harness}: {f} {row['causes']}", file=sys.stderr, flush=True)
+            for reasoning in (True, False):
+                for harness in ("pi", "opencode"):
+                    lines.append(_rollout_line(name, harness, "yes" if reasoning else "no",
+                                               rollout_row(path, harness, reasoning)))
     lines += ["", f"({len(rows)} templates, {time.time() - started:.0f} s.)", ""]
     Path(args.out).write_text("\n".join(lines))
     print(f"wrote {args.out}", file=sys.stderr)

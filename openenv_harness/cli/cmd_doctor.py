@@ -62,7 +62,9 @@ def _engine_checks(url: str, model: str | None) -> list[tuple[str, bool, str]]:
             if cert.status == "uncertified":
                 out.append(("template certification", False, f"uncertified: {cert.reason}"))
             else:
-                out.append(("template certification", cert.status == "certified", cert.status))
+                via = f"probed via {cert.probed_via}" + (f": {cert.render_unavailable}, so /tokenize, which can "
+                                                          "differ from the chat route" if cert.render_unavailable else "")
+                out.append(("template certification", cert.status == "certified", f"{cert.status} ({via})"))
                 for prop in cert.properties:
                     # a failed informational property is reported, and fails nothing
                     ok = prop.passed is not False or not prop.required

@@ -167,6 +167,7 @@ def run(
     if cert:  # beside the chain status: whether the served template can keep chains exact at all
         failed = "; ".join(f"{f['property']}: {f['detail']}" for f in cert.get("failed") or [])
         console.print(f"template: [bold]{cert['status']}[/]" + (f" ({failed})" if failed else "")
+                      + (f" [probed via {cert['probed_via']}]" if cert.get("probed_via") else "")
                       + (f" ({cert.get('reason')})" if cert.get("reason") else ""))
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "summary.json").write_text(json.dumps([r.as_dict() for r in reports], indent=2))

@@ -1,9 +1,16 @@
 """Template certification: before the first sample, does the served chat template keep chains exact?
 
 The recorder renders nothing, but the engine can: each property below is checked with small fixed
-probe conversations sent to the engine's ``/tokenize`` (chat form), and a diverging span is turned
-back into text with ``/detokenize`` so the report can say *what* differs, not only where. The probes
-are versioned (``CERT_VERSION``): a change to them changes what a certificate means.
+probe conversations the engine renders, and a diverging span is turned back into text with
+``/detokenize`` so the report can say *what* differs, not only where. The probes are versioned
+(``CERT_VERSION``): a change to them changes what a certificate means.
+
+Which route renders them matters. The chat route validates a request before templating it (vLLM
+0.32 renames a replayed ``reasoning_content`` to ``reasoning`` there); ``/tokenize`` has no such
+step and drops it. So where the engine serves ``POST /v1/chat/completions/render`` (vLLM's
+scale-out route, ``--enable-scale-out``: a chat request's prompt ids exactly as the chat route
+renders them) the probes go there; otherwise to ``/tokenize`` (chat form), and the report says
+which (``probed_via``) -- a /tokenize certificate can be wrong about fields the chat route rewrites.
 
 Properties (``required`` ones decide ``certified`` / ``failed``):
 
@@ -13,7 +20,8 @@ Properties (``required`` ones decide ``certified`` / ``failed``):
 - ``assistant_stable`` (required): an assistant turn carrying reasoning -- non-empty and empty,
   under the field name the engine renders -- renders the same when a tool result follows it.
   Checked for both names agents use (``reasoning``, ``reasoning_content``); which of them the engine
-  renders at all is reported (vLLM 0.32 renders ``reasoning`` and drops ``reasoning_content``).
+  renders at all is reported (vLLM 0.32's chat route renders both -- it renames
+  ``reasoning_content`` -- while its ``/tokenize`` drops ``reasoning_content``).
 - ``assistant_stable_across_user`` (informational): the same when a new *user* message follows.
   Templates that drop reasoning of turns before the last user message (Qwen3 by design) fail it.
 - ``junction``: what the template emits after an assistant turn's end-of-turn token, so a sampled
@@ -24,7 +32,8 @@ Properties (``required`` ones decide ``certified`` / ``failed``):
   model's sampled spacing survives replay only if it matches the template's)?
 - ``content_parts`` (informational): a string vs a list of text parts renders the same.
 
-Engines without a usable ``/tokenize`` get ``uncertified``: visibly, never a silent pass.
+Engines with neither a render route nor a usable ``/tokenize`` get ``uncertified``: visibly, never a
+silent pass.
 """
 
 from __future__ import annotations
@@ -36,8 +45,12 @@ from typing import TYPE_CHECKING, Any, Literal
 if TYPE_CHECKING:
     from openenv_harness.recorder.upstream.base import Upstream
 
-CERT_VERSION = 1
+CERT_VERSION = 2  # 2: probed through the render route where the engine serves it
 Status = Literal["certified", "failed", "uncertified"]
+ProbedVia = Literal["render", "tokenize"]
+RENDER = "/v1/chat/completions/render"
+#: how an engine says it has no render route: vLLM without --enable-scale-out answers 403
+_NO_ROUTE = frozenset({403, 404, 405, 501})
 
 _TOOLS = [{"type": "function", "function": {
     "name": "bash", "description": "Run a shell command.",
@@ -87,6 +100,10 @@ class Certification:
     #: trailer after an assistant turn's end-of-turn id: what drift causes and junctions need
     tool_call_open_ids: list[int] = field(default_factory=list)
     turn_end_ids: list[int] = field(default_factory=list)
+    #: the route the probes were rendered by: ``render`` is the chat route's own rendering
+    probed_via: ProbedVia | None = None
+    #: why the render route was not used (its HTTP status), when /tokenize was
+    render_unavailable: str | None = None
 
     @property
     def failed(self) -> list[PropertyResult]:
@@ -95,6 +112,7 @@ class Certification:
     def summary(self) -> dict[str, Any]:
         """What sessions, health and metrics carry: the verdict and each property's pass/fail."""
         return {"status": self.status, "version": self.version, "probed_at": self.probed_at,
+                "probed_via": self.probed_via,
                 "properties": {p.name: p.passed for p in self.properties},
                 "failed": [{"property": p.name, "detail": p.detail} for p in self.failed],
                 **({"reason": self.reason} if self.reason else {})}
@@ -104,26 +122,46 @@ class Certification:
 
 
 class _Renderer:
-    """The engine's /tokenize and /detokenize as two small calls, memoized for one certification."""
+    """The engine's rendering (its render route, else /tokenize) and /detokenize as small calls.
+
+    The route is chosen on the first probe: a render route that answers is used for every probe of
+    this certification; one the engine does not serve (``_NO_ROUTE``) falls back to /tokenize."""
 
     def __init__(self, upstream: "Upstream", model: str | None) -> None:
         self.upstream, self.model = upstream, model
+        self.via: ProbedVia | None = None
+        self.render_unavailable: str | None = None
 
     async def render(self, messages: list[dict[str, Any]], *, generation: bool, tools: bool = True) -> list[int]:
-        from openenv_harness.recorder.upstream.base import UpstreamFailure
-
         body: dict[str, Any] = {"messages": messages, "add_generation_prompt": generation}
         if tools:
             body["tools"] = _TOOLS
         if self.model:
             body["model"] = self.model
+        if self.via in (None, "render"):
+            status, reply = await self._post(RENDER, body)
+            if self.via is None and status in _NO_ROUTE:
+                self.via, self.render_unavailable = "tokenize", f"{RENDER} answered HTTP {status}"
+            else:
+                self.via = "render"
+                return self._ids(RENDER, status, reply, "token_ids")
+        status, reply = await self._post("/tokenize", body)
+        return self._ids("/tokenize", status, reply, "tokens")
+
+    async def _post(self, path: str, body: dict[str, Any]) -> tuple[int, Any]:
+        from openenv_harness.recorder.upstream.base import UpstreamFailure
+
         try:
-            reply = await self.upstream.request("POST", "/tokenize", json=body)
+            reply = await self.upstream.request("POST", path, json=body)
         except UpstreamFailure as exc:
-            raise ProbeError(f"/tokenize unreachable ({exc.kind})") from None
-        tokens = (reply.json or {}).get("tokens")
-        if reply.status != 200 or not isinstance(tokens, list):
-            raise ProbeError(f"/tokenize answered HTTP {reply.status}: {reply.body[:160]!r}")
+            raise ProbeError(f"{path} unreachable ({exc.kind})") from None
+        return reply.status, reply
+
+    @staticmethod
+    def _ids(path: str, status: int, reply: Any, key: str) -> list[int]:
+        tokens = (reply.json or {}).get(key)
+        if status != 200 or not isinstance(tokens, list):
+            raise ProbeError(f"{path} answered HTTP {status}: {reply.body[:160]!r}")
         return [int(t) for t in tokens]
 
     async def text(self, ids: list[int]) -> str:
@@ -187,7 +225,9 @@ async def certify_template(upstream: "Upstream", model: str | None = None, *,
                 r, "assistant_stable", True, [_SYSTEM, _USER, a], [_SYSTEM, _USER, a, _TOOL_RESULT], "", ""))
         bad = next((p for p in stable if not p.passed), None)
         dropped = [n for n, yes in rendered.items() if not yes]
-        notes = (f"reasoning sent as {', '.join(repr(n) for n in dropped)} is not rendered by this engine"
+        where = ("this engine's chat route" if r.via == "render"
+                 else "this engine's /tokenize (its chat route may differ)")
+        notes = (f"reasoning sent as {', '.join(repr(n) for n in dropped)} is not rendered by {where}"
                  if dropped and len(dropped) < 2 else
                  "this template renders no reasoning field" if dropped else "both reasoning field names are rendered")
         if bad is None:
@@ -213,10 +253,12 @@ async def certify_template(upstream: "Upstream", model: str | None = None, *,
         props.append(await _args_roundtrip(r))
         props.append(await _content_parts(r))
     except ProbeError as exc:
-        return Certification("uncertified", CERT_VERSION, [], now, engine_version, model, reason=str(exc))
+        return Certification("uncertified", CERT_VERSION, [], now, engine_version, model, reason=str(exc),
+                             probed_via=r.via, render_unavailable=r.render_unavailable)
     failed = any(p.required and p.passed is False for p in props)
     return Certification("failed" if failed else "certified", CERT_VERSION, props, now, engine_version, model,
-                         tool_call_open_ids=open_ids, turn_end_ids=end_ids)
+                         tool_call_open_ids=open_ids, turn_end_ids=end_ids, probed_via=r.via,
+                         render_unavailable=r.render_unavailable)
 
 
 async def _junction(r: _Renderer) -> tuple[PropertyResult, list[int], list[int]]:

@@ -7,10 +7,13 @@ sent it, the messages of both calls, and the ids. Causes, first match wins:
 replay drift (the history up to the parent's request is intact; the parent's answer came back
 different):
 - ``reasoning_dropped``: the reply had reasoning; the replayed assistant message has none.
-- ``reasoning_renamed``: it came back under another field name (OpenCode replays ``reasoning`` as
-  ``reasoning_content``, which vLLM 0.32 does not render).
-- ``reasoning_not_rendered``: it came back under the same name, but the served template does not
-  render that field (per the template certification).
+- ``reasoning_renamed``: it came back under another field name that the engine does not render
+  (OpenCode replays ``reasoning`` as ``reasoning_content``; vLLM 0.32's chat route renames that back
+  to ``reasoning`` and renders it, an engine without that rename drops it). Where the certification
+  (probed through the render route, as the chat route renders) says the new name is rendered, the
+  rename renders the same and is no cause; without a certification a rename is named.
+- ``reasoning_not_rendered``: it came back under a name (the same or another) the served template
+  does not render, and the sampled name is not rendered either (per the template certification).
 - ``tool_arguments_reserialized``: a tool call's argument text came back re-serialized (the same
   JSON, other spacing or key order; or an object instead of the sampled text) in a way the served
   template renders differently (a template that normalizes spacing, per the certification's
@@ -19,6 +22,10 @@ different):
 - ``edited_message``: the replayed answer's text differs from what was sampled.
 - ``tag_sampled_as_text``: the answer came back verbatim, but the model sampled the tool-call tag
   as text pieces and the template renders it as its special id (certification says which id).
+- ``template_rerenders_turn``: the answer came back as sampled (or only in ways the template
+  renders the same), but the served template renders a finished assistant turn differently once more
+  follows it (certification: ``tool_prefix`` or ``assistant_stable`` failed -- Qwen3's original
+  template drops an empty think block from earlier turns).
 - ``tool_arguments_restyled``: the template normalizes argument spacing, and the argument text the
   model sampled (as the agent replayed it, or as the engine's parser returned it) is in another
   style than the parser's: the template renders the sampled arguments in its own JSON style.
@@ -28,8 +35,13 @@ different):
 break (the history itself changed):
 - ``resample``: the same prompt as the parent (a retry or a sibling sample).
 - ``sub_agent``: another system prompt than the parent's.
-- ``history_rewritten``: earlier messages were replaced or removed (compaction).
+- ``history_rewritten``: earlier messages were replaced or removed (compaction): a new message holds
+  the reply of a recent compaction call, or the conversation did not grow past the parent.
 - ``edited_message``: an earlier message changed, the conversation kept its length.
+- ``junction_retokenized``: no message changed, the conversation grew, yet the prompt departs inside
+  the parent's own prompt, and the certification's junction failed: the template tokenizes the end
+  of the generation prompt together with the sampled turn (Qwen3.5's think templates, a turn with no
+  reasoning after ``<think>\\n``).
 - ``unknown``.
 
 Per chain tip the session keeps a ``TurnView``: the reply message (small), the request's message
@@ -117,10 +129,12 @@ def _answer_cause(reply: dict[str, Any], replayed: dict[str, Any], rendered_fiel
         back_name, back = _reasoning(replayed)
         if not back:
             return "reasoning_dropped"
-        if back_name != name:
-            return "reasoning_renamed"
+        if back_name != name and not rendered_fields:
+            return "reasoning_renamed"  # no certification says how the new name renders
         if rendered_fields and rendered_fields.get(back_name) is False:
-            return "reasoning_not_rendered"
+            return "reasoning_renamed" if back_name != name and rendered_fields.get(name) else "reasoning_not_rendered"
+        # a new name the engine renders like the old (vLLM 0.32's chat route renames reasoning_content
+        # to reasoning before templating): the rename is no cause
     sampled_calls = reply.get("tool_calls") or []
     back_calls = replayed.get("tool_calls") or []
     for a, b in _argument_texts(reply, replayed):
@@ -146,12 +160,14 @@ def drift_cause(parent: TurnView, messages: list[Any], prompt: bytes, certificat
     if replayed is None or replayed.get("role") != "assistant":
         return "unknown"
     rendered: dict[str, bool] = {}
-    respaces = False
+    respaces = rerenders = False
     for prop in getattr(certification, "properties", None) or []:
         if prop.name == "assistant_stable":
             rendered = (prop.facts or {}).get("rendered") or {}
         elif prop.name == "tool_args_roundtrip":
             respaces = bool(((prop.facts or {}).get("same_as_spaced") or {}).get("compact"))
+        if prop.name in ("tool_prefix", "assistant_stable") and getattr(prop, "passed", None) is False:
+            rerenders = True
     cause = _answer_cause(parent.reply, replayed, rendered, respaces)
     if cause is not None:
         return cause
@@ -162,23 +178,61 @@ def drift_cause(parent: TurnView, messages: list[Any], prompt: bytes, certificat
         ids = {prompt[i:i + 4] for i in range(0, len(prompt), 4)}
         if tag not in sampled and tag in ids:
             return "tag_sampled_as_text"
+    if rerenders:
+        return "template_rerenders_turn"
     if respaces and any(isinstance(a, str) and isinstance(b, str) and a != b
                         for a, b in _argument_texts(parent.reply, replayed)):
         return "tool_arguments_restyled"
     return "retokenized"
 
 
-def break_cause(parent: TurnView, messages: list[Any], same_prompt: bool) -> str:
-    """The cause of a break of ``messages`` against the nearest earlier call ``parent``."""
+#: a summary shorter than this could be found in a history by chance
+_MIN_SUMMARY = 8
+
+
+def _carries_summary(messages: list[Any], crcs: list[int], old: tuple[int, ...], summaries: Any) -> bool:
+    """A message the parent did not have holds the text a compaction call replied with."""
+    texts = [t.strip() for t in summaries if isinstance(t, str) and len(t.strip()) >= _MIN_SUMMARY]
+    if not texts:
+        return False
+    known = set(old)
+    for message, crc in zip(messages, crcs):
+        if crc in known or not isinstance(message, dict):
+            continue
+        body = _text(message.get("content")) or ""
+        if any(t in body for t in texts):
+            return True
+    return False
+
+
+def _failed(certification: Any, name: str) -> bool:
+    return any(p.name == name and getattr(p, "passed", None) is False
+               for p in getattr(certification, "properties", None) or [])
+
+
+def break_cause(parent: TurnView, messages: list[Any], same_prompt: bool, summaries: Any = (),
+                certification: Any = None) -> str:
+    """The cause of a break of ``messages`` against the nearest earlier call ``parent``.
+
+    ``summaries``: the replies of the session's recent compaction calls (aux calls a harness's
+    ``*-compaction`` rule matched). A history that newly carries one was rewritten by compaction --
+    whatever its shape, which alone often looks like an edited message (OpenCode keeps the system
+    prompt and the message count can grow)."""
     if same_prompt:
         return "resample"
     crcs = [_crc(m) for m in messages]
     old = parent.message_crcs
+    if _carries_summary(messages, crcs, old, summaries):
+        return "history_rewritten"
     if old and crcs and old[0] != crcs[0] and _role(messages[0]) in ("system", "developer"):
         return "sub_agent"
     first = next((i for i, (a, b) in enumerate(zip(old, crcs)) if a != b), None)
     if first is None:
-        return "unknown" if len(crcs) >= len(old) else "history_rewritten"
+        if len(crcs) < len(old):
+            return "history_rewritten"
+        # the messages only grew, yet the prompt departs inside the parent's: the template re-renders
+        # the generation prompt's end together with the sampled turn (certified junction failure)
+        return "junction_retokenized" if _failed(certification, "junction") else "unknown"
     if len(crcs) < len(old) + 1:  # the conversation did not grow past the parent: it was rewritten
         same_after = sum(1 for a, b in zip(old[first + 1:], crcs[first + 1:]) if a == b)
         if len(crcs) == len(old) and same_after == len(old) - first - 1:

@@ -102,6 +102,7 @@ class EngineWatch:
             log.warning("recorder: the engine changed (%s): version %s -> %s, models %s -> %s, template %s -> %s",
                         reason, before[0], after[0], before[1], after[1], before[2], after[2])
         if self.certification is not None:
-            log.info("recorder: template %s (%s)%s", self.certification.status, reason, "".join(
+            log.info("recorder: template %s (%s; probed via %s)%s", self.certification.status, reason,
+                     self.certification.probed_via, "".join(
                 f"\n  {p.name}: {'pass' if p.passed else 'FAIL' if p.passed is False else '?'} -- {p.detail}"
                 for p in self.certification.properties) or f": {self.certification.reason}")

@@ -358,6 +358,10 @@ async def record(flow: Flow) -> None:
         if transition.fidelity != "root":
             flow.ctx.metrics.transitions.labels(transition.fidelity).inc()
         observe_cause(flow, md, transition, ev)
+    elif flow.call_kind == "aux" and flow.aux_rule and "compaction" in flow.aux_rule:
+        summary = _reply_text(flow.reply.json)
+        if summary:
+            session.compaction_summaries.append(summary)
     budget.account(session, flow.call_kind, ev, served=True)
     md["limits"] = budget.limits_state(session)
     flow.metadata = md
@@ -400,13 +404,14 @@ def observe_cause(flow: Flow, md: dict[str, Any], transition: Any, ev: Evidence)
     if transition.fidelity in ("replay_drift", "break"):
         parent = views.get(transition.parent)
         prompt = ev.prompt_ids.tobytes()
+        certification = flow.ctx.engine_watch.certification if flow.ctx.engine_watch else None
         if parent is None:
             cause = "unknown"
         elif transition.fidelity == "replay_drift":
-            cause = "resample" if transition.drift_tokens == 0 else drift_cause(
-                parent, messages, prompt, flow.ctx.engine_watch.certification if flow.ctx.engine_watch else None)
+            cause = "resample" if transition.drift_tokens == 0 else drift_cause(parent, messages, prompt, certification)
         else:
-            cause = break_cause(parent, messages, same_prompt=False)
+            cause = break_cause(parent, messages, same_prompt=False, summaries=session.compaction_summaries,
+                                certification=certification)
         md["fidelity"]["cause"] = cause
         flow.ctx.metrics.transition_causes.labels(transition.fidelity, cause).inc()
     choices = flow.reply.json.get("choices") if flow.reply is not None and flow.reply.json else None
@@ -416,6 +421,15 @@ def observe_cause(flow: Flow, md: dict[str, Any], transition: Any, ev: Evidence)
     tips = {t.node_id for t in session.fidelity.tips} if session.fidelity is not None else set()
     for node in [n for n in views if n not in tips]:
         del views[node]
+
+
+def _reply_text(reply: dict[str, Any] | None) -> str | None:
+    """The text of a chat reply's first choice (what a compaction call summarized the history to)."""
+    choices = (reply or {}).get("choices")
+    message = choices[0].get("message") if isinstance(choices, list) and choices and isinstance(choices[0], dict) \
+        else None
+    content = message.get("content") if isinstance(message, dict) else None
+    return content if isinstance(content, str) and content.strip() else None
 
 
 def _weight_versions(reply: dict[str, Any]) -> Any:

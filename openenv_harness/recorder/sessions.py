@@ -11,7 +11,7 @@ import asyncio
 import re
 import secrets
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -136,6 +136,8 @@ class LiveSession:
     prompt_ids: Any = None
     #: per chain tip: its reply and message digests, for the cause of the next call's drift or break
     turn_views: dict[str, Any] = field(default_factory=dict)
+    #: the replies of the last few compaction calls: a break whose history carries one was compaction
+    compaction_summaries: "deque[str]" = field(default_factory=lambda: deque(maxlen=4))
     #: request digests of recent successful calls, for retry replay (bounded by the dedupe window)
     recent_digests: "OrderedDict[str, int]" = field(default_factory=OrderedDict)
     #: the prompt mode's per-session state (incremental: the chain tips' exact ids)
@@ -364,6 +366,7 @@ class SessionRegistry:
             session.provenance_cache = None
             session.dialect_memory = None
             session.turn_views.clear()
+            session.compaction_summaries.clear()
             await self.persist(session)
             await self._store.forget(session.id)
             session.notify()

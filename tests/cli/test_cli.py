@@ -108,6 +108,8 @@ def test_doctor_checks_an_engine_for_token_evidence() -> None:
     assert "tpl1-" in done.stdout, done.stdout
     [line] = [ln for ln in done.stdout.splitlines() if "token ids + logprobs" in ln]
     assert "│ yes │ ok" in line, line  # the evidence is read from the whole reply, as the engine sent it
+    [line] = [ln for ln in done.stdout.splitlines() if "template certification" in ln]
+    assert "certified (probed via render)" in line, line  # the chat route's own rendering
     assert done.returncode == 0, done.stdout
 
 

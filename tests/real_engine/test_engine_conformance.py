@@ -205,6 +205,9 @@ def _prompt_ids(client: httpx.Client, route: str, messages: list[dict[str, Any]]
         body.update(max_tokens=1, return_token_ids=True, **PINNED)
         reply = client.post("/v1/chat/completions", json=body)
         return reply.json()["prompt_token_ids"] if reply.status_code == 200 else reply.status_code
+    if route == "render":  # the scale-out route: a chat request's prompt ids, validated as the chat route does
+        reply = client.post("/v1/chat/completions/render", json=body)
+        return reply.json()["token_ids"] if reply.status_code == 200 else reply.status_code
     reply = client.post("/tokenize", json=body)
     return reply.json()["tokens"] if reply.status_code == 200 else reply.status_code
 
@@ -213,7 +216,7 @@ def _assert_same_prompt_ids(pair: Pair, cases: dict[str, list[dict[str, Any]]]) 
     different = []
     for name, messages in cases.items():
         for tools in (TOOLS, ODD_TOOLS, None):
-            for route in ("chat", "tokenize"):
+            for route in ("chat", "tokenize", "render"):
                 real = _prompt_ids(pair.real, route, messages, tools)
                 ref = _prompt_ids(pair.reference, route, messages, tools)
                 if real != ref:
@@ -225,6 +228,15 @@ def _assert_same_prompt_ids(pair: Pair, cases: dict[str, list[dict[str, Any]]]) 
 
 def test_message_preprocessing_gives_the_real_prompt_ids(pair: Pair) -> None:
     _assert_same_prompt_ids(pair, PREPROCESSING)
+
+
+def test_the_render_route_renders_as_the_chat_route_does(pair: Pair) -> None:
+    """Template certification probes through the render route because its ids are the chat route's
+    (the same request validation, so the same field renames): held here for every preprocessing case."""
+    for name, messages in PREPROCESSING.items():
+        for tools in (TOOLS, None):
+            chat = _prompt_ids(pair.real, "chat", messages, tools)
+            assert isinstance(chat, list) and _prompt_ids(pair.real, "render", messages, tools) == chat, name
 
 
 @pytest.fixture(scope="module")
@@ -245,9 +257,9 @@ def qwen3_pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
 
 @pytest.mark.slow
 def test_reasoning_replay_follows_the_field_name_and_the_route(qwen3_pair: Pair) -> None:
-    """vLLM 0.32 renders ``reasoning``; ``reasoning_content`` only on the chat route (its request
-    validation renames it; ``/tokenize`` drops it); ``thinking`` never. The reference engine must
-    give the same ids in all six cases."""
+    """vLLM 0.32 renders ``reasoning``; ``reasoning_content`` only on the chat and render routes (their
+    request validation renames it; ``/tokenize`` drops it); ``thinking`` never. The reference engine
+    must give the same ids in all nine cases."""
     cases = {name: PREPROCESSING[name] for name in ("reasoning", "reasoning_content", "thinking")}
     _assert_same_prompt_ids(qwen3_pair, cases)
 
@@ -256,5 +268,5 @@ def test_reasoning_replay_follows_the_field_name_and_the_route(qwen3_pair: Pair)
         assert isinstance(ids, list), ids
         return "I should list them." in qwen3_pair.real.post("/detokenize", json={"tokens": ids}).json()["prompt"]
 
-    assert [rendered(route, name) for name in cases for route in ("chat", "tokenize")] == [
-        True, True, True, False, False, False]
+    assert [rendered(route, name) for name in cases for route in ("chat", "tokenize", "render")] == [
+        True, True, True, True, False, True, False, False, False]

@@ -30,6 +30,7 @@ def test_the_real_template_is_certified_and_the_report_says_what_it_does(stack: 
     engine = stack.admin.health()["engine"]
     cert = engine["template_certification"]
     assert cert["status"] == "certified" and cert["failed"] == []
+    assert cert["probed_via"] == "render"  # the shared vLLM serves --enable-scale-out: the chat route's rendering
     props = cert["properties"]
     assert props["tool_prefix"] and props["assistant_stable"] and props["junction"] and props["content_parts"]
     assert props["tool_args_roundtrip"] is False  # spacing normalized, key order kept: informational

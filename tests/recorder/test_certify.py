@@ -7,14 +7,16 @@ the engine may have changed (operator request, a fingerprint mismatch, the time-
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
 from openenv_harness.recorder import RecorderAPIError, RecorderClient, RecorderConfig, RecorderServer
 from openenv_harness.recorder.upstream import HTTPEngine
-from openenv_harness.testing.engine import EngineServer
+from openenv_harness.testing.engine import EngineConfig, EngineServer
 
 ADMIN = "certify-admin-token-0123456789abcdef"
 
@@ -105,3 +107,41 @@ def test_the_time_to_live_forces_a_new_probe(tmp_path: Path) -> None:
         admin.create_session()
         info = admin.health()["engine"]
     assert double.tokenize_calls > before and info["probe_reason"].startswith("older than")
+
+
+def _certify_direct(config: EngineConfig) -> Any:
+    """Certify a reference engine as the recorder does, straight through its HTTP routes."""
+    from openenv_harness.recorder.certify import certify_template
+
+    async def run(url: str) -> Any:
+        upstream = HTTPEngine(url, timeout_s=60)
+        await upstream.start()
+        try:
+            return await certify_template(upstream)
+        finally:
+            await upstream.aclose()
+
+    with EngineServer(config) as engine:
+        return asyncio.run(run(engine.url))
+
+
+def test_certification_renders_as_the_chat_route_does_when_the_engine_serves_render() -> None:
+    """vLLM 0.32's chat route (and its render route) renames a replayed ``reasoning_content`` to
+    ``reasoning`` before templating; its ``/tokenize`` drops it. Certified through /tokenize, a template
+    that renders reasoning would be reported as dropping what the chat route in fact renders (and
+    OpenCode's replay blamed for drift it does not cause). Through the render route the report says
+    what the chat route does, and which route it probed."""
+    via_render = _certify_direct(EngineConfig())
+    rendered = next(p for p in via_render.properties if p.name == "assistant_stable").facts["rendered"]
+    assert via_render.probed_via == "render" and via_render.summary()["probed_via"] == "render"
+    assert rendered == {"reasoning": True, "reasoning_content": True}
+    # an engine without the scale-out routes (vLLM without --enable-scale-out): /tokenize, said so
+    via_tokenize = _certify_direct(EngineConfig(scale_out=False))
+    rendered = next(p for p in via_tokenize.properties if p.name == "assistant_stable").facts["rendered"]
+    assert via_tokenize.probed_via == "tokenize"
+    assert rendered == {"reasoning": True, "reasoning_content": False}
+    assert via_tokenize.status == via_render.status == "certified"
+    # an engine whose chat route drops reasoning_content too (no rename): the render route reports that
+    no_rename = _certify_direct(EngineConfig(reasoning_content="drop"))
+    rendered = next(p for p in no_rename.properties if p.name == "assistant_stable").facts["rendered"]
+    assert no_rename.probed_via == "render" and rendered == {"reasoning": True, "reasoning_content": False}

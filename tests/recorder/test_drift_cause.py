@@ -59,6 +59,20 @@ def test_reasoning_the_template_does_not_render() -> None:
     assert _drift(reply, dict(reply), certification=cert) == "reasoning_not_rendered"
 
 
+def test_a_renamed_reasoning_field_is_a_cause_only_where_the_new_name_is_not_rendered() -> None:
+    """OpenCode replays ``reasoning`` as ``reasoning_content``. vLLM 0.32's chat route renames it back
+    before templating (certified through its render route: both names rendered), so the rename
+    renders the same and is no cause; on an engine that drops ``reasoning_content`` it is the cause."""
+    reply = {"role": "assistant", "content": "", "reasoning": "think", "tool_calls": [CALL]}
+    renamed = {"role": "assistant", "content": "", "reasoning_content": "think", "tool_calls": [CALL]}
+    both = _certification({"reasoning": True, "reasoning_content": True})
+    assert _drift(reply, renamed, certification=both) == "retokenized"
+    dropping = _certification({"reasoning": True, "reasoning_content": False})
+    assert _drift(reply, renamed, certification=dropping) == "reasoning_renamed"
+    neither = _certification({"reasoning": False, "reasoning_content": False})
+    assert _drift(reply, renamed, certification=neither) == "reasoning_not_rendered"
+
+
 def test_a_tag_sampled_as_text_is_told_from_the_ids() -> None:
     reply = {"role": "assistant", "content": "", "tool_calls": [CALL]}
     cert = _certification(open_id=151657)
@@ -120,3 +134,53 @@ def test_break_causes() -> None:
               {"role": "assistant", "content": "b"}]
     assert break_cause(parent, edited, same_prompt=False) == "edited_message"
     assert break_cause(parent, history, same_prompt=True) == "resample"
+
+
+def test_a_history_carrying_a_compaction_summary_is_rewritten() -> None:
+    """OpenCode's compaction keeps the system prompt and replaces the rest with [user, the summary the
+    model wrote, user "Continue"]; Pi puts the summary in a user message before the kept turns. By
+    shape alone both look like an edited message; the summary text (a compaction call's reply) says
+    what happened."""
+    parent = turn_view([SYSTEM, USER], {"role": "assistant", "content": "", "tool_calls": [CALL]}, ids(5))
+    summary = "Summary: the agent listed the files."
+    opencode = [SYSTEM, {"role": "user", "content": "What did we do so far?"},
+                {"role": "assistant", "content": summary},
+                {"role": "user", "content": "Continue if you have next steps"}]
+    assert break_cause(parent, opencode, same_prompt=False) == "edited_message"  # shape only: ambiguous
+    assert break_cause(parent, opencode, same_prompt=False, summaries=[summary]) == "history_rewritten"
+    compacted = f"compacted:\n<summary>\n{summary}\n</summary>"
+    pi = [SYSTEM, {"role": "user", "content": [{"type": "text", "text": compacted}]},
+          USER, {"role": "assistant", "content": None, "tool_calls": [CALL]}]
+    assert break_cause(parent, pi, same_prompt=False, summaries=[summary]) == "history_rewritten"
+    # a summary the parent already carried (an earlier compaction) says nothing about this break
+    later = turn_view(opencode, {"role": "assistant", "content": "ok"}, ids(5))
+    edited = [*opencode[:3], {"role": "user", "content": "Stop instead."}]
+    assert break_cause(later, edited, same_prompt=False, summaries=[summary]) == "edited_message"
+
+
+def test_a_template_that_re_renders_a_finished_turn_is_the_cause() -> None:
+    """Qwen3's original template drops an empty think block from an assistant turn once a tool result
+    follows it (certification: tool_prefix fails). The agent replayed the turn faithfully apart from
+    respacing the arguments, which this template normalizes anyway: the template is the cause."""
+    reply = {"role": "assistant", "content": "", "tool_calls": [CALL]}
+    replayed = {"role": "assistant", "content": "", "tool_calls": [COMPACT]}
+    cert = _certification(open_id=151657, args_same=RESPACING)
+    cert.properties.append(SimpleNamespace(name="tool_prefix", required=True, passed=False, facts={}))
+    assert _drift(reply, replayed, completion=ids(151657, 5), certification=cert) == "template_rerenders_turn"
+    # a prefix-preserving template: the sampled spacing it restyles is what remains
+    cert.properties[-1] = SimpleNamespace(name="tool_prefix", required=True, passed=True, facts={})
+    assert _drift(reply, replayed, completion=ids(151657, 5), certification=cert) == "tool_arguments_restyled"
+
+
+def test_a_break_in_an_unchanged_history_under_a_failed_junction_is_the_junction() -> None:
+    """Qwen3.5's think templates end the generation prompt in ``<think>\\n``; a turn sampled with no
+    reasoning re-renders that newline merged with the next one, so the next prompt departs inside the
+    parent's own prompt (a break) although no message changed: the certification's junction says why."""
+    history = [SYSTEM, USER]
+    parent = turn_view(history, {"role": "assistant", "content": "", "tool_calls": [CALL]}, ids(5))
+    grown = [*history, {"role": "assistant", "content": "", "tool_calls": [CALL]},
+             {"role": "tool", "tool_call_id": "c1", "content": "a.py"}]
+    junction = SimpleNamespace(properties=[SimpleNamespace(name="junction", required=True, passed=False, facts={})],
+                               tool_call_open_ids=[])
+    assert break_cause(parent, grown, same_prompt=False) == "unknown"
+    assert break_cause(parent, grown, same_prompt=False, certification=junction) == "junction_retokenized"

@@ -85,12 +85,15 @@ function headBadges(call, byNode) {
 /** What the recorder saw as the reason a call does not continue its parent exactly (drift_cause.py). */
 const DRIFT_CAUSE = {
   reasoning_dropped: "the agent sent the answer back without its reasoning",
-  reasoning_renamed: "the agent sent the reasoning back under another field name, which the engine renders differently",
+  reasoning_renamed: "the agent sent the reasoning back under another field name, which the engine does not render",
   reasoning_not_rendered: "the served template does not render the reasoning field the agent replays",
   tool_arguments_reserialized: "the agent re-serialized the sampled tool-call arguments (same JSON, other text)",
   content_reflattened: "the agent sent the text back as a list of parts (or the reverse)",
   edited_message: "the replayed message differs from what was sampled",
   tag_sampled_as_text: "the model sampled the tool-call tag as text pieces; the template renders it as one special id",
+  junction_retokenized: "no message changed, but the template tokenizes the end of the generation prompt together with the sampled turn (its junction failed certification)",
+  template_rerenders_turn: "the served template renders a finished assistant turn differently once more follows it (its certification failed)",
+  tool_arguments_restyled: "the template renders the sampled tool arguments in its own JSON style, not as the model spaced them",
   retokenized: "the answer came back verbatim, but the template tokenizes it differently from how it was sampled",
   resample: "the same prompt as an earlier call (a retry or a sibling sample)",
   sub_agent: "another system prompt: a sub-agent",
