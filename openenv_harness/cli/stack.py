@@ -22,8 +22,10 @@ from openenv_harness.rollout.tasks import Task
 
 #: What rollouts on the project's real engine pin: greedy and seeded (reproducible), and tool calls
 #: required -- the 0.5B model answers tool requests with a JSON code block unless constrained, so
-#: without it no rollout would ever use a tool (the constraint is recorded on every call).
-REAL_ENGINE_SAMPLING: dict[str, Any] = {"temperature": 0, "seed": 0, "tool_choice": "required"}
+#: without it no rollout would ever use a tool (the constraint is recorded on every call); and at most
+#: 256 sampled tokens a call: Claude Code asks for 32,000, which a CPU engine samples for an hour when
+#: the grammar lets the model write a whole file into one tool call.
+REAL_ENGINE_SAMPLING: dict[str, Any] = {"temperature": 0, "seed": 0, "tool_choice": "required", "max_tokens": 256}
 
 
 class LocalStack:

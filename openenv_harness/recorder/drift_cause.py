@@ -153,12 +153,27 @@ def _answer_cause(reply: dict[str, Any], replayed: dict[str, Any], rendered_fiel
     return None
 
 
-def drift_cause(parent: TurnView, messages: list[Any], prompt: bytes, certification: Any = None) -> str:
-    """The cause of a replay drift of ``messages`` (this call's request) from ``parent``."""
+def _tag_at(prompt: bytes, divergence_at: int | None, completion: bytes, open_ids: list[int]) -> bool:
+    """The prompt holds the tool-call tag's special id exactly where it departs from prompt + sampled,
+    and the model never sampled that id: it sampled the tag as text (as a tool call, or as text an
+    agent replays as content after a truncated call), and the template re-tokenizes it as the id."""
+    if divergence_at is None or not open_ids or not 0 <= divergence_at * 4 < len(prompt):
+        return False
+    tag = open_ids[0].to_bytes(4, "little")
+    sampled = {completion[i:i + 4] for i in range(0, len(completion), 4)}
+    return prompt[divergence_at * 4:divergence_at * 4 + 4] == tag and tag not in sampled
+
+
+def drift_cause(parent: TurnView, messages: list[Any], prompt: bytes, certification: Any = None,
+                divergence_at: int | None = None) -> str:
+    """The cause of a replay drift of ``messages`` (this call's request) from ``parent``; where the
+    ids first depart (``divergence_at``, a token index) decides when it shows the tag as text."""
     n = len(parent.message_crcs)
     replayed = messages[n] if len(messages) > n and isinstance(messages[n], dict) else None
     if replayed is None or replayed.get("role") != "assistant":
         return "unknown"
+    if _tag_at(prompt, divergence_at, parent.completion, list(getattr(certification, "tool_call_open_ids", None) or [])):
+        return "tag_sampled_as_text"  # the first difference: whatever else the agent changed comes later
     rendered: dict[str, bool] = {}
     respaces = rerenders = False
     for prop in getattr(certification, "properties", None) or []:

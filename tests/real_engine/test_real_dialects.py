@@ -3,8 +3,10 @@
 The same recorder, the same flow: each CLI's calls reach vLLM's chat route, and what is recorded is
 what vLLM sampled -- prompt ids, sampled ids, logprobs, checked against vLLM's own replies as the
 capture proxy saw them. Sampling is pinned as for Pi and OpenCode (greedy, seeded, tool calls
-required: this 0.5B model answers in a JSON code block otherwise). What each CLI sends back of the
-model's turn is its own: every non-root transition carries its class and a named cause.
+required: this 0.5B model answers in a JSON code block otherwise; 256 tokens at most). What each CLI
+sends back of the model's turn is its own: every non-root transition carries its class and a named
+cause. Claude Code's prompt is ~12k tokens (its tools' schemas): a minute of CPU prefill a call, which
+the recorder's stream keepalives carry past the CLI's five-minute idle limit.
 """
 
 from __future__ import annotations
@@ -68,8 +70,9 @@ def test_each_dialect_records_what_vllm_sampled(harness: str, dialect_rollouts: 
         assert record["completion_token_ids"] == raw["choices"][0]["token_ids"]
         assert record["per_token_logps"] == [e["logprob"] for e in raw["choices"][0]["logprobs"]["content"]]
         assert md["provenance"]["decoding_constraint"] == {"tool_choice": "required"}
-    # the model's tool calls reached the CLI and were run: each later call carries a tool result
-    assert all(r["request"]["messages"][-1]["role"] == "tool" for r in agent[1:])
+    # each later call carries what the CLI made of the previous answer: a tool result, or (Claude Code, when
+    # a call was cut at max_tokens and vLLM parsed no tool call) the answer's text and a nudge to go on
+    assert all(r["request"]["messages"][-1]["role"] in ("tool", "user") for r in agent[1:])
 
 
 @pytest.mark.parametrize("harness", list(DIALECTS))
@@ -81,7 +84,8 @@ def test_each_transition_is_classified_with_its_cause(harness: str, dialect_roll
     for f in fidelity[1:]:
         assert f["class"] in ("exact", "replay_drift"), f
         if f["class"] == "replay_drift":
-            # under the grammar the model samples the tool-call tag as text; the template renders its id
+            # under the grammar the model samples the tool-call tag as text; the template renders its id --
+            # also when the agent replays a cut-off call as text: the first difference is the tag
             assert f["cause"] == "tag_sampled_as_text", f
     turns = run["trace"].turns
     assert [t.node_id for t in turns] == [r["metadata"]["node_id"] for r in agent]

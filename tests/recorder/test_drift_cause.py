@@ -184,3 +184,23 @@ def test_a_break_in_an_unchanged_history_under_a_failed_junction_is_the_junction
                                tool_call_open_ids=[])
     assert break_cause(parent, grown, same_prompt=False) == "unknown"
     assert break_cause(parent, grown, same_prompt=False, certification=junction) == "junction_retokenized"
+
+
+def test_the_tag_at_the_divergence_names_the_cause_first() -> None:
+    """Where the ids first depart decides: a truncated tool call (no parsed call; Claude Code replays the
+    text as content) whose ``<tool_call>`` text the template re-tokenizes as the special id, and a replay
+    the agent also re-serialized further on -- both show the tag as text first."""
+    cert = _certification(open_id=151657)
+    sampled = ids(27, 14172, 13429, 29, 4913)  # "<", "tool", "_call", ">", '{"'
+    text = {"role": "assistant", "content": '<tool_call>{"name": "Edit", "arguments": {"file_path": "a'}
+    parent = turn_view([SYSTEM, USER], text, sampled)
+    prompt = ids(1, 2, 151657, 4913)  # prompt[:2] is the parent's prompt; the tag's id at position 2
+    messages = [SYSTEM, USER, dict(text), {"role": "user", "content": "go on"}]
+    assert drift_cause(parent, messages, prompt, cert, divergence_at=2) == "tag_sampled_as_text"
+    assert drift_cause(parent, messages, prompt, cert, divergence_at=3) == "retokenized"  # not the tag there
+    reply = {"role": "assistant", "content": "", "tool_calls": [CALL]}
+    compact = {"role": "assistant", "content": "", "tool_calls": [COMPACT]}
+    assert _drift(reply, compact, completion=sampled, prompt=prompt, certification=cert) \
+        == "tool_arguments_reserialized"  # no position given: the messages decide
+    parent = turn_view([SYSTEM, USER], reply, sampled)
+    assert drift_cause(parent, [SYSTEM, USER, compact], prompt, cert, divergence_at=2) == "tag_sampled_as_text"
