@@ -191,6 +191,7 @@ async def create_session(spec: SessionSpec, request: Request) -> Response:
             "session_id": session.id,
             "secret": secret,
             "base_url": base_url_for(ctx, request, session.id),
+            "affinity_key": session.affinity_key,
             "template_status": session.template_status,
             "template_fingerprint": session.template_fingerprint,
             "template_certification": session.template_certification,

@@ -184,7 +184,8 @@ def create_recorder_app(
     ups: dict[str, Upstream] = dict(upstreams or {})
     if "default" not in ups and config.engine_url:
         ups["default"] = H1Engine(
-            config.engine_url, timeout_s=config.upstream_timeout_s, api_key=config.engine_api_key
+            config.engine_url, timeout_s=config.upstream_timeout_s, api_key=config.engine_api_key,
+            affinity_header=config.affinity_header,
         )
     admin_token = config.admin_token or new_admin_token()
     the_store = store or SQLiteStore(config.store_path, synchronous=config.sqlite_synchronous,
