@@ -32,6 +32,7 @@ from openenv_harness.recorder.store.base import RecordStore
 from openenv_harness.recorder.store.indexer import IndexerFailed
 from openenv_harness.recorder.store.sqlite import SQLiteStore
 from openenv_harness.recorder.upstream.base import Upstream, UpstreamFailure
+from openenv_harness.recorder.replicas import ReplicaFence
 from openenv_harness.recorder.upstream.h1_engine import H1Engine
 from openenv_harness.viewer import viewer_router
 
@@ -200,6 +201,9 @@ def create_recorder_app(
         admin_token=admin_token,
         admin_auth=AdminAuth(admin_token),
     )
+    if config.engine_replicas or config.engine_replicas_from_router:
+        ctx.replicas = ReplicaFence(config.engine_replicas, api_key=config.engine_api_key,
+                                    router=ups.get("default") if config.engine_replicas_from_router else None)
     ctx.engine_watch = EngineWatch(ctx.engine_info, ttl_s=config.template_reprobe_s, probe_template=config.probe_template)
 
     @contextlib.asynccontextmanager
@@ -216,6 +220,8 @@ def create_recorder_app(
         finally:
             for upstream in ctx.upstreams.values():
                 await upstream.aclose()
+            if ctx.replicas is not None:
+                await ctx.replicas.aclose()
             ctx.store.close()
 
     app = FastAPI(title="openenv-harness recorder", lifespan=lifespan, docs_url=None, redoc_url=None,

@@ -102,6 +102,8 @@ class RecorderContext:
     #: probes the default engine's template at start and again when it may have changed
     engine_watch: Any = None
     viewer_logins: ViewerLogins = field(default_factory=ViewerLogins)
+    #: the engine replicas the fence pauses and resumes (``replicas.ReplicaFence``), when there are several
+    replicas: Any = None
 
     def upstream_for(self, name: str | None) -> Upstream | None:
         return self.upstreams.get(name or "default")
