@@ -230,7 +230,8 @@ async def _render(upstream: Upstream, state: IncrementalState, body: dict[str, A
     reply = await upstream.post_for_session(RENDER, {k: v for k, v in body.items() if k != "stream"},
                                             session_id=session, affinity=affinity)
     if reply.status in (403, 404, 405):
-        state.routes_missing = f"the engine has no {RENDER} (HTTP {reply.status}): start vLLM with --enable-scale-out"
+        state.routes_missing = (f"the engine has no {RENDER} (HTTP {reply.status}): start vLLM with --enable-scale-out "
+                                "(behind a router: one that forwards the render, generate and derender routes)")
         raise Fallback("no_scale_out_routes", state.routes_missing)
     ids = (reply.json or {}).get("token_ids")
     if reply.status != 200 or not isinstance(ids, list):

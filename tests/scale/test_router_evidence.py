@@ -43,3 +43,16 @@ def test_a_router_that_drops_token_ids_leaves_untrainable_records(
         checks = {name: (ok, detail) for name, ok, detail in _engine_checks(proxy.url, "reference-model")}
         ok, detail = checks["token ids + logprobs"]
         assert not ok and _names(dropped, detail), detail
+        if dropped == "token_ids":  # the incremental mode's generate reply lost its ids too
+            ok, detail = checks["scale-out token routes"]
+            assert not ok and "token_ids" in detail and "dropped on the way" in detail, detail
+
+
+def test_doctor_through_the_real_router_lists_its_workers_and_passes_the_token_routes(
+        router: VLLMRouter, replicas: list[EngineServer]) -> None:
+    checks = {name: (ok, detail) for name, ok, detail in _engine_checks(router.url, "reference-model")}
+    ok, detail = checks["router"]
+    assert ok and f"{len(replicas)} worker(s)" in detail and "engine_replicas" in detail
+    assert all(e.url in detail for e in replicas)
+    assert checks["token ids + logprobs"] == (True, "ok")
+    assert checks["scale-out token routes"] == (True, "ok")
