@@ -19,6 +19,7 @@ from openenv_harness.recorder.client import RecorderAPIError
 from openenv_harness.testing.engine import EngineConfig, EngineServer
 
 from agentloop import ADMIN, TOOLS, tool_script
+from replica_keys import key_for_each
 
 LONG = "a long enough answer to take a while to decode " * 3
 
@@ -48,23 +49,6 @@ def _fresh(slow_replicas: list[EngineServer]) -> None:
 def _recorder(tmp_path: Path, router: VLLMRouter, **config: Any) -> RecorderServer:
     return RecorderServer(RecorderConfig(store_path=str(tmp_path / "r.db"), engine_url=router.url,
                                          admin_token=ADMIN, **config)).start()
-
-
-def _key_for_each(router: VLLMRouter, replicas: list[EngineServer]) -> list[str]:
-    """One affinity key the router sends to each replica (found by asking it, not by hashing here)."""
-    found: dict[int, str] = {}
-    for n in range(200):
-        key = f"probe-{n}"
-        httpx.post(router.url + "/v1/chat/completions", headers={"X-Session-ID": key}, timeout=30,
-                   json={"model": "reference-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1})
-        for index, engine in enumerate(replicas):
-            if any(e["headers"].get("x-session-id") == key for e in engine.requests()):
-                found.setdefault(index, key)
-        if len(found) == len(replicas):
-            for engine in replicas:
-                engine.reset()
-            return [found[i] for i in range(len(replicas))]
-    raise AssertionError(f"the router sent 200 keys to replicas {sorted(found)} only")
 
 
 def _chat(s: dict[str, Any], text: str) -> httpx.Response:
@@ -106,7 +90,7 @@ def test_a_call_kept_across_the_sync_on_any_replica_is_flagged(tmp_path: Path, s
     server = _recorder(tmp_path, slow_router, engine_replicas=[e.url for e in slow_replicas])
     try:
         with RecorderClient(server.url, ADMIN) as admin:
-            sessions = [admin.create_session(affinity_key=key) for key in _key_for_each(slow_router, slow_replicas)]
+            sessions = [admin.create_session(affinity_key=key) for key in key_for_each(slow_router, slow_replicas)]
             for s in sessions:
                 for engine in slow_replicas:
                     engine.set_script(s["session_id"], tool_script(0, final=LONG))
