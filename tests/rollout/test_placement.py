@@ -3,13 +3,19 @@ first, each trace read from the recorder holding it, one recorder down leaves th
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Iterator
 
+import httpx
 import pytest
 
 from openenv_harness.recorder import RecorderClient, RecorderConfig, RecorderServer
+from openenv_harness.recorder.server import free_port
 from openenv_harness.rollout import BUILTIN_TASKS, HarnessSessionFactory
 from openenv_harness.rollout.placement import NoRecorderAvailable, RecorderPool
 from openenv_harness.rollout.session import RolloutCaptureError
@@ -82,46 +88,67 @@ def slow_engine() -> Iterator[EngineServer]:
         yield e
 
 
+def _recorder_process(store: Path, engine: EngineServer, port: int) -> subprocess.Popen:
+    """A recorder in a process of its own, so that it can be SIGKILLed."""
+    proc = subprocess.Popen([sys.executable, "-m", "openenv_harness.recorder", "--engine-url", engine.url,
+                             "--port", str(port), "--store", str(store), "--admin-token", ADMIN, "--log-level", "error"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError("the recorder process did not start")
+
+
 @pytest.mark.cli
-def test_rollouts_over_two_recorders_and_one_going_down(cli_paths, tmp_path: Path, slow_engine: EngineServer) -> None:
-    servers = [_recorder(tmp_path / f"r{i}.db", slow_engine) for i in range(2)]
+def test_rollouts_over_two_recorders_and_one_killed(cli_paths, tmp_path: Path, slow_engine: EngineServer) -> None:
+    """One rollout on each of two recorders; the second recorder is SIGKILLed under its rollout: the
+    first completes, the second is unscored with its recorder named, new rollouts go to the one up,
+    and the killed recorder, restarted on its store, has every call it acknowledged."""
     model = "ref-pi-fix-add-two-recorders"
     slow_engine.set_script(model, Script(turns=BUILTIN_TASKS["fix-add"].reference_script))
-    factory = HarnessSessionFactory(harness="pi", recorder_url=[s.url for s in servers], admin_token=ADMIN,
+    first = _recorder(tmp_path / "r0.db", slow_engine)
+    port = free_port()
+    second = _recorder_process(tmp_path / "r1.db", slow_engine, port)
+    second_url = f"http://127.0.0.1:{port}"
+    factory = HarnessSessionFactory(harness="pi", recorder_url=[first.url, second_url], admin_token=ADMIN,
                                     model=model)
-    sessions = [factory.create("fix-add") for _ in range(2)]
+    sessions = []
     try:
-        holders = [s.client.base_url for s in sessions]
-        assert sorted(holders) == sorted(s.url for s in servers), "one rollout on each recorder"
-        down = servers[[s.url for s in servers].index(holders[1])]
-        down_port = down.port
-        # the second rollout's recorder goes away under it, once it has recorded a call
-        assert not sessions[1].client.wait(sessions[1].session_id, min_calls=1, timeout_s=60)["timed_out"]
-        down.stop()
+        sessions = [factory.create("fix-add") for _ in range(2)]
+        assert [s.client.base_url for s in sessions] == [first.url, second_url]  # least live, then round-robin
+        doomed = sessions[1]
+        assert not doomed.client.wait(doomed.session_id, min_calls=1, timeout_s=60)["timed_out"]
+        acknowledged = doomed.client.session(doomed.session_id)["calls"]
+        second.send_signal(signal.SIGKILL)
+        second.wait(30)
         assert sessions[0].wait_for_completion(timeout_s=120) == 0
         assert sessions[0].verify([]).env_reward == 1.0
-        trace = sessions[0].fetch_training_trace()  # read from the recorder that holds it
-        assert len(trace.turns) == 4
-        sessions[1].wait_for_completion(timeout_s=120)
-        lost = sessions[1].verify([])
+        assert len(sessions[0].fetch_training_trace().turns) == 4  # read from the recorder holding it
+        doomed.wait_for_completion(timeout_s=120)
+        lost = doomed.verify([])
         assert lost.env_reward is None and "recorder unreachable" in lost.metrics["unscored_reason"]
-        with pytest.raises(RolloutCaptureError, match=f"recorder {holders[1]} holding session"):
-            sessions[1].fetch_training_trace()
-        # new rollouts go to the recorder still up
-        third = factory.create("fix-add")
+        with pytest.raises(RolloutCaptureError, match=f"recorder {second_url} holding session"):
+            doomed.fetch_training_trace()
+        third = factory.create("fix-add")  # new rollouts go to the recorder still up
         sessions.append(third)
-        assert third.client.base_url == holders[0]
+        assert third.client.base_url == first.url
         assert third.wait_for_completion(timeout_s=120) == 0
-        # back on its port and store, the stopped recorder still has every call it acknowledged
-        servers.append(_recorder(Path(down.config.store_path), slow_engine, port=down_port))
-        with RecorderClient(holders[1], ADMIN) as client:
-            kept = client.records(sessions[1].session_id)
-        assert kept and all(r["metadata"]["status"] == "ok" for r in kept)
+        second = _recorder_process(tmp_path / "r1.db", slow_engine, port)
+        with RecorderClient(second_url, ADMIN) as client:
+            kept = client.records(doomed.session_id)
+        assert len(kept) >= acknowledged >= 1
+        assert [r["metadata"]["call_index"] for r in kept] == list(range(len(kept)))
     finally:
         for session in sessions:
             session.close()
-        for server in servers:
-            server.stop()
+        first.stop()
+        second.kill()
+        second.wait(30)
 
 
 def test_the_trl_factory_takes_several_recorders_and_stays_picklable() -> None:
