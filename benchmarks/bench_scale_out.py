@@ -40,12 +40,14 @@ ADMIN = "bench-admin-token-0123456789abcdef"
 RESULTS = BENCH / "results" / "scale_out.json"
 DOCS = procs.ROOT / "docs" / "benchmarks.md"
 SECTION = "## Scale-out: one recorder or two"
+SIM_SECTION = "### Sizing check: many sandboxes with think time"
 
 
 def _loadgen(url: str, sessions: int, args: argparse.Namespace) -> list[str]:
     return [procs.PYTHON, str(BENCH / "loadgen.py"), "--url", url, "--target", "recorder", "--admin-token", ADMIN,
             "--sessions", str(sessions), "--turns", str(args.turns), "--duration", str(args.duration),
-            "--prompt-tokens", str(args.prompt_tokens), "--stream", "--keep-calls", "--timeout", "300"]
+            "--prompt-tokens", str(args.prompt_tokens), "--stream", "--keep-calls", "--timeout", "300",
+            "--think-s", str(args.think_s)]
 
 
 def run_arm(engine_url: str, recorders: int, args: argparse.Namespace, work: Path) -> dict[str, Any]:
@@ -55,14 +57,19 @@ def run_arm(engine_url: str, recorders: int, args: argparse.Namespace, work: Pat
     try:
         cpu0 = [procs.tree_cpu_seconds(s.pid) for s in servers]
         half = args.sessions // 2
-        gens = [subprocess.Popen(_loadgen(servers[i % recorders].url, half, args), cwd=procs.ROOT,
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE) for i in range(2)]
+        # each generator writes to a file of its own: a pipe nobody reads yet would cut its output
+        files = [(work / f"lg-{recorders}-{i}-{time.time_ns()}.out", work / f"lg-{recorders}-{i}.err") for i in range(2)]
+        gens = []
+        for i, (out_path, err_path) in enumerate(files):
+            with out_path.open("wb") as out, err_path.open("wb") as err:
+                gens.append(subprocess.Popen(_loadgen(servers[i % recorders].url, half, args), cwd=procs.ROOT,
+                                             stdout=out, stderr=err))
         outs = []
-        for gen in gens:
-            stdout, stderr = gen.communicate(timeout=args.duration * 20 + 300)
+        for gen, (out_path, err_path) in zip(gens, files):
+            gen.wait(timeout=args.duration * 20 + 600)
             if gen.returncode != 0:
-                raise RuntimeError(f"loadgen failed: {stderr.decode()[-2000:]}")
-            outs.append(json.loads(stdout.decode().strip().splitlines()[-1]))
+                raise RuntimeError(f"loadgen failed: {err_path.read_text()[-2000:]}")
+            outs.append(json.loads(out_path.read_text().strip().splitlines()[-1]))
         cpu = sum(procs.tree_cpu_seconds(s.pid) - c for s, c in zip(servers, cpu0))
         rss = sum(procs.tree_rss_bytes(s.pid) for s in servers)
     finally:
@@ -74,8 +81,9 @@ def run_arm(engine_url: str, recorders: int, args: argparse.Namespace, work: Pat
     window = max(out["window_s"] for out in outs)
     records = sum(s["records"] for s in sizes)
     return {
-        "recorders": recorders, "sessions": args.sessions, "calls": calls,
+        "recorders": recorders, "sessions": args.sessions, "think_s": args.think_s, "calls": calls,
         "errors": sum(out["errors"] for out in outs),
+        "error_samples": [e for out in outs for e in out["error_samples"]][:4],
         "throughput": calls / window if window else 0.0, "window_s": window,
         "p50_ms": percentile(latencies, 50), "p99_ms": percentile(latencies, 99),
         "recorder_cpu_ms_per_call": cpu * 1000.0 / calls if calls else None,
@@ -102,19 +110,24 @@ def _engines(args: argparse.Namespace, work: Path) -> tuple[list[Any], Any]:
 def markdown(rows: list[dict[str, Any]], args: argparse.Namespace, command: str, load: tuple[float, float]) -> str:
     engine = (f"{args.replicas} lean engines behind vllm-router (consistent_hash)" if args.replicas
               else "one lean engine")
-    lines = [SECTION, "",
+    lines = [SIM_SECTION if args.think_s else SECTION, "",
              f"Run {time.strftime('%Y-%m-%d %H:%M')} machine time, {os.cpu_count()} cores shared by everything "
              f"(engine, recorders and their index processes, two load generators). {args.sessions} sessions "
-             f"(2 load generators × {args.sessions // 2}), no think time, Pi-shaped streamed tool calls, "
+             f"(2 load generators × {args.sessions // 2}), "
+             + (f"{args.think_s:g} s mean think time between an agent's calls (offered load: "
+                f"{args.sessions * args.turns / (max(1, args.turns - 1) * args.think_s):.0f} calls/s once all run)"
+                if args.think_s else "no think time")
+             + ", Pi-shaped streamed tool calls, "
              f"first prompt {args.prompt_tokens} ids growing by a ~2 KB tool result per turn, {args.turns} turns per "
              f"conversation, {args.duration:g} s per arm and round, {engine}. 1-minute load average {load[0]:.1f} before "
              f"and {load[1]:.1f} after (other work on the machine). Command: `{command}`.", "",
-             "| recorders | round | calls/s | p50 ms | p99 ms | recorder CPU ms/call | recorder cores | stored B/call "
-             "| file B/call | errors |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "| recorders | round | calls/s | p50 ms | p99 ms | recorder CPU ms/call | recorder cores | recorder RSS MB "
+             "| stored B/call | file B/call | errors |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
         lines.append(f"| {row['recorders']} | {row['round']} | {row['throughput']:.0f} | {row['p50_ms']:.1f} | "
                      f"{row['p99_ms']:.1f} | {row['recorder_cpu_ms_per_call']:.2f} | {row['recorder_cores_used']:.2f} | "
+                     f"{row['recorder_rss_mb']:.0f} | "
                      f"{row['stored_bytes_per_call']:.0f} | {row['file_bytes_per_call']:.0f} | {row['errors']} |")
     return "\n".join(lines) + "\n"
 
@@ -126,6 +139,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--turns", type=int, default=10)
     p.add_argument("--prompt-tokens", type=int, default=1024)
     p.add_argument("--rounds", type=int, default=1)
+    p.add_argument("--arms", default="1,2", help="recorder counts to compare, e.g. 1,2 or 1")
+    p.add_argument("--think-s", type=float, default=0.0, help="mean pause between an agent's calls")
     p.add_argument("--replicas", type=int, default=0, help="0: one engine directly; N: N engines behind vllm-router")
     p.add_argument("--results", type=Path, default=RESULTS, help="where the JSON rows go")
     p.add_argument("--docs", action="store_true", help=f"append the table to {DOCS.relative_to(procs.ROOT)}")
@@ -138,8 +153,9 @@ def main(argv: list[str] | None = None) -> None:
         engines, router = _engines(args, work)
         try:
             url = router.url if router is not None else engines[0].url
+            arms = [int(a) for a in args.arms.split(",")]
             for n in range(args.rounds):
-                for recorders in ((1, 2) if n % 2 == 0 else (2, 1)):
+                for recorders in (arms if n % 2 == 0 else arms[::-1]):
                     row = {**run_arm(url, recorders, args, work), "round": n + 1}
                     rows.append(row)
                     print(json.dumps(row), flush=True)
