@@ -256,10 +256,14 @@ class LoadGen:
             offset = rng.randrange(0, len(self.pool) - args.tool_bytes)
             conv.add({"role": "tool", "tool_call_id": echo["tool_calls"][0]["id"],
                       "content": self.pool[offset : offset + args.tool_bytes]})
+            if args.think_s and turn + 1 < args.turns:  # the agent's tool time (and, here, the engine's latency)
+                await asyncio.sleep(args.think_s * rng.uniform(0.5, 1.5))
         await self.close_session(http, session_id)
         stats.conversations += 1
 
-    async def worker(self, http: aiohttp.ClientSession) -> None:
+    async def worker(self, http: aiohttp.ClientSession, index: int = 0) -> None:
+        if self.args.think_s:  # sandboxes do not all start at once: spread the first calls over one think time
+            await asyncio.sleep(random.Random(self.args.seed * 7919 + index).uniform(0, self.args.think_s))
         while time.perf_counter() < self.deadline:
             if self.args.max_conversations and self.started >= self.args.max_conversations:
                 return
@@ -278,7 +282,7 @@ class LoadGen:
         async with aiohttp.ClientSession(connector=connector, timeout=timeout) as http:
             cpu0 = _cpu_s()
             self.deadline = time.perf_counter() + self.args.duration
-            await asyncio.gather(*(self.worker(http) for _ in range(self.args.sessions)))
+            await asyncio.gather(*(self.worker(http, i) for i in range(self.args.sessions)))
             cpu1 = _cpu_s()
         return self.summary(cpu1 - cpu0)
 
@@ -335,6 +339,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--prompt-tokens", type=int, default=1024, help="first prompt size (lean engine's tokens)")
     p.add_argument("--tool-bytes", type=int, default=2048)
     p.add_argument("--stream", action="store_true")
+    p.add_argument("--think-s", type=float, default=0.0, help="mean pause between an agent's calls (uniform ±50%%)")
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--timeout", type=float, default=120.0)
     p.add_argument("--keep-calls", action="store_true", help="include per-call [turn, ms, prompt] rows")

@@ -99,6 +99,12 @@ class Provenance(BaseModel):
     model: str | None = None
     sampling: dict[str, Any] = Field(default_factory=dict, description="Sampling fields actually sent upstream")
     engine: str | None = Field(None, description="Upstream kind and URL/name")
+    affinity_key: str | None = Field(
+        None, description="The session's trajectory routing key, sent upstream as X-Session-ID (a router's "
+        "consistent hashing keeps the trajectory on one replica; its log maps the key to the replica)")
+    replica: str | None = Field(
+        None, description="The engine replica that served the call, when the reply names it (the recorder's "
+        "replica_header); None when nothing on the path says")
     engine_version: str | None = None
     harness: str | None = None
     harness_version: str | None = None

@@ -9,6 +9,8 @@ import platform
 import shutil
 import subprocess
 
+from typing import Any
+
 import typer
 from rich.console import Console
 from rich.table import Table
@@ -56,6 +58,7 @@ def _engine_checks(url: str, model: str | None) -> list[tuple[str, bool, str]]:
                 # raw span); the doctor reads the whole body as the engine sent it
                 ev = extract_evidence(parse_json_object(reply.body) or {})
                 out.append(("token ids + logprobs", ev.valid, "ok" if ev.valid else "; ".join(ev.reasons)))
+            out.extend(await _path_checks(eng, body))
             fp, status = await probe_template(eng, body["model"] or None)
             out.append(("template fingerprint", fp is not None, fp or status))
             cert = await certify_template(eng, body["model"] or None)
@@ -80,6 +83,41 @@ def _engine_checks(url: str, model: str | None) -> list[tuple[str, bool, str]]:
 
     asyncio.run(go())
     del httpx
+    return out
+
+
+async def _path_checks(eng: Any, chat: dict[str, Any]) -> list[tuple[str, bool, str]]:
+    """A router in front (its worker list), and whether the incremental prompt mode's token route
+    carries evidence on this path. Absent scale-out routes are a note (that mode falls back to full
+    history); a route that answers without token ids or logprobs is a failure (a router dropping them)."""
+    out: list[tuple[str, bool, str]] = []
+    workers = await eng.request("GET", "/list_workers")
+    urls = (workers.json or {}).get("urls") if workers.status == 200 else None
+    if isinstance(urls, list):
+        out.append(("router", True, f"{len(urls)} worker(s): {', '.join(map(str, urls))} -- give the recorder "
+                    "engine_replicas (or engine_replicas_from_router) so its fence pauses every one"))
+    render = await eng.request("POST", "/v1/chat/completions/render", json={k: v for k, v in chat.items()
+                                                                          if k in ("model", "messages")})
+    ids = (render.json or {}).get("token_ids")
+    if render.status in (403, 404, 405):
+        out.append(("scale-out token routes", True, f"absent (render: HTTP {render.status}): the incremental "
+                    "prompt mode falls back to full history"))
+        return out
+    if render.status != 200 or not isinstance(ids, list):
+        out.append(("scale-out token routes", False, f"render: HTTP {render.status}, no token_ids in the reply "
+                    "(dropped on the way?)"))
+        return out
+    params = {**((render.json or {}).get("sampling_params") or {}), "max_tokens": 4, "logprobs": 0}
+    generated = await eng.request("POST", "/inference/v1/generate",
+                                  json={"token_ids": ids, "sampling_params": params, "model": chat.get("model")})
+    reply = generated.json or {}
+    choice = (reply.get("choices") or [{}])[0]
+    missing = [name for name, value in (("token_ids", choice.get("token_ids")), ("logprobs", choice.get("logprobs")))
+               if not value]
+    ok = generated.status == 200 and not missing
+    detail = "ok" if ok else (f"generate: HTTP {generated.status}" if generated.status != 200
+                              else "generate reply without " + ", ".join(missing) + " (dropped on the way?)")
+    out.append(("scale-out token routes", ok, detail))
     return out
 
 

@@ -11,27 +11,36 @@ from rich.console import Console
 from rich.table import Table
 
 from openenv_harness.cli.errors import CLIError
-from openenv_harness.cli.records_source import open_source
+from openenv_harness.cli.records_source import MultiSource, open_source
 
 app = typer.Typer(no_args_is_help=True)
 console = Console(width=None if sys.stdout.isatty() else 150)
 
-STORE = typer.Option(None, "--store", help="Record store (runs/<run>/records.db)")
-URL = typer.Option(None, "--url", help="A running recorder instead of a store file")
+STORE = typer.Option(None, "--store", help="Record store (runs/<run>/records.db); repeat for several")
+URL = typer.Option(None, "--url", help="A running recorder instead of a store file; repeat for several")
 TOKEN = typer.Option(None, "--admin-token", envvar="OEH_ADMIN_TOKEN", help="Admin token for --url")
 
 
 @app.command("list")
-def list_sessions(store: str = STORE, url: str = URL, admin_token: str = TOKEN) -> None:
-    """Sessions in a store or a recorder."""
+def list_sessions(store: list[str] = STORE, url: list[str] = URL, admin_token: str = TOKEN) -> None:
+    """Sessions in stores or recorders (several: each session says where it lives)."""
     src = open_source(store, url, admin_token)
+    several = isinstance(src, MultiSource)
     t = Table()
-    for col in ("session", "status", "stop", "calls", "agent calls", "harness", "task"):
+    for col in ("session", "status", "stop", "calls", "agent calls", "harness", "task", *(["where"] if several else [])):
         t.add_column(col)
     for s in src.sessions():
         t.add_row(s["session_id"], s.get("status", ""), s.get("stop_reason") or "", str(s.get("calls", "")),
-                  str(s.get("agent_calls", "")), s.get("harness") or "", str((s.get("metadata") or {}).get("task_id", "")))
+                  str(s.get("agent_calls", "")), s.get("harness") or "", str((s.get("metadata") or {}).get("task_id", "")),
+                  *([s["where"]] if several else []))
     console.print(t)
+    _problems(src)
+
+
+def _problems(src: Any) -> None:
+    """Sources that could not be read, on stderr (the others were read)."""
+    for problem in getattr(src, "problems", []):
+        Console(stderr=True).print(f"could not read {problem}", style="yellow")
 
 
 def _delta_text(md: dict[str, Any]) -> str:
@@ -43,11 +52,12 @@ def _delta_text(md: dict[str, Any]) -> str:
 
 
 @app.command("show")
-def show(session_id: str, store: str = STORE, url: str = URL, admin_token: str = TOKEN,
+def show(session_id: str, store: list[str] = STORE, url: list[str] = URL, admin_token: str = TOKEN,
          delta: bool = typer.Option(False, help="Also print per-strategy trainable-token ratios")) -> None:
     """One session: its calls, chain status, budgets and errors."""
     src = open_source(store, url, admin_token)
     records = src.records(session_id)
+    _problems(src)
     if not records:
         raise CLIError(f"no records for session {session_id}", "`openenv-harness trace list` shows the sessions")
     t = Table(title=f"session {session_id}")
@@ -95,6 +105,7 @@ def verify(
 
     src = open_source(store, url, admin_token)
     records = src.records(session_id)
+    _problems(src)
     if not records:
         raise CLIError(f"no records for session {session_id}", "`openenv-harness trace list` shows the sessions")
     with console.status(f"loading {model} ({dtype})"):
@@ -135,7 +146,7 @@ def verify(
 @app.command("export")
 def export(
     session_id: str,
-    store: str = STORE, url: str = URL, admin_token: str = TOKEN,
+    store: list[str] = STORE, url: list[str] = URL, admin_token: str = TOKEN,
     format: str = typer.Option("entries", "--format", help="entries (TraceEntry JSONL) | training (OpenEnv "
                                "TrainingTrace JSON) | harness (HarnessTrace JSON)"),
     strategy: str = typer.Option("split", help="harness format: split | realign | approximate"),
@@ -144,6 +155,7 @@ def export(
     """Export a session's records."""
     src = open_source(store, url, admin_token)
     records = src.records(session_id)
+    _problems(src)
     if format == "entries":
         text = "".join(json.dumps(r) + "\n" for r in records)
     elif format == "training":

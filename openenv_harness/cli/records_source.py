@@ -1,4 +1,10 @@
-"""Where ``trace`` reads records from: a store file on disk, or a running recorder."""
+"""Where ``trace`` reads records from: store files on disk, running recorders, or several at once.
+
+Several sources (``--store`` and ``--url`` may each be repeated) are read as one: sessions are
+listed from all of them, each with where it lives, and a session's records come from the source
+that holds it. With sessions spread over several recorders (``docs/scale-out.md``) that is how a
+run's traces are read back. A recorder that does not answer is named, and the others are still read.
+"""
 
 from __future__ import annotations
 
@@ -47,9 +53,47 @@ class RecorderSource:
         return self.client.records(session_id)
 
 
-def open_source(store: str | None, url: str | None, admin_token: str | None) -> StoreSource | RecorderSource:
-    if url:
-        return RecorderSource(url, admin_token)
-    if store:
-        return StoreSource(store)
-    raise CLIError("say where the records are", "pass --store PATH or --url URL --admin-token TOKEN")
+class MultiSource:
+    """Several stores and recorders read as one; ``problems`` names those that could not be read."""
+
+    def __init__(self, sources: list[tuple[str, StoreSource | RecorderSource]]) -> None:
+        self.sources = sources
+        self.problems: list[str] = []
+
+    def sessions(self) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        for where, source in self.sources:
+            try:
+                out += [{**s, "where": where} for s in source.sessions()]
+            except Exception as exc:  # noqa: BLE001 -- one unreadable source must not hide the others
+                self.problems.append(f"{where}: {type(exc).__name__}: {exc}")
+        return out
+
+    def records(self, session_id: str) -> list[dict[str, Any]]:
+        from openenv_harness.recorder.client import RecorderAPIError
+
+        for where, source in self.sources:
+            try:
+                records = source.records(session_id)
+            except RecorderAPIError as exc:
+                if exc.status != 404:
+                    self.problems.append(f"{where}: {exc}")
+                continue
+            except Exception as exc:  # noqa: BLE001
+                self.problems.append(f"{where}: {type(exc).__name__}: {exc}")
+                continue
+            if records:
+                return records
+        return []
+
+
+def open_source(store: str | list[str] | None, url: str | list[str] | None,
+                admin_token: str | None) -> StoreSource | RecorderSource | MultiSource:
+    stores = [store] if isinstance(store, str) else list(store or [])
+    urls = [url] if isinstance(url, str) else list(url or [])
+    sources: list[tuple[str, StoreSource | RecorderSource]] = [(u, RecorderSource(u, admin_token)) for u in urls]
+    sources += [(path, StoreSource(path)) for path in stores]
+    if not sources:
+        raise CLIError("say where the records are", "pass --store PATH or --url URL --admin-token TOKEN "
+                       "(either may be repeated)")
+    return sources[0][1] if len(sources) == 1 else MultiSource(sources)

@@ -18,6 +18,7 @@ from starlette.responses import Response
 
 from openenv_harness.recorder.context import RecorderContext
 from openenv_harness.recorder.exports import records_response, training_trace_response
+from openenv_harness.recorder.replicas import ReplicaFenceError
 from openenv_harness.recorder.sessions import LiveSession, SessionError, SessionSpec
 from openenv_harness.recorder.upstream.base import UpstreamFailure
 
@@ -191,6 +192,7 @@ async def create_session(spec: SessionSpec, request: Request) -> Response:
             "session_id": session.id,
             "secret": secret,
             "base_url": base_url_for(ctx, request, session.id),
+            "affinity_key": session.affinity_key,
             "template_status": session.template_status,
             "template_fingerprint": session.template_fingerprint,
             "template_certification": session.template_certification,
@@ -290,6 +292,17 @@ async def _engine_call(ctx: RecorderContext, path: str, params: dict[str, str] |
     return reply.json or {}
 
 
+async def _fence_engines(ctx: RecorderContext, step: str, mode: str | None = None) -> dict[str, Any]:
+    """Pause or resume the engine: every replica when there are several (``replicas.py``; a router
+    sends ``/pause`` to one of them), else the one engine."""
+    if ctx.replicas is None:
+        return await _engine_call(ctx, f"/{step}", {"mode": mode} if mode else None)
+    try:
+        return await (ctx.replicas.pause(mode or "keep") if step == "pause" else ctx.replicas.resume())
+    except ReplicaFenceError as exc:
+        raise HTTPException(status_code=502, detail=str(exc)) from None
+
+
 @router.post("/engine/pause")
 async def engine_pause(request: Request, mode: str = Query("keep", pattern="^(keep|wait|abort)$")) -> Response:
     """Close the fence, then pause the engine (vLLM dev mode ``POST /pause?mode=``)."""
@@ -297,7 +310,7 @@ async def engine_pause(request: Request, mode: str = Query("keep", pattern="^(ke
     ctx.fence.pause(mode)
     ctx.metrics.paused.set(1)
     try:
-        engine = await _engine_call(ctx, "/pause", {"mode": mode})
+        engine = await _fence_engines(ctx, "pause", mode)
     except HTTPException:
         ctx.fence.resume(bump=False)
         ctx.metrics.paused.set(0)
@@ -313,7 +326,7 @@ async def engine_resume(request: Request) -> Response:
     ctx = _ctx(request)
     ctx.fence.advance()
     ctx.metrics.policy_version.set(ctx.fence.version)
-    engine = await _engine_call(ctx, "/resume")
+    engine = await _fence_engines(ctx, "resume")
     ctx.fence.resume(bump=True)
     ctx.metrics.paused.set(0)
     ctx.metrics.policy_version.set(ctx.fence.version)

@@ -32,6 +32,7 @@ from openenv_harness.recorder.store.base import RecordStore
 from openenv_harness.recorder.store.indexer import IndexerFailed
 from openenv_harness.recorder.store.sqlite import SQLiteStore
 from openenv_harness.recorder.upstream.base import Upstream, UpstreamFailure
+from openenv_harness.recorder.replicas import ReplicaFence
 from openenv_harness.recorder.upstream.h1_engine import H1Engine
 from openenv_harness.viewer import viewer_router
 
@@ -184,7 +185,8 @@ def create_recorder_app(
     ups: dict[str, Upstream] = dict(upstreams or {})
     if "default" not in ups and config.engine_url:
         ups["default"] = H1Engine(
-            config.engine_url, timeout_s=config.upstream_timeout_s, api_key=config.engine_api_key
+            config.engine_url, timeout_s=config.upstream_timeout_s, api_key=config.engine_api_key,
+            affinity_header=config.affinity_header,
         )
     admin_token = config.admin_token or new_admin_token()
     the_store = store or SQLiteStore(config.store_path, synchronous=config.sqlite_synchronous,
@@ -199,6 +201,9 @@ def create_recorder_app(
         admin_token=admin_token,
         admin_auth=AdminAuth(admin_token),
     )
+    if config.engine_replicas or config.engine_replicas_from_router:
+        ctx.replicas = ReplicaFence(config.engine_replicas, api_key=config.engine_api_key,
+                                    router=ups.get("default") if config.engine_replicas_from_router else None)
     ctx.engine_watch = EngineWatch(ctx.engine_info, ttl_s=config.template_reprobe_s, probe_template=config.probe_template)
 
     @contextlib.asynccontextmanager
@@ -215,6 +220,8 @@ def create_recorder_app(
         finally:
             for upstream in ctx.upstreams.values():
                 await upstream.aclose()
+            if ctx.replicas is not None:
+                await ctx.replicas.aclose()
             ctx.store.close()
 
     app = FastAPI(title="openenv-harness recorder", lifespan=lifespan, docs_url=None, redoc_url=None,

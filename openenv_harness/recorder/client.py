@@ -81,6 +81,13 @@ class RecorderClient:
     def resume_engine(self) -> dict[str, Any]:
         return self._call("POST", "/admin/engine/resume")
 
+    def fence_pause(self) -> dict[str, Any]:
+        """Hold new calls at this recorder without touching the engine (another one pauses it)."""
+        return self._call("POST", "/admin/fence/pause")
+
+    def fence_resume(self, *, bump: bool = True) -> dict[str, Any]:
+        return self._call("POST", "/admin/fence/resume", params={"bump": str(bump).lower()})
+
     def set_policy_version(self, version: int) -> dict[str, Any]:
         return self._call("POST", "/admin/policy_version", json={"version": version})
 

@@ -46,6 +46,19 @@ class RecorderConfig(BaseModel):
         120.0, gt=0, description="Time a request has to send its whole body once its headers are in: then 408 "
         "and the connection is closed")
     upstream_timeout_s: float = Field(600.0, gt=0)
+    affinity_header: str | None = Field(
+        "X-Session-ID", pattern=r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$",
+        description="Header carrying each session's trajectory affinity key on every engine call (vllm-router's "
+        "consistent_hash reads X-Session-ID first); None: not sent")
+    replica_header: str | None = Field(
+        None, description="A reply header naming the replica that served a call (one a gateway in front of the "
+        "engines adds), recorded as provenance.replica; vLLM and vllm-router 0.1.17 send none")
+    engine_replicas: list[str] = Field(
+        default_factory=list, description="The engine replicas behind engine_url (a router): the fence pauses and "
+        "resumes every one (a router sends /pause to one replica only)")
+    engine_replicas_from_router: bool = Field(
+        False, description="Ask the router at engine_url for its workers (vllm-router: GET /list_workers) at each "
+        "pause instead of (or besides) engine_replicas")
     sqlite_synchronous: str = Field("NORMAL", description="NORMAL survives process kill; FULL survives power loss")
     store_indexer: Literal["process", "thread"] = Field(
         "process", description="where records are indexed into SQLite after the reply: a child process "
@@ -93,6 +106,8 @@ class RecorderContext:
     #: probes the default engine's template at start and again when it may have changed
     engine_watch: Any = None
     viewer_logins: ViewerLogins = field(default_factory=ViewerLogins)
+    #: the engine replicas the fence pauses and resumes (``replicas.ReplicaFence``), when there are several
+    replicas: Any = None
 
     def upstream_for(self, name: str | None) -> Upstream | None:
         return self.upstreams.get(name or "default")

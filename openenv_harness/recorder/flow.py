@@ -315,7 +315,8 @@ def _base_metadata(flow: Flow, status: str, trainable: bool) -> dict[str, Any]:
         "dialect": flow.dialect.name if flow.dialect is not None else "chat",
         "received_at": flow.received_at,
         "upstream_ms": flow.reply.elapsed_ms if flow.reply is not None else None,
-        "provenance": call_provenance(flow.ctx, session, flow.upstream_body or flow.body, flow.body),
+        "provenance": call_provenance(flow.ctx, session, flow.upstream_body or flow.body, flow.body,
+                                      flow.reply.headers if flow.reply is not None else None),
     }
 
 

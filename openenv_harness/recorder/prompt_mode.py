@@ -80,7 +80,7 @@ class FullHistory:
     name = "full_history"
 
     async def send(self, flow: "Flow", upstream: Upstream) -> UpstreamReply:
-        return await upstream.chat(flow.upstream_body, session_id=flow.session.id)
+        return await upstream.chat(flow.upstream_body, session_id=flow.session.id, affinity=flow.session.affinity_key)
 
     def committed(self, flow: "Flow") -> None:
         return None
@@ -99,7 +99,8 @@ class Incremental:
                 raise AgentError(409, f"incremental continuation is not certain ({fb.reason}): {fb.detail}",
                                  type="invalid_request_error", code="prompt_mode_uncertain") from None
             flow.prompt_mode = {"mode": self.name, "continued": False, "reason": fb.reason, "detail": fb.detail}
-            return await upstream.chat(flow.upstream_body, session_id=flow.session.id)
+            return await upstream.chat(flow.upstream_body, session_id=flow.session.id,
+                                       affinity=flow.session.affinity_key)
         reply.elapsed_ms = (time.perf_counter() - started) * 1000.0
         return reply
 
@@ -151,7 +152,7 @@ class Incremental:
         # the full render (for the sampling parameters and the contrast) and the suffix's renders
         # are independent: one round trip's latency instead of two
         full, suffix_ids = await asyncio.gather(
-            _render(upstream, state, flow.upstream_body, session),
+            _render(upstream, state, flow.upstream_body, session, flow.session.affinity_key),
             _suffix_ids(flow, upstream, state, checkpoint, suffix, turn_end), return_exceptions=True)
         for outcome in (full, suffix_ids):
             if isinstance(outcome, BaseException):
@@ -174,13 +175,15 @@ class Incremental:
             "checkpoint_len": len(checkpoint.ids), "trailer_len": len(turn_end) - 1, "suffix_len": len(suffix_ids),
             "full_render_diff": render_diff(prompt, full_ids),
         }
-        generated = await upstream.post_for_session(GENERATE, generate_body, session_id=session)
+        generated = await upstream.post_for_session(GENERATE, generate_body, session_id=session,
+                                                    affinity=flow.session.affinity_key)
         if generated.status != 200 or generated.json is None:
             flow.prompt_mode["failed_at"] = GENERATE
             return generated  # an engine error mid-way: relayed and recorded by the forward step
         derender_body = {"generate_response": generated.json, "prompt_token_ids": prompt,
                          "chat_request": flow.upstream_body}
-        derendered = await upstream.post_for_session(DERENDER, derender_body, session_id=session)
+        derendered = await upstream.post_for_session(DERENDER, derender_body, session_id=session,
+                                                     affinity=flow.session.affinity_key)
         if derendered.status != 200 or derendered.json is None:
             flow.prompt_mode["failed_at"] = DERENDER
             return derendered
@@ -222,11 +225,13 @@ def _find_parent(flow: "Flow", state: IncrementalState, messages: list[Any]) -> 
                    "(an edited, dropped or inserted message, changed tools, or a new conversation)")
 
 
-async def _render(upstream: Upstream, state: IncrementalState, body: dict[str, Any], session: str) -> dict[str, Any]:
+async def _render(upstream: Upstream, state: IncrementalState, body: dict[str, Any], session: str,
+                  affinity: str | None) -> dict[str, Any]:
     reply = await upstream.post_for_session(RENDER, {k: v for k, v in body.items() if k != "stream"},
-                                            session_id=session)
+                                            session_id=session, affinity=affinity)
     if reply.status in (403, 404, 405):
-        state.routes_missing = f"the engine has no {RENDER} (HTTP {reply.status}): start vLLM with --enable-scale-out"
+        state.routes_missing = (f"the engine has no {RENDER} (HTTP {reply.status}): start vLLM with --enable-scale-out "
+                                "(behind a router: one that forwards the render, generate and derender routes)")
         raise Fallback("no_scale_out_routes", state.routes_missing)
     ids = (reply.json or {}).get("token_ids")
     if reply.status != 200 or not isinstance(ids, list):
@@ -250,7 +255,7 @@ async def _suffix_ids(flow: "Flow", upstream: Upstream, state: IncrementalState,
     prefix = state.probe_prefix.get(key)
     if prefix is None:
         rendered = await _render(upstream, state, {**base, "messages": [_PROBE_USER, assistant],
-                                                   "add_generation_prompt": False}, session)
+                                                   "add_generation_prompt": False}, session, flow.session.affinity_key)
         prefix = [int(t) for t in rendered["token_ids"]]
         if prefix[-len(turn_end):] != turn_end:
             raise Fallback("junction_uncertified", "the probe's assistant turn does not end with the certified "
@@ -258,7 +263,7 @@ async def _suffix_ids(flow: "Flow", upstream: Upstream, state: IncrementalState,
         state.probe_prefix[key] = prefix
     generation = flow.body.get("add_generation_prompt", True)
     whole = await _render(upstream, state, {**base, "messages": [_PROBE_USER, assistant, *suffix],
-                                            "add_generation_prompt": generation}, session)
+                                            "add_generation_prompt": generation}, session, flow.session.affinity_key)
     ids = [int(t) for t in whole["token_ids"]]
     if ids[:len(prefix)] != prefix:
         raise Fallback("suffix_not_certified", "the probe prefix is not kept when the new messages follow it")

@@ -163,6 +163,7 @@ def _session_part(ctx: "RecorderContext", session: "LiveSession") -> dict[str, A
         upstream = ctx.upstream_for(session.spec.upstream)
         cached = {
             "engine": upstream.name if upstream is not None else None,
+            "affinity_key": session.affinity_key,
             "engine_version": session.engine_version or ctx.engine_info.get("version"),
             "harness": session.spec.harness,
             "harness_version": session.spec.harness_version,
@@ -241,6 +242,12 @@ def sampling_provenance(ctx: "RecorderContext", session: "LiveSession", agent_bo
 
 
 def call_provenance(ctx: "RecorderContext", session: "LiveSession", sent_body: dict[str, Any],
-                    agent_body: dict[str, Any] | None = None) -> dict[str, Any]:
-    return {**_session_part(ctx, session), "model": sent_body.get("model"),
-            **sampling_provenance(ctx, session, agent_body if agent_body is not None else sent_body, sent_body)}
+                    agent_body: dict[str, Any] | None = None, reply_headers: dict[str, str] | None = None
+                    ) -> dict[str, Any]:
+    out = {**_session_part(ctx, session), "model": sent_body.get("model"),
+           **sampling_provenance(ctx, session, agent_body if agent_body is not None else sent_body, sent_body)}
+    header = ctx.config.replica_header
+    if header and reply_headers:
+        # which replica served the call, where the path says (a gateway's header): None otherwise
+        out["replica"] = reply_headers.get(header.lower())
+    return out

@@ -87,6 +87,11 @@ class SessionSpec(BaseModel):
     prompt_mode_strict: bool = Field(
         False, description="incremental only: reject (409) a call whose continuation is not certain instead of "
         "falling back to full history; a genuine history change still starts a new chain")
+    affinity_key: str | None = Field(
+        None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$",
+        description="The trajectory's routing key, sent upstream as X-Session-ID on every engine call of the "
+        "session (vllm-router's consistent_hash keeps them on one replica). None: a fresh random key; siblings "
+        "and retried rollouts are sessions of their own and get keys of their own")
     sampling: dict[str, Any] | None = Field(
         None,
         description=(
@@ -156,6 +161,11 @@ class LiveSession:
     _close_done: asyncio.Future | None = None
 
     @property
+    def affinity_key(self) -> str | None:
+        """The opaque per-trajectory routing key (set at creation, persisted with the spec)."""
+        return self.spec.affinity_key
+
+    @property
     def closing(self) -> bool:
         """A close has begun: no new call is served (it may still be waiting for calls in flight)."""
         return self._close_done is not None
@@ -221,6 +231,7 @@ class LiveSession:
             "budgets": self.spec.budgets.model_dump(exclude_none=True),
             "metadata": self.spec.metadata,
             "harness": self.spec.harness,
+            "affinity_key": self.spec.affinity_key,
             "template_status": self.template_status,
             "template_certification": self.template_certification,
             "engine_version": self.engine_version,
@@ -303,6 +314,9 @@ class SessionRegistry:
             session_id = spec.session_id
         else:
             session_id = "s-" + secrets.token_hex(8)
+        if spec.affinity_key is None:
+            # opaque and fresh: not the session id, which a trainer may reuse across runs
+            spec = spec.model_copy(update={"affinity_key": "t-" + secrets.token_hex(12)})
         secret = new_secret()
         session = LiveSession(id=session_id, secret_digest=secret_digest(secret), spec=spec, created_at=time.time())
         return session, secret

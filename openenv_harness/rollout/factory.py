@@ -21,6 +21,7 @@ from openenv_harness.harnesses.base import HarnessOptions, HarnessPreset
 from openenv_harness.harnesses.registry import get_preset
 from openenv_harness.recorder.client import RecorderClient
 from openenv_harness.rollout.launch import launch_agent
+from openenv_harness.rollout.placement import RecorderPool, as_list
 from openenv_harness.rollout.session import HarnessSession
 from openenv_harness.rollout.tasks import Task, task_from
 from openenv_harness.rollout.taskset import BUILTIN_TASKS
@@ -53,13 +54,17 @@ def engine_context_window(client: RecorderClient, upstream: str | None = None) -
 
 
 class HarnessSessionFactory(ResourceSessionFactory):
-    """Creates one ``HarnessSession`` per rollout."""
+    """Creates one ``HarnessSession`` per rollout.
+
+    ``recorder_url`` may list several recorders (``agent_recorder_url`` then lists how agents reach
+    each, in the same order): each session goes to the one with the fewest live sessions, and its
+    trace is read from there (``placement.py``)."""
 
     def __init__(
         self,
         *,
         harness: str | HarnessPreset,
-        recorder_url: str,
+        recorder_url: str | list[str],
         admin_token: str,
         model: str,
         tasks: dict[str, Task] | None = None,
@@ -71,7 +76,7 @@ class HarnessSessionFactory(ResourceSessionFactory):
         metadata: dict[str, Any] | None = None,
         context_window: int | None = None,
         max_output_tokens: int = 4096,
-        agent_recorder_url: str | None = None,
+        agent_recorder_url: str | list[str] | None = None,
         trainer_template_fingerprint: str | None = None,
         upstream: str | None = None,
         wait_timeout_s: float | None = None,
@@ -79,9 +84,12 @@ class HarnessSessionFactory(ResourceSessionFactory):
         prompt_mode_strict: bool = False,
     ) -> None:
         self.preset = get_preset(harness) if isinstance(harness, str) else harness
-        self.recorder_url = recorder_url.rstrip("/")
-        #: how the agent reaches the recorder (differs when the recorder is published via a tunnel)
-        self.agent_recorder_url = (agent_recorder_url or recorder_url).rstrip("/")
+        #: the recorders sessions are placed on (least live sessions first)
+        self.pool = RecorderPool(recorder_url, admin_token, agent_urls=agent_recorder_url)
+        self.recorder_urls = as_list(recorder_url)
+        self.recorder_url = self.recorder_urls[0]
+        #: how the agent reaches the (first) recorder (differs when the recorder is published via a tunnel)
+        self.agent_recorder_url = self.pool.slots[0].agent_url
         self.admin_token = admin_token
         self.model = model
         self.tasks = dict(BUILTIN_TASKS if tasks is None else tasks)
@@ -103,7 +111,8 @@ class HarnessSessionFactory(ResourceSessionFactory):
 
     def create(self, task: Any, seed: int | None = None, episode_id: str | None = None) -> HarnessSession:
         resolved = task_from(task, self.tasks)
-        client = RecorderClient(self.recorder_url, self.admin_token)
+        slot = self.pool.place()
+        client = RecorderClient(slot.url, self.admin_token)
         sandbox = self.sandbox_factory()
         try:
             sandbox.start_sandbox()
@@ -112,7 +121,7 @@ class HarnessSessionFactory(ResourceSessionFactory):
                 preset=self.preset,
                 sandbox=sandbox,
                 client=client,
-                recorder_url=self.agent_recorder_url,
+                recorder_url=slot.agent_url,
                 instruction=resolved.instruction,
                 model=self.model,
                 executable=self.executable or _default_executable(self.preset),
@@ -131,6 +140,8 @@ class HarnessSessionFactory(ResourceSessionFactory):
             sandbox.close()
             client.close()
             raise
+        finally:
+            self.pool.release(slot)  # counted by the recorder itself from here on
         return HarnessSession(task=resolved, agent=agent, client=client, close_client=True,
                               wait_timeout_s=self.wait_timeout_s)
 
@@ -143,7 +154,8 @@ class TRLSessionFactory:
     """
 
     harness: str
-    recorder_url: str
+    #: one recorder, or several: sessions are placed by least live sessions
+    recorder_url: str | list[str]
     admin_token: str
     model: str
     budgets: dict[str, Any] = field(default_factory=dict)

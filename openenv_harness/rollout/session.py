@@ -18,6 +18,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import httpx
 from openenv.core.harness import ResourceSession, ToolResult, TrainingTrace, VerifyResult
 
 from openenv_harness.harnesses.base import HarnessResult
@@ -129,7 +130,7 @@ class HarnessSession(ResourceSession):
         finally:
             try:
                 self.client.close_session(self.session_id, grace_s=0)  # the agent is gone: nothing waits
-            except (RecorderAPIError, OSError):
+            except (RecorderAPIError, OSError, httpx.TransportError):
                 pass
             finally:
                 self.agent.sandbox.close()
@@ -167,22 +168,32 @@ class HarnessSession(ResourceSession):
         agent never saw its answer; an agent that exited on its own left none of its own."""
         try:
             self.client.close_session(self.session_id, grace_s=grace_s)
-        except (RecorderAPIError, OSError):
+        except (RecorderAPIError, OSError, httpx.TransportError):
             pass
 
     def fetch_proxy_trace(self) -> list[dict[str, Any]]:
         """Every record that carries tokens (agent and aux), as OpenEnv ``TraceEntry`` dicts."""
-        return self.client.records(self.session_id, include="tokens")
+        try:
+            return self.client.records(self.session_id, include="tokens")
+        except httpx.TransportError as exc:
+            raise RolloutCaptureError(self._unreachable(exc)) from None
 
     def fetch_training_trace(self) -> TrainingTrace:
         try:
             data = self.client.training_trace_json(self.session_id)
         except RecorderAPIError as exc:
             raise RolloutCaptureError(f"recorder could not produce a training trace: {exc}") from None
+        except httpx.TransportError as exc:
+            raise RolloutCaptureError(self._unreachable(exc)) from None
         try:
             return TrainingTrace.model_validate(data)
         except (ValueError, TypeError, KeyError) as exc:
             raise RolloutCaptureError(f"recorded calls of session {self.session_id} are not a valid trace: {exc}") from None
+
+    def _unreachable(self, exc: Exception) -> str:
+        """The session's records live on one recorder only: say which, and that it is not answering."""
+        return (f"recorder {self.client.base_url} holding session {self.session_id} is unreachable "
+                f"({type(exc).__name__}: {exc}); its acknowledged records are in its store once it is back")
 
     # -- reporting -----------------------------------------------------------------------------------
 
@@ -201,4 +212,5 @@ class HarnessSession(ResourceSession):
             "timed_out": self.timed_out,
             "wall_s": round(time.time() - self.agent.started_at, 2),
             "recorder": info,
+            "recorder_url": self.client.base_url,
         }

@@ -13,6 +13,12 @@ unchanged.
 The recorder's version is set to the trainer's ``model_version`` while paused, then bumped by the
 resume: so it equals the version TRL stamps on its rollouts after every sync, including after a
 resume from a checkpoint (where TRL restarts counting from the saved version).
+
+With several recorders in front of the same engines (``docs/scale-out.md``) the first one pauses
+and resumes the engines (every replica: its ``engine_replicas``) and the others only close and open
+their fences around it. Their version is advanced *before* the engines resume and their fences
+open after, so a call kept across the sync on any recorder ends at the new version
+(``straddled_sync``) and every recorder then serves one version.
 """
 
 from __future__ import annotations
@@ -41,11 +47,14 @@ class RecorderFencedEngine:
         *,
         mode: str = "keep",
         current_version: Callable[[], int] | None = None,
+        others: list[RecorderClient] | None = None,
     ) -> None:
         if mode not in ("keep", "wait", "abort"):
             raise ValueError(f"pause mode must be keep, wait or abort; got {mode!r}")
         self._engine_client = engine_client
         self.recorder = recorder
+        #: further recorders in front of the same engines: fenced around the first one's sync
+        self.others = list(others or [])
         self.mode = mode
         self.current_version = current_version
         self.syncs = 0
@@ -65,30 +74,48 @@ class RecorderFencedEngine:
 
         ``timeout`` is accepted for TRL's call signature; the recorder client's own timeout bounds the call.
         """
-        self.recorder.pause_engine(self.mode)
+        closed: list[RecorderClient] = []
+        try:
+            for other in self.others:
+                other.fence_pause()
+                closed.append(other)
+            self.recorder.pause_engine(self.mode)
+        except BaseException:
+            for other in closed:  # no sync happens: their fences open again, versions unchanged
+                other.fence_resume(bump=False)
+            raise
 
     def resume(self, timeout: float | None = None) -> None:
-        """Pin the pre-sync version, then resume: the recorder bumps it as it reopens the fence."""
+        """Pin the pre-sync version, then resume: the recorder bumps it as it reopens the fence
+        (the other recorders are advanced to that version first and opened after)."""
         self.pin_version()
+        if self.others:
+            after = self.policy_version() + 1
+            for other in self.others:
+                other.set_policy_version(after)
         self.recorder.resume_engine()
+        for other in self.others:
+            other.fence_resume(bump=False)
         self.syncs += 1
 
     def pin_version(self) -> None:
-        """Set the recorder's policy version to the trainer's (no-op without ``current_version``)."""
+        """Set every recorder's policy version to the trainer's (no-op without ``current_version``)."""
         if self.current_version is not None:
-            self.recorder.set_policy_version(int(self.current_version()))
+            for recorder in (self.recorder, *self.others):
+                recorder.set_policy_version(int(self.current_version()))
 
     def policy_version(self) -> int:
         """The recorder's current policy version."""
         return int(self.recorder.health()["fence"]["policy_version"])
 
     def close(self) -> None:
-        self.recorder.close()
+        for recorder in (self.recorder, *self.others):
+            recorder.close()
 
 
 def install_recorder_fence(
     trainer: Any,
-    recorder_url: str,
+    recorder_url: str | list[str],
     admin_token: str,
     *,
     mode: str = "keep",
@@ -99,18 +126,22 @@ def install_recorder_fence(
     Replaces ``trainer.vllm_client`` (LoRA sync) and ``trainer.weight_transfer.vllm`` (merged
     sync) with one ``RecorderFencedEngine``; the trainer's ``model_version`` is read now (calls
     served before the first sync carry it) and at each resume. Returns ``None`` on processes
-    without an engine client (non-main ranks).
+    without an engine client (non-main ranks). Several recorder URLs: the first pauses the engines,
+    the others fence around it.
     """
     engine_client = getattr(trainer, "vllm_client", None)
     if engine_client is None:
         return None
     if isinstance(engine_client, RecorderFencedEngine):
         return engine_client
+    urls = [recorder_url] if isinstance(recorder_url, str) else list(recorder_url)
+    clients = [RecorderClient(url, admin_token, timeout_s=control_timeout_s) for url in urls]
     fenced = RecorderFencedEngine(
         engine_client,
-        RecorderClient(recorder_url, admin_token, timeout_s=control_timeout_s),
+        clients[0],
         mode=mode,
         current_version=lambda: int(trainer.model_version),
+        others=clients[1:],
     )
     fenced.pin_version()
     trainer.vllm_client = fenced

@@ -168,3 +168,16 @@ def test_the_dialect_benchmark_drives_all_three_apis_through_the_recorder(tmp_pa
         assert r["calls"] >= 3 and r["calls"] % 3 == 0 and r["n_errors"] == 0, r
         assert r["recorder_cpu_ms_per_call"] > 0
     assert "| chain P=1k N=1 T=3 stream | anthropic |" in capsys.readouterr().out
+
+
+def test_the_scale_out_benchmark_runs_one_and_two_recorders_behind_the_router(tmp_path: Path) -> None:
+    import bench_scale_out
+
+    out = tmp_path / "scale.json"
+    bench_scale_out.main(["--sessions", "4", "--duration", "1", "--turns", "2", "--replicas", "2",
+                          "--results", str(out)])
+    rows = json.loads(out.read_text())["rows"]
+    assert sorted(r["recorders"] for r in rows) == [1, 2]
+    for row in rows:
+        assert row["calls"] > 0 and row["errors"] == 0
+        assert row["stored_bytes_per_call"] > 0 and row["recorder_cpu_ms_per_call"] > 0

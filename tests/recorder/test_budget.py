@@ -195,7 +195,7 @@ class AbortingOnce(Upstream):
     def __init__(self) -> None:
         self.calls = 0
 
-    async def chat(self, body: dict, *, session_id: str) -> UpstreamReply:
+    async def chat(self, body: dict, *, session_id: str, affinity: str | None = None) -> UpstreamReply:
         self.calls += 1
         calls = [{"id": f"c{self.calls}_{i}", "type": "function",
                   "function": {"name": "bash", "arguments": json.dumps({"command": f"echo {i}"})}} for i in range(2)]

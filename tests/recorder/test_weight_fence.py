@@ -129,7 +129,7 @@ class _ResumeHeldUntilCallsEnd(Upstream):
     async def aclose(self) -> None:
         await self.inner.aclose()
 
-    async def chat(self, body: dict, *, session_id: str) -> UpstreamReply:
+    async def chat(self, body: dict, *, session_id: str, affinity: str | None = None) -> UpstreamReply:
         return await self.inner.chat(body, session_id=session_id)
 
     async def request(self, method: str, path: str, *, json: object = None,

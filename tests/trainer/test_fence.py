@@ -156,3 +156,54 @@ def test_non_main_ranks_and_bad_modes() -> None:
         RecorderFencedEngine(object(), RecorderClient("http://127.0.0.1:9", "t"), mode="drain")
     with pytest.raises(AttributeError):
         RecorderFencedEngine(object(), RecorderClient("http://127.0.0.1:9", "t")).no_such_method
+
+
+def test_two_recorders_in_front_of_one_engine_sync_as_one(make_stack, tmp_path) -> None:
+    """The first recorder pauses the engine, the second fences around it: a call kept across the sync
+    on the second is flagged, both serve the trainer's new version after it."""
+    from openenv_harness.recorder import RecorderConfig, RecorderServer
+
+    stack = make_stack(EngineConfig(decode_delay_s=0.03))
+    stack.engine.set_script(MODEL, Script(turns=[Turn(content=LONG_ANSWER)]))
+    second = RecorderServer(RecorderConfig(store_path=str(tmp_path / "second.db"), engine_url=stack.engine.url,
+                                           admin_token=stack.admin_token)).start()
+    try:
+        with RecorderClient(second.url, stack.admin_token) as admin2:
+            trainer = trl_trainer(stack.engine.url, model_version=2)
+            fenced = install_recorder_fence(trainer, [stack.recorder.url, second.url], stack.admin_token)
+            assert fenced is not None and len(fenced.others) == 1
+            in_flight, t1, r1 = agent_call(admin2)
+            wait_until(lambda: stack.engine.info()["in_flight"] == 1)
+
+            def while_paused() -> None:
+                assert stack.engine.is_paused()
+                assert stack.admin.health()["fence"]["paused"] and admin2.health()["fence"]["paused"]
+
+            merged_sync(trainer, between=while_paused)
+            assert not admin2.health()["fence"]["paused"]
+            assert trainer.model_version == 3 == fenced.policy_version() == admin2.health()["fence"]["policy_version"]
+            t1.join(30)
+            assert r1["r"].status_code == 200
+            md = admin2.records(in_flight["session_id"])[0]["metadata"]
+            assert (md["policy_version_start"], md["policy_version_end"], md["straddled_sync"]) == (2, 3, True)
+            fenced.close()
+    finally:
+        second.stop()
+
+
+def test_a_failed_engine_pause_reopens_the_other_recorders_fences(make_stack, tmp_path) -> None:
+    from openenv_harness.recorder import RecorderConfig, RecorderServer
+
+    stack = make_stack(EngineConfig(dev_mode=False))
+    second = RecorderServer(RecorderConfig(store_path=str(tmp_path / "second.db"), engine_url=stack.engine.url,
+                                           admin_token=stack.admin_token)).start()
+    try:
+        with RecorderClient(second.url, stack.admin_token) as admin2:
+            trainer = trl_trainer(stack.engine.url)
+            install_recorder_fence(trainer, [stack.recorder.url, second.url], stack.admin_token)
+            with pytest.raises(RecorderAPIError):
+                trainer.weight_transfer.pause()
+            assert admin2.health()["fence"]["paused"] is False
+            assert stack.admin.health()["fence"]["paused"] is False
+    finally:
+        second.stop()

@@ -59,8 +59,10 @@ class Upstream(abc.ABC):
         """Release them."""
 
     @abc.abstractmethod
-    async def chat(self, body: dict[str, Any], *, session_id: str) -> UpstreamReply:
-        """Send one chat completion (never streamed) and return the engine's answer."""
+    async def chat(self, body: dict[str, Any], *, session_id: str, affinity: str | None = None) -> UpstreamReply:
+        """Send one chat completion (never streamed) and return the engine's answer. ``affinity`` is
+        the session's trajectory key: HTTP engines send it in the routing header (``X-Session-ID``),
+        so a router's consistent hashing keeps every call of a trajectory on one replica."""
 
     async def request(
         self, method: str, path: str, *, json: Any = None, params: dict[str, str] | None = None
@@ -68,7 +70,8 @@ class Upstream(abc.ABC):
         """Engine control and introspection (``/version``, ``/tokenize``, ``/pause`` ...)."""
         raise UpstreamFailure("protocol", f"{self.name} does not support {method} {path}")
 
-    async def post_for_session(self, path: str, body: dict[str, Any], *, session_id: str) -> UpstreamReply:
+    async def post_for_session(self, path: str, body: dict[str, Any], *, session_id: str,
+                               affinity: str | None = None) -> UpstreamReply:
         """A session's call to another engine route (render, generate, derender): like ``chat``, it
         carries the session, so engines that route or script by session see it."""
         return await self.request("POST", path, json=body)

@@ -21,6 +21,7 @@ agent sees.
 from __future__ import annotations
 
 import asyncio
+import re
 import ssl as ssl_module
 import time
 from typing import Any
@@ -36,9 +37,11 @@ from openenv_harness.recorder.upstream.base import (
     check_engine_url,
     redact_key,
 )
-from openenv_harness.recorder.upstream.http import SESSION_HEADER, normalize_engine_url
+from openenv_harness.recorder.upstream.http import AFFINITY_HEADER, SESSION_HEADER, normalize_engine_url
 from openenv_harness.recorder.upstream.reply_parse import parse_engine_reply
 
+#: An HTTP header name (RFC 9110 token)
+_TOKEN = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
 #: Idle connections older than this are closed instead of reused (seconds).
 IDLE_REUSE_S = 4.0
 #: A reused connection that closes unanswered after idling at least this long was timed out idle.
@@ -155,11 +158,15 @@ class H1Engine(Upstream):
         connect_timeout_s: float = 10.0,
         api_key: str | None = None,
         max_connections: int = 512,
+        affinity_header: str | None = AFFINITY_HEADER,
     ) -> None:
         check_engine_url(base_url)
+        if affinity_header is not None and not _TOKEN.match(affinity_header):
+            raise ValueError(f"affinity header must be an HTTP header name, got {affinity_header!r}")
         self.base_url = normalize_engine_url(base_url)
         self.name = f"http:{self.base_url}"
         self._api_key = api_key
+        self._affinity_header = affinity_header
         parts = urlsplit(self.base_url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"engine URL must be http(s)://host[:port][/prefix], got {base_url!r}")
@@ -187,14 +194,20 @@ class H1Engine(Upstream):
             conn.close()
         self._slots = None
 
-    async def chat(self, body: dict[str, Any], *, session_id: str) -> UpstreamReply:
+    async def chat(self, body: dict[str, Any], *, session_id: str, affinity: str | None = None) -> UpstreamReply:
         return await self._send("POST", "/v1/chat/completions", orjson.dumps(body),
-                                extra=f"{SESSION_HEADER}: {session_id}", chat=True)
+                                extra=self._session_headers(session_id, affinity), chat=True)
 
     exact_ids = True
 
-    async def post_for_session(self, path: str, body: dict[str, Any], *, session_id: str) -> UpstreamReply:
-        return await self._send("POST", path, orjson.dumps(body), extra=f"{SESSION_HEADER}: {session_id}")
+    async def post_for_session(self, path: str, body: dict[str, Any], *, session_id: str,
+                               affinity: str | None = None) -> UpstreamReply:
+        return await self._send("POST", path, orjson.dumps(body), extra=self._session_headers(session_id, affinity))
+
+    def _session_headers(self, session_id: str, affinity: str | None) -> tuple[str, ...]:
+        if affinity and self._affinity_header:
+            return f"{SESSION_HEADER}: {session_id}", f"{self._affinity_header}: {affinity}"
+        return (f"{SESSION_HEADER}: {session_id}",)
 
     async def request(
         self, method: str, path: str, *, json: Any = None, params: dict[str, str] | None = None
@@ -205,19 +218,18 @@ class H1Engine(Upstream):
 
     # -- the exchange --------------------------------------------------------------------------------
 
-    async def _send(self, method: str, path: str, body: bytes | None, *, extra: str = "",
+    async def _send(self, method: str, path: str, body: bytes | None, *, extra: tuple[str, ...] = (),
                     chat: bool = False) -> UpstreamReply:
         if self._slots is None:
             raise RuntimeError("H1Engine.start() was not awaited")
-        if any(c in extra for c in "\r\n"):
+        if any(c in line for line in extra for c in "\r\n"):
             raise ValueError("header values may not contain line breaks")
         lines = [f"{method} {self._prefix}{path} HTTP/1.1", self._fixed_headers]
         if body is not None:
             lines.append(f"Content-Type: application/json\r\nContent-Length: {len(body)}")
         elif method in ("POST", "PUT", "PATCH"):
             lines.append("Content-Length: 0")
-        if extra:
-            lines.append(extra)
+        lines.extend(extra)
         head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
         started = time.perf_counter()
         async with self._slots:

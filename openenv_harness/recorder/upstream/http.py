@@ -24,6 +24,11 @@ from openenv_harness.recorder.upstream.reply_parse import parse_engine_reply
 #: Header carrying the recorder's session id upstream: sticky routing for engines and routers that
 #: honour it, script selection for the reference engine; ignored by vLLM.
 SESSION_HEADER = "X-OpenEnv-Harness-Session"
+#: Header carrying the session's trajectory affinity key: the first key vllm-router's
+#: ``consistent_hash`` policy reads (then other id headers, then the body), so all calls of one
+#: trajectory reach one replica and its prefix cache. Opaque and fresh per session (siblings and
+#: retried rollouts are sessions of their own, so they get keys of their own).
+AFFINITY_HEADER = "X-Session-ID"
 
 
 def normalize_engine_url(url: str) -> str:
@@ -46,11 +51,13 @@ class HTTPEngine(Upstream):
         connect_timeout_s: float = 10.0,
         api_key: str | None = None,
         max_connections: int = 512,
+        affinity_header: str | None = AFFINITY_HEADER,
     ) -> None:
         check_engine_url(base_url)
         self.base_url = normalize_engine_url(base_url)
         self.name = f"http:{self.base_url}"
         self._api_key = api_key
+        self._affinity_header = affinity_header
         self._transport = transport
         self._timeout = httpx.Timeout(timeout_s, connect=connect_timeout_s)
         self._headers = {"content-type": "application/json"}
@@ -79,16 +86,22 @@ class HTTPEngine(Upstream):
             raise RuntimeError("HTTPEngine.start() was not awaited")
         return self._client
 
-    async def chat(self, body: dict[str, Any], *, session_id: str) -> UpstreamReply:
-        return await self._send(
-            "POST", "/v1/chat/completions", content=orjson.dumps(body), headers={SESSION_HEADER: session_id},
-            chat=True,
-        )
+    async def chat(self, body: dict[str, Any], *, session_id: str, affinity: str | None = None) -> UpstreamReply:
+        return await self._send("POST", "/v1/chat/completions", content=orjson.dumps(body),
+                                headers=self._session_headers(session_id, affinity), chat=True)
 
     exact_ids = True
 
-    async def post_for_session(self, path: str, body: dict[str, Any], *, session_id: str) -> UpstreamReply:
-        return await self._send("POST", path, content=orjson.dumps(body), headers={SESSION_HEADER: session_id})
+    async def post_for_session(self, path: str, body: dict[str, Any], *, session_id: str,
+                               affinity: str | None = None) -> UpstreamReply:
+        return await self._send("POST", path, content=orjson.dumps(body),
+                                headers=self._session_headers(session_id, affinity))
+
+    def _session_headers(self, session_id: str, affinity: str | None) -> dict[str, str]:
+        headers = {SESSION_HEADER: session_id}
+        if affinity and self._affinity_header:
+            headers[self._affinity_header] = affinity
+        return headers
 
     async def request(
         self, method: str, path: str, *, json: Any = None, params: dict[str, str] | None = None

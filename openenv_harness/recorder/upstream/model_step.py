@@ -95,7 +95,7 @@ class ModelStepUpstream(Upstream):
         self._sampling = dict(sampling or {})
         self.name = name
 
-    async def chat(self, body: dict[str, Any], *, session_id: str) -> UpstreamReply:
+    async def chat(self, body: dict[str, Any], *, session_id: str, affinity: str | None = None) -> UpstreamReply:
         messages = body.get("messages") or []
         tools = _openenv_tools(body.get("tools"))
         sampling = {**{k: body[k] for k in _SAMPLING_KEYS if k in body}, **self._sampling}

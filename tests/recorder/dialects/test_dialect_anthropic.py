@@ -200,7 +200,7 @@ class _NoTokenizer(Upstream):
 
     name = "no-tokenizer"
 
-    async def chat(self, body: dict, *, session_id: str) -> UpstreamReply:
+    async def chat(self, body: dict, *, session_id: str, affinity: str | None = None) -> UpstreamReply:
         raise UpstreamFailure("connect", "not used here")
 
 

@@ -277,3 +277,31 @@ def test_an_engine_error_quoting_the_key_is_redacted() -> None:
     raw = b'{"error":{"message":"bad token: Bearer sk-123 (sk-123)"}}'
     assert redact_key(raw, "sk-123") == raw.replace(b"sk-123", REDACTED_KEY)
     assert redact_key(raw, None) is raw and redact_key(raw, "other") is raw
+
+
+async def test_the_affinity_key_rides_on_every_session_call_and_can_be_renamed_or_off(engine_for) -> None:
+    async def handler(number, reader, writer):
+        while await server.read_request(reader) is not None:
+            writer.write(ok())
+            await writer.drain()
+
+    async with RawServer(handler) as server:
+        default = await engine_for(server.url)
+        await default.chat({"messages": []}, session_id="s-1", affinity="t-abc")
+        await default.post_for_session("/inference/v1/generate", {"token_ids": [1]}, session_id="s-1", affinity="t-abc")
+        await default.request("POST", "/pause")  # engine control carries no session and no key
+        renamed = await engine_for(server.url, affinity_header="X-Routing-Key")
+        await renamed.chat({"messages": []}, session_id="s-2", affinity="t-def")
+        off = await engine_for(server.url, affinity_header=None)
+        await off.chat({"messages": []}, session_id="s-3", affinity="t-ghi")
+    heads = [r.split(b"\r\n\r\n", 1)[0].decode().split("\r\n") for r in server.requests]
+    assert "X-Session-ID: t-abc" in heads[0] and "X-Session-ID: t-abc" in heads[1]
+    assert not any(line.startswith("X-Session-ID") for line in heads[2])
+    assert "X-Routing-Key: t-def" in heads[3] and not any(line.startswith("X-Session-ID") for line in heads[3])
+    assert not any("t-ghi" in line for line in heads[4]) and f"{SESSION_HEADER}: s-3" in heads[4]
+    with pytest.raises(ValueError, match="header name"):
+        H1Engine("http://127.0.0.1:9", affinity_header="Bad Header")
+    engine = H1Engine("http://127.0.0.1:9")
+    await engine.start()
+    with pytest.raises(ValueError, match="line breaks"):
+        await engine.chat({}, session_id="s", affinity="k\r\nX-Evil: 1")
