@@ -7,10 +7,13 @@ the agent's stderr when a rollout fails.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from starlette.responses import Response
+
+if TYPE_CHECKING:
+    from openenv_harness.recorder.sessions import LiveSession
 
 
 class AgentError(Exception):
@@ -57,3 +60,9 @@ def error_response(
 def body_too_large(limit: int) -> AgentError:
     """A request body over ``RecorderConfig.max_body_bytes`` (every route that reads one says the same)."""
     return AgentError(413, f"request body exceeds {limit} bytes", code="body_too_large")
+
+
+def session_closed(session: "LiveSession", *, in_flight: bool = False) -> AgentError:
+    message = (f"session {session.id} was closed while this call was in flight; it was not answered" if in_flight
+               else f"session {session.id} is closed")
+    return AgentError(409, message, type="invalid_request_error", code="session_closed")
