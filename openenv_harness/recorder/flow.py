@@ -8,6 +8,7 @@ agent's request to the stored record and the bytes sent back. Agents that speak 
 Anthropic Messages API enter and leave through their dialect's adapter (``dialects/``); the steps
 in between are the same for every agent. Errors are ``AgentError`` raised by
 a step; once the engine has been called, even a failure is recorded before the agent hears of it.
+A session recovered after a restart first gets its chain state back from its records (``restore.py``).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from openenv_harness.recorder.prompt_mode import strategy_for
 from openenv_harness.recorder.provenance import call_provenance
 from openenv_harness.recorder.relay_errors import relay_upstream_error, relay_upstream_failure
 from openenv_harness.recorder.request_body import check_body, not_json
+from openenv_harness.recorder.restore import restore
 from openenv_harness.recorder.sessions import LiveSession
 from openenv_harness.recorder.sse import synthesize_sse
 from openenv_harness.recorder.store.base import PendingRecord, SessionSealed
@@ -368,6 +370,8 @@ async def record(flow: Flow) -> None:
     flow.metadata = md
     # what the agent is sent, logprobs included when it asked: a replayed retry is answered with it
     response = agent_view(flow.reply.json, keep_logprobs=flow.keep_logprobs)
+    if flow.dialect is not None:
+        flow.dialect.keep_sampled_arguments(flow, response, md)
     pending = PendingRecord(
         session_id=session.id,
         call_index=flow.call_index,
@@ -611,6 +615,8 @@ async def _serve_to_end(flow: Flow) -> Response:
 async def _serve(flow: Flow) -> Response:
     ctx, session, started, dialect = flow.ctx, flow.session, flow.started, flow.dialect
     try:
+        if session.restore_pending:  # recovered after a restart: its chain state comes from its records
+            await restore(ctx.store, session)
         if dialect is not None:
             dialect.enter(flow)  # the agent's Responses/Messages body becomes the chat body parsed next
         parse(flow)
