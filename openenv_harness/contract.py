@@ -165,6 +165,10 @@ class RecordMetadata(BaseModel):
     weight_versions: list[dict[str, Any]] | None = Field(
         None, description="Per-token weight versions when the engine reports them (vLLM 0.33)")
     tool_limit: ToolLimitCut | None = Field(None, description="Present when a tool-call cap cut this reply")
+    sampled_arguments: list[str | None] | None = Field(
+        None, description="Dialect calls (responses, anthropic) only: per tool call of the reply, the argument text "
+        "the model sampled, handed to the agent in place of the tool parser's re-serialization (null where it "
+        "was not found); a restarted recorder rebuilds its replay memory from it")
 
 
 class TraceRecord(BaseModel):

@@ -9,6 +9,7 @@ Anthropic Messages API enter and leave through their dialect's adapter (``dialec
 in between are the same for every agent. Errors are ``AgentError`` raised by
 a step; once the engine has been called, even a failure is recorded before the agent hears of it.
 The validate and record steps (what a record holds) live in ``record_step.py``.
+A session recovered after a restart first gets its chain state back from its records (``restore.py``).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from openenv_harness.recorder.errors import AgentError, session_closed
 from openenv_harness.recorder.prompt_mode import strategy_for
 from openenv_harness.recorder.relay_errors import relay_upstream_error, relay_upstream_failure
 from openenv_harness.recorder.request_body import check_body, not_json
+from openenv_harness.recorder.restore import restore
 from openenv_harness.recorder.sessions import LiveSession
 from openenv_harness.recorder.sse import synthesize_sse
 from openenv_harness.recorder.upstream.base import UpstreamFailure, UpstreamReply
@@ -349,6 +351,8 @@ async def _serve_to_end(flow: Flow) -> Response:
 async def _serve(flow: Flow) -> Response:
     ctx, session, started, dialect = flow.ctx, flow.session, flow.started, flow.dialect
     try:
+        if session.restore_pending:  # recovered after a restart: its chain state comes from its records
+            await restore(ctx.store, session)
         if dialect is not None:
             dialect.enter(flow)  # the agent's Responses/Messages body becomes the chat body parsed next
         parse(flow)

@@ -110,6 +110,8 @@ async def record(flow: Flow) -> None:
     flow.metadata = md
     # what the agent is sent, logprobs included when it asked: a replayed retry is answered with it
     response = agent_view(flow.reply.json, keep_logprobs=flow.keep_logprobs)
+    if flow.dialect is not None:
+        flow.dialect.keep_sampled_arguments(flow, response, md)
     pending = PendingRecord(
         session_id=session.id,
         call_index=flow.call_index,

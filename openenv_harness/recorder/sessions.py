@@ -153,6 +153,10 @@ class LiveSession:
     caps_cache: dict[str, Any] | None = None
     #: what dialect replies sent back (sampled tool arguments, reasoning), to recognise their replay
     dialect_memory: Any = None
+    #: recovered with records: its chain state (fidelity tips, dialect memory) is still to be rebuilt
+    #: from them before its next call (``restore.py``); ``restoring`` is that one rebuild
+    restore_pending: bool = False
+    restoring: asyncio.Future | None = None
     #: the calls being served now, from authentication to reply (``flow.Flow`` by id): close waits for them
     calls: dict[int, Any] = field(default_factory=dict)
     _changed: asyncio.Event | None = None
@@ -284,6 +288,7 @@ class SessionRegistry:
                 closed_at=row.closed_at,
                 stop_reason=row.stop_reason,
                 next_call_index=row.next_call_index,
+                restore_pending=row.next_call_index > 0 and row.status != "closed",
             )
             state = row.state or {}
             session.last_error = state.get("last_error")

@@ -113,6 +113,8 @@ def test_sigkill_mid_session_loses_no_acknowledged_call(tmp_path: Path, engine: 
             assert info["agent_calls"] == len(ok) + 1  # budgets keep counting across the restart
             indexes = [x["metadata"]["call_index"] for x in after]
             assert indexes == sorted(set(indexes)) and len(after) == len(records) + 1
+            # the chain tips came back from the records: a new history is a break, not the session's root
+            assert after[-1]["metadata"]["fidelity"]["class"] == "break"
     finally:
         proc.terminate()
         proc.wait(timeout=10)

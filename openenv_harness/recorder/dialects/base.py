@@ -121,14 +121,38 @@ class Dialect(abc.ABC):
         flow.dialect_call = call
         flow.raw = orjson.dumps(chat)
 
+    def keep_sampled_arguments(self, flow: "Flow", response: dict[str, Any], metadata: dict[str, Any]) -> None:
+        """At the record step: the argument text the model sampled for each of the reply's tool calls
+        (``sampled.py``), for this reply and, as ``metadata.sampled_arguments``, for the record.
+
+        Why in the record: the text is found in the engine reply's logprob entries, which the record
+        does not keep (its ``response`` is the agent's view; its ids need the engine's tokenizer to
+        be text again). A restarted recorder rebuilds the replay memory from it (``restore.py``)."""
+        call = flow.dialect_call if isinstance(flow.dialect_call, DialectCall) else None
+        _, message = chat_message(response)
+        tool_calls = message.get("tool_calls") or []
+        if call is None or flow.reply is None or not tool_calls:
+            return
+        call.raw_arguments = raw_arguments(sampled_text(flow.reply.json), tool_calls)
+        if any(text is not None for text in call.raw_arguments):
+            metadata["sampled_arguments"] = call.raw_arguments
+
+    def remember(self, record: dict[str, Any], memory: ReplayMemory) -> None:
+        """Remember again what one recorded reply remembered when it left: the reply is built the
+        same way from the record (its ``response`` and ``metadata.sampled_arguments``) and dropped,
+        so the entries are exactly those its first sending made."""
+        response = record.get("response")
+        if not isinstance(response, dict):
+            return
+        sampled = record.get("metadata", {}).get("sampled_arguments")
+        self.message(response, DialectCall(raw_arguments=list(sampled) if isinstance(sampled, list) else []), memory)
+
     def reply(self, flow: "Flow") -> Response:
-        """The recorded chat completion (``flow.agent_reply``) in the dialect's own shape."""
+        """The recorded chat completion (``flow.agent_reply``) in the dialect's own shape (a replayed
+        retry has no engine reply: the memory holds what its first sending handed out)."""
         assert flow.agent_reply is not None
         call = flow.dialect_call if isinstance(flow.dialect_call, DialectCall) else DialectCall()
         memory = memory_for(flow.session)
-        if flow.reply is not None and not flow.replayed:  # a replayed call has no engine reply: memory serves
-            _, message = chat_message(flow.agent_reply)
-            call.raw_arguments = raw_arguments(sampled_text(flow.reply.json), message.get("tool_calls") or [])
         if flow.wants_stream:
             return Response(self.stream(flow.agent_reply, call, memory), media_type="text/event-stream",
                             headers={"cache-control": "no-cache"})

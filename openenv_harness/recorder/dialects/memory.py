@@ -11,8 +11,12 @@ sampled text back -- only if what came back is exactly what we sent, otherwise t
 version is used (it really did change the history).
 
 Bounded per session (entries and bytes, oldest out first) and dropped when the session closes.
-After a recorder restart the memory is empty; the next transition then shows whatever the
-agent's re-serialization costs (usually ``replay_drift``), never a wrong prompt.
+After a recorder restart it is rebuilt from the session's records before the session's first call
+is served (``recorder/restore.py``): each recorded dialect reply keeps what was handed out -- its
+``response`` and the sampled argument text (``metadata.sampled_arguments``) -- so the same entries
+come back, within the same bounds. Where a record cannot give them back (a store that cannot be
+read, an entry trimmed by the bounds) the next transition shows whatever the agent's
+re-serialization costs (usually ``replay_drift``), never a wrong prompt.
 """
 
 from __future__ import annotations
@@ -31,64 +35,65 @@ def reasoning_handle(reply_id: str, text: str) -> str:
 
 
 class ReplayMemory:
-    """Sampled tool-argument text by tool call id, and sampled reasoning by handle."""
+    """Sampled tool-argument text by tool call id, and sampled reasoning by handle.
+
+    One age order for both kinds: what is trimmed is the least recently remembered or used entry,
+    whichever kind it is (so a long session with thinking on every turn keeps its latest tool calls).
+    """
 
     def __init__(self, max_entries: int = 1024, max_bytes: int = 8 * 1024 * 1024) -> None:
         self.max_entries = max_entries
         self.max_bytes = max_bytes
-        self._calls: OrderedDict[str, tuple[str, Any]] = OrderedDict()
-        self._reasoning: OrderedDict[str, str] = OrderedDict()
+        #: ``("call", id) -> (sampled, sent)`` and ``("reasoning", handle) -> (text, None)``, oldest first
+        self._entries: OrderedDict[tuple[str, str], tuple[str, Any]] = OrderedDict()
         self._bytes = 0
 
     def __len__(self) -> int:
-        return len(self._calls) + len(self._reasoning)
+        return len(self._entries)
+
+    def _put(self, key: tuple[str, str], text: str, sent: Any) -> None:
+        old = self._entries.pop(key, None)
+        if old is not None:
+            self._bytes -= len(old[0])
+        self._entries[key] = (text, sent)
+        self._bytes += len(text)
+        while self._entries and (len(self._entries) > self.max_entries or self._bytes > self.max_bytes):
+            _, (dropped, _) = self._entries.popitem(last=False)
+            self._bytes -= len(dropped)
+
+    def _get(self, key: tuple[str, str]) -> tuple[str, Any] | None:
+        entry = self._entries.get(key)
+        if entry is not None:
+            self._entries.move_to_end(key)
+        return entry
 
     # -- tool calls ------------------------------------------------------------------------------
 
     def remember_call(self, call_id: str, sampled: str, sent: Any) -> None:
         """``sampled``: the engine's argument text; ``sent``: what the client got (text or object)."""
-        if not call_id:
-            return
-        old = self._calls.pop(call_id, None)
-        if old is not None:
-            self._bytes -= len(old[0])
-        self._calls[call_id] = (sampled, sent)
-        self._bytes += len(sampled)
-        self._trim()
+        if call_id:
+            self._put(("call", call_id), sampled, sent)
 
     def sampled_arguments(self, call_id: str, replayed: Any) -> str | None:
         """The sampled text for ``call_id`` if the client replayed exactly what it was sent."""
-        entry = self._calls.get(call_id) if call_id else None
+        entry = self._entries.get(("call", call_id)) if call_id else None
         if entry is None or entry[1] != replayed:
             return None
-        self._calls.move_to_end(call_id)
+        self._entries.move_to_end(("call", call_id))
         return entry[0]
 
     def sampled(self, call_id: str) -> str | None:
         """The sampled text remembered for ``call_id`` (a retried call's reply is built from it)."""
-        entry = self._calls.get(call_id) if call_id else None
+        entry = self._entries.get(("call", call_id)) if call_id else None
         return entry[0] if entry is not None else None
 
     # -- reasoning -------------------------------------------------------------------------------
 
     def remember_reasoning(self, handle: str, text: str) -> None:
-        old = self._reasoning.pop(handle, None)
-        if old is not None:
-            self._bytes -= len(old)
-        self._reasoning[handle] = text
-        self._bytes += len(text)
-        self._trim()
+        self._put(("reasoning", handle), text, None)
 
     def reasoning(self, handle: Any) -> str | None:
-        if not isinstance(handle, str) or handle not in self._reasoning:
+        if not isinstance(handle, str):
             return None
-        self._reasoning.move_to_end(handle)
-        return self._reasoning[handle]
-
-    def _trim(self) -> None:
-        while self._calls and (len(self) > self.max_entries or self._bytes > self.max_bytes):
-            _, (sampled, _) = self._calls.popitem(last=False)
-            self._bytes -= len(sampled)
-        while self._reasoning and (len(self) > self.max_entries or self._bytes > self.max_bytes):
-            _, text = self._reasoning.popitem(last=False)
-            self._bytes -= len(text)
+        entry = self._get(("reasoning", handle))
+        return entry[0] if entry is not None else None

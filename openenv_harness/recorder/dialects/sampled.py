@@ -13,7 +13,8 @@ hand that text to the agent (Responses ``arguments``, Anthropic ``input_json_del
 it (``ReplayMemory``) -- it is JSON-equal to what the parser returned, so the agent sees the same
 arguments. When the text cannot be recovered (``token_id:N`` strings, a format that writes
 arguments as anything but a JSON object) the parser's string is used, as before. The record keeps
-the engine's reply untouched either way.
+the engine's reply untouched either way, and the texts found in ``metadata.sampled_arguments``
+(``Dialect.keep_sampled_arguments``): the logprob entries they come from are not in the record.
 """
 
 from __future__ import annotations

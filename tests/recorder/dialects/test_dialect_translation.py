@@ -154,3 +154,14 @@ def test_memory_is_bounded_by_entries_and_bytes() -> None:
     assert memory.sampled("big") and memory.sampled("t2") is None  # 30 + 90 bytes: the oldest go
     memory.remember_reasoning("r", "z" * 200)  # larger than the whole budget: nothing else survives it
     assert memory.sampled("big") is None
+
+
+def test_memory_trims_the_oldest_entry_of_either_kind() -> None:
+    """Thinking on every turn must not push out the turn's own tool call (one age order for both)."""
+    memory = ReplayMemory(max_entries=4)
+    for i in range(10):
+        memory.remember_reasoning(f"oeh1.{i}", f"thought {i}")
+        memory.remember_call(f"t{i}", f"args {i}", {})
+    assert len(memory) == 4
+    assert [memory.sampled(f"t{i}") for i in (8, 9)] == ["args 8", "args 9"]
+    assert memory.reasoning("oeh1.9") == "thought 9" and memory.reasoning("oeh1.7") is None

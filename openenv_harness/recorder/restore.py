@@ -1,0 +1,84 @@
+"""A recovered session's chain state, rebuilt once from its durable records.
+
+Why: two things that follow a chain live only in memory -- the fidelity tips (``fidelity.py``: the
+last prompt and sampled completion of each chain tip) and the dialects' replay memory
+(``dialects/memory.py``: the sampled tool-argument text and reasoning behind what a Responses or
+Messages reply handed out). Lost at a restart, the session's next call would be labelled ``root``
+though it continues a chain, and a Claude Code turn replayed as a parsed ``input`` object or a
+thinking block kept only by its ``signature`` (a Codex reasoning item by its
+``encrypted_content``) could no longer be turned back into what the model sampled. The records
+hold all of it: each one's prompt and completion ids, ``metadata.fidelity`` where the tracker saw
+it, and for dialect calls the reply sent (``response``) with its ``metadata.sampled_arguments``.
+
+So a session the registry recovered with records (``LiveSession.restore_pending``) is rebuilt
+before its first call after the restart is served, and only then: every record is fed, in
+order, to a fresh tracker (those the tracker observed live) and to its dialect's ``remember``
+(the reply built again the way it first left and dropped, so the memory holds the same entries).
+Both stay bounded as live (``MAX_TIPS`` tips; the memory's own entry and byte limits, oldest out
+first). The records are streamed one at a time on a worker thread, off the event loop; calls of
+the session that arrive meanwhile wait for the same rebuild. A store that cannot be read leaves the
+state empty -- as before: the next transition shows what it costs, never a wrong prompt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from array import array
+from typing import Any, Iterable
+
+from openenv_harness.recorder.dialects import ANTHROPIC, RESPONSES, Dialect, ReplayMemory
+from openenv_harness.recorder.fidelity import FidelityTracker
+from openenv_harness.recorder.sessions import LiveSession
+from openenv_harness.recorder.store.base import RecordStore
+
+log = logging.getLogger(__name__)
+
+_DIALECTS: dict[str, Dialect] = {d.name: d for d in (ANTHROPIC, RESPONSES)}
+
+
+def rebuild(records: Iterable[dict[str, Any]]) -> tuple[FidelityTracker | None, ReplayMemory | None]:
+    """The fidelity tracker and replay memory a session's records leave behind (None: nothing to hold)."""
+    tracker, memory = FidelityTracker(), ReplayMemory()
+    for record in records:
+        md = record.get("metadata") or {}
+        if md.get("fidelity") is not None:  # the tracker observed exactly these calls
+            tracker.observe(str(md.get("node_id")), array("I", record.get("prompt_token_ids") or []),
+                            array("I", record.get("completion_token_ids") or []))
+        dialect = _DIALECTS.get(md.get("dialect"))
+        if dialect is not None and md.get("error") is None and md.get("status") != "failed":
+            dialect.remember(record, memory)  # a reply the agent was handed
+    return (tracker if tracker.tips else None), (memory if len(memory) else None)
+
+
+def _read(store: RecordStore, session_id: str) -> tuple[FidelityTracker | None, ReplayMemory | None]:
+    return rebuild(store.iter_records(session_id))
+
+
+async def restore(store: RecordStore, session: LiveSession) -> None:
+    """Rebuild ``session``'s chain state from its records if that is still to do; every call of the
+    session waits for the one rebuild."""
+    if not session.restore_pending:
+        return
+    if session.restoring is None:
+        session.restoring = asyncio.ensure_future(_restore(store, session))
+    await asyncio.shield(session.restoring)
+
+
+async def _restore(store: RecordStore, session: LiveSession) -> None:
+    tracker: FidelityTracker | None = None
+    memory: ReplayMemory | None = None
+    try:
+        await store.caught_up()
+        try:
+            tracker, memory = await asyncio.to_thread(_read, store, session.id)
+        except NotImplementedError:  # a backend that cannot stream: read whole
+            tracker, memory = await asyncio.to_thread(rebuild, await store.read_records(session.id))
+    except Exception:  # noqa: BLE001 -- the session still serves; its next transition shows the loss
+        log.warning("recorder: could not rebuild session %s's chain state from its records", session.id,
+                    exc_info=True)
+    if session.fidelity is None:
+        session.fidelity = tracker
+    if session.dialect_memory is None:
+        session.dialect_memory = memory
+    session.restore_pending = False
