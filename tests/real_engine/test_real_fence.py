@@ -63,9 +63,10 @@ def test_wait_lets_the_call_finish_before_the_pause(stack: RealStack) -> None:
         sid, _, call = _start(stack, pool)
         _in_flight(stack, call)
         stack.admin.pause_engine("wait")  # returns once vLLM's in-flight calls are done
-        assert call.done()
+        # the recorder still records and replies after vLLM finished it: wait for that, then resume --
+        # the call must have ended at the old version, unstraddled
+        reply = call.result(timeout=120)
         stack.admin.resume_engine()
-        reply = call.result()
     assert reply.status_code == 200, reply.text
     [record] = stack.admin.records(sid)
     md = record["metadata"]
