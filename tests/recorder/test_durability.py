@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -17,25 +16,13 @@ from openenv_harness.recorder import RecorderClient, RecorderServer
 from openenv_harness.recorder.server import free_port
 from openenv_harness.recorder.store.journal import JournalError
 from openenv_harness.testing.engine import EngineServer
+from openenv_harness.testing.recorder_process import start_recorder_process
 
 from agentloop import ADMIN, TOOLS, tool_script
 
 
 def start_recorder(store: Path, engine_url: str, port: int, *extra: str) -> subprocess.Popen:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "openenv_harness.recorder", "--engine-url", engine_url, "--port", str(port),
-         "--store", str(store), "--admin-token", ADMIN, "--log-level", "error", *extra],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-    )
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            time.sleep(0.1)
-    proc.kill()
-    raise RuntimeError("recorder did not start: " + proc.stderr.read().decode()[-2000:])
+    return start_recorder_process(store, engine_url, port, ADMIN, *extra)
 
 
 class Agents:

@@ -5,13 +5,10 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import sys
-import time
 from collections import Counter
 from pathlib import Path
 from typing import Iterator
 
-import httpx
 import pytest
 
 from openenv_harness.recorder import RecorderClient, RecorderConfig, RecorderServer
@@ -20,6 +17,7 @@ from openenv_harness.rollout import BUILTIN_TASKS, HarnessSessionFactory
 from openenv_harness.rollout.placement import NoRecorderAvailable, RecorderPool
 from openenv_harness.rollout.session import RolloutCaptureError
 from openenv_harness.testing.engine import EngineConfig, EngineServer, Script
+from openenv_harness.testing.recorder_process import start_recorder_process
 
 from rollout_helpers import ADMIN
 
@@ -90,18 +88,7 @@ def slow_engine() -> Iterator[EngineServer]:
 
 def _recorder_process(store: Path, engine: EngineServer, port: int) -> subprocess.Popen:
     """A recorder in a process of its own, so that it can be SIGKILLed."""
-    proc = subprocess.Popen([sys.executable, "-m", "openenv_harness.recorder", "--engine-url", engine.url,
-                             "--port", str(port), "--store", str(store), "--admin-token", ADMIN, "--log-level", "error"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            time.sleep(0.1)
-    proc.kill()
-    raise RuntimeError("the recorder process did not start")
+    return start_recorder_process(store, engine.url, port, ADMIN)
 
 
 @pytest.mark.cli
