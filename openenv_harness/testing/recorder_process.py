@@ -34,3 +34,18 @@ def start_recorder_process(store: Path, engine_url: str, port: int, admin_token:
             time.sleep(0.1)
     proc.kill()
     raise RuntimeError("the recorder process did not start: " + proc.stderr.read().decode()[-2000:])
+
+
+def child_pids(pid: int) -> list[int]:
+    """The direct children of process ``pid``, read from each of its threads' ``children`` file.
+
+    A thread can end between listing ``/proc/<pid>/task`` and reading its file (the recorder's worker
+    threads come and go), so a vanished thread counts as one with no children rather than an error.
+    """
+    pids: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            pids.extend(int(p) for p in (task / "children").read_text().split())
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+    return pids

@@ -16,7 +16,7 @@ from openenv_harness.recorder import RecorderClient, RecorderServer
 from openenv_harness.recorder.server import free_port
 from openenv_harness.recorder.store.journal import JournalError
 from openenv_harness.testing.engine import EngineServer
-from openenv_harness.testing.recorder_process import start_recorder_process
+from openenv_harness.testing.recorder_process import child_pids, start_recorder_process
 
 from agentloop import ADMIN, TOOLS, tool_script
 
@@ -129,8 +129,7 @@ def test_a_killed_index_process_costs_agents_nothing(tmp_path: Path, engine: Eng
     base = f"http://127.0.0.1:{port}"
 
     def children() -> list[int]:
-        return [int(pid) for task in Path(f"/proc/{proc.pid}/task").iterdir()
-                for pid in (task / "children").read_text().split()]
+        return child_pids(proc.pid)
 
     def priority_arg(pid: int) -> str:
         return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[-2].decode()

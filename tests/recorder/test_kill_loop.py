@@ -21,6 +21,7 @@ import httpx
 from openenv_harness.recorder import RecorderClient
 from openenv_harness.recorder.server import free_port
 from openenv_harness.testing.engine import EngineServer
+from openenv_harness.testing.recorder_process import child_pids
 
 from agentloop import ADMIN, TOOLS
 from test_durability import _sessions, _until, start_recorder
@@ -67,8 +68,7 @@ class _RoundAgents:
 
 
 def _index_process(proc) -> int | None:
-    pids = [int(pid) for task in Path(f"/proc/{proc.pid}/task").iterdir()
-            for pid in (task / "children").read_text().split()]
+    pids = child_pids(proc.pid)
     return pids[0] if len(pids) == 1 else None
 
 

@@ -19,6 +19,7 @@ import httpx
 
 from openenv_harness.recorder.server import free_port
 from openenv_harness.testing.engine import EngineServer
+from openenv_harness.testing.recorder_process import child_pids
 
 from agentloop import ADMIN, TOOLS, tool_script
 from test_durability import start_recorder
@@ -39,9 +40,7 @@ def _tree_rss(pid: int) -> int:
             for line in Path(f"/proc/{p}/status").read_text().splitlines():
                 if line.startswith("VmRSS:"):
                     total += int(line.split()[1]) * 1024
-            for task in Path(f"/proc/{p}/task").iterdir():
-                children = (task / "children").read_text().split()
-                todo.extend(int(c) for c in children)
+            todo.extend(child_pids(p))
         except FileNotFoundError:
             continue
     return total
