@@ -19,6 +19,7 @@ in-process recorder through the relay, while the ``ModelStep`` still runs here, 
 from __future__ import annotations
 
 import secrets
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any, Callable
@@ -106,6 +107,7 @@ class AgentCLIAdapter(CLIHarnessAdapter):
         self._own_recorder = recorder is None
         self._engine_url = engine_url
         self._store_path = store_path
+        self._own_store_dir: Path | None = None
         self.sandbox_factory = sandbox_factory or _local_sandbox
         self.executable = executable
         self.model = model
@@ -119,9 +121,13 @@ class AgentCLIAdapter(CLIHarnessAdapter):
         raise RuntimeError("unreachable")
 
     def recorder(self) -> RecorderServer:
-        """The recorder runs in-process (a thread) unless one was given."""
+        """The recorder runs in-process (a thread) unless one was given. Without a ``store_path`` its
+        store is a temporary directory of the adapter's own, removed by :meth:`close` (every result
+        already carries its records), so a trainer running thousands of rollouts leaves nothing behind."""
         if self._recorder is None:
-            store = self._store_path or str(Path(tempfile.mkdtemp(prefix="oeh-whitebox-")) / "records.db")
+            if self._store_path is None:
+                self._own_store_dir = Path(tempfile.mkdtemp(prefix="oeh-whitebox-"))
+            store = self._store_path or str(self._own_store_dir / "records.db")
             config = RecorderConfig(store_path=store, engine_url=self._engine_url, probe_template=False)
             self._recorder = RecorderServer(config).start()
         return self._recorder
@@ -130,6 +136,15 @@ class AgentCLIAdapter(CLIHarnessAdapter):
         if self._own_recorder and self._recorder is not None:
             self._recorder.stop()
             self._recorder = None
+        if self._own_store_dir is not None:
+            shutil.rmtree(self._own_store_dir, ignore_errors=True)
+            self._own_store_dir = None
+
+    def __enter__(self) -> "AgentCLIAdapter":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def run_white_box(
         self, model_step: ModelStep, session: ResourceSession, limits: HarnessRunLimits | None = None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from openenv.core.env_server.mcp_types import Tool
 from openenv.core.harness import HarnessRolloutResult, HarnessRunLimits, ModelStepResult
@@ -52,16 +54,17 @@ def test_run_black_box_uses_the_engine(cli_paths, tmp_path) -> None:
     task = BUILTIN_TASKS["write-greeting"]
     with EngineServer() as engine:
         engine.set_script("ref-greeting", Script(turns=task.reference_script))
-        adapter = AgentCLIAdapter("pi", engine_url=engine.url, model="ref-greeting", timeout_s=120)
-        try:
+        with AgentCLIAdapter("pi", engine_url=engine.url, model="ref-greeting", timeout_s=120) as adapter:
             result = adapter.run_black_box(TaskSession(task))
             assert result.metrics["env_reward"] == 1.0 and result.metrics["agent_calls"] == 2
             assert result.completion_ids and len(result.completion_ids) == len(result.logprobs)
             with RecorderClient(adapter.recorder().url, adapter.recorder().admin_token) as admin:
                 info = admin.session(result.metrics["session_id"])
                 assert info["status"] == "closed" and info["agent_calls"] == 2
-        finally:
-            adapter.close()
+            store = Path(adapter.recorder().ctx.config.store_path)
+            assert store.exists()
+        # the adapter's own temporary store goes with it; the result kept what it needed
+        assert not store.parent.exists() and result.metrics["trace_entries"]
 
 
 class FailingModelStep(ScriptedModelStep):
