@@ -14,6 +14,11 @@ class RecorderAPIError(RuntimeError):
         self.message = message
 
 
+#: How long ``pause_engine("wait")`` waits by default: the recorder's own bound on an engine call
+#: (``replicas.py``) plus a margin for the fence's bookkeeping.
+WAIT_PAUSE_TIMEOUT_S = 630.0
+
+
 class RecorderClient:
     """``RecorderClient(url, admin_token)``; ``transport`` is injectable like any httpx client."""
 
@@ -75,8 +80,15 @@ class RecorderClient:
         return self._call("GET", f"/admin/sessions/{session_id}/wait", params=params,
                           timeout=timeout_s + 30)
 
-    def pause_engine(self, mode: str = "keep") -> dict[str, Any]:
-        return self._call("POST", "/admin/engine/pause", params={"mode": mode})
+    def pause_engine(self, mode: str = "keep", *, timeout_s: float | None = None) -> dict[str, Any]:
+        """Pause the engine (every replica) through the recorder's fence. ``wait`` returns only once the
+        engine's calls in flight have finished, which takes as long as the longest of them: unless a
+        ``timeout_s`` is given it waits as long as the recorder waits for the engine (600 s) plus a
+        margin, not the client's default timeout that fits every other admin call."""
+        if timeout_s is None and mode == "wait":
+            timeout_s = WAIT_PAUSE_TIMEOUT_S
+        kw: dict[str, Any] = {} if timeout_s is None else {"timeout": timeout_s}
+        return self._call("POST", "/admin/engine/pause", params={"mode": mode}, **kw)
 
     def resume_engine(self) -> dict[str, Any]:
         return self._call("POST", "/admin/engine/resume")

@@ -214,3 +214,40 @@ def test_a_failed_engine_resume_leaves_the_fence_closed_and_a_retry_bumps_once(t
     finally:
         server.stop()
         engine.stop()
+
+
+def test_a_wait_pause_outlasts_the_clients_default_timeout(tmp_path: Path) -> None:
+    """``pause_engine("wait")`` returns when the engine's calls in flight are done, however long they
+    take; the client's timeout, sized for quick admin calls, must not cut it (a real engine's long
+    generation made it time out). An explicit ``timeout_s`` is still the caller's bound."""
+    engine = EngineServer(EngineConfig(prefill_delay_s=3.0)).start()
+    config = RecorderConfig(store_path=str(tmp_path / "r.db"), engine_url=engine.url, admin_token=ADMIN)
+    server = RecorderServer(config).start()
+
+    def call_in_flight(s: dict, text: str, result: dict) -> threading.Thread:
+        t = threading.Thread(target=lambda: result.setdefault(text, chat(s, text)), daemon=True)
+        t.start()
+        deadline = time.monotonic() + 30
+        while not engine.info()["in_flight"]:
+            assert time.monotonic() < deadline, "the call never reached the engine"
+            time.sleep(0.02)
+        return t
+
+    try:
+        with RecorderClient(server.url, ADMIN, timeout_s=1.0) as admin:
+            s = admin.create_session()
+            engine.set_script(s["session_id"], tool_script(0, final="done"))
+            result: dict = {}
+            t = call_in_flight(s, "a call the pause waits for", result)
+            state = admin.pause_engine("wait")  # its prefill alone outlasts the client's 1 s
+            assert state["paused"] is True and engine.info()["in_flight"] == 0
+            admin.resume_engine()
+            t.join(30)
+            assert result["a call the pause waits for"].status_code == 200
+            t = call_in_flight(s, "another", result)
+            with pytest.raises(httpx.TimeoutException):
+                admin.pause_engine("wait", timeout_s=0.5)
+            t.join(30)
+    finally:
+        server.stop()
+        engine.stop()
