@@ -304,14 +304,24 @@ class LoadGen:
         trace.on_connection_reuseconn.append(reuse)
         return trace
 
-    async def run(self) -> dict[str, Any]:
+    def _client(self) -> aiohttp.ClientSession:
         timeout = aiohttp.ClientTimeout(total=self.args.timeout)
         connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=None)
-        async with aiohttp.ClientSession(connector=connector, timeout=timeout, trace_configs=[self._trace()]) as http:
-            cpu0 = _cpu_s()
-            self.deadline = time.perf_counter() + self.args.duration
-            await asyncio.gather(*(self.worker(http, i) for i in range(self.args.sessions)))
-            cpu1 = _cpu_s()
+        return aiohttp.ClientSession(connector=connector, timeout=timeout, trace_configs=[self._trace()])
+
+    async def _own_client_worker(self, index: int) -> None:
+        async with self._client() as http:
+            await self.worker(http, index)
+
+    async def run(self) -> dict[str, Any]:
+        cpu0 = _cpu_s()
+        self.deadline = time.perf_counter() + self.args.duration
+        if self.args.connections == "per-agent":  # each agent its own pool, as separate agent processes have
+            await asyncio.gather(*(self._own_client_worker(i) for i in range(self.args.sessions)))
+        else:  # one pool for all: idle connections are few and rarely idle long
+            async with self._client() as http:
+                await asyncio.gather(*(self.worker(http, i) for i in range(self.args.sessions)))
+        cpu1 = _cpu_s()
         return self.summary(cpu1 - cpu0)
 
     def summary(self, cpu_s: float) -> dict[str, Any]:
@@ -372,6 +382,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tool-bytes", type=int, default=2048)
     p.add_argument("--stream", action="store_true")
     p.add_argument("--think-s", type=float, default=0.0, help="mean pause between an agent's calls (uniform ±50%%)")
+    p.add_argument("--connections", choices=("shared", "per-agent"), default="shared",
+                   help="one connection pool for all agents, or one per agent (each agent's connection then idles "
+                        "through its think time, as a sandboxed agent's does)")
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--timeout", type=float, default=120.0)
     p.add_argument("--keep-calls", action="store_true", help="include per-call [turn, ms, prompt] rows")
