@@ -83,6 +83,11 @@ class Stats:
     prompt_tokens: list[int] = field(default_factory=list)
     turns: list[int] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    #: calls that opened a new connection (the pool had none idle) and those that reused one
+    new_connections: int = 0
+    reused_connections: int = 0
+    #: time spent opening connections, per call that opened one
+    connect_ms: list[float] = field(default_factory=list)
     first_send: float | None = None
     last_done: float = 0.0
     conversations: int = 0
@@ -223,6 +228,9 @@ class LoadGen:
         if self.target.kind == "recorder" and session_id:
             async with http.post(f"{self.target.url.rstrip('/')}/admin/sessions/{session_id}/close",
                                  headers=self._admin_headers()) as r:
+                # read the reply to its end: a connection released with its body unread is closed
+                # (with a reset), and every conversation would then cost the pool a connection
+                await r.read()
                 if r.status != 200:
                     raise ReplyError(f"close session -> {r.status}")
 
@@ -276,14 +284,44 @@ class LoadGen:
                 if len(self.stats.errors) > 50:
                     return
 
-    async def run(self) -> dict[str, Any]:
+    def _trace(self) -> aiohttp.TraceConfig:
+        """Counts new and reused connections and the time spent connecting: a server that closes
+        idle connections makes its clients reconnect, and that shows here, not in its CPU."""
+        trace, stats = aiohttp.TraceConfig(), self.stats
+
+        async def create_start(_s: Any, ctx: Any, _p: Any) -> None:
+            ctx.connect_started = time.perf_counter()
+
+        async def create_end(_s: Any, ctx: Any, _p: Any) -> None:
+            stats.new_connections += 1
+            stats.connect_ms.append((time.perf_counter() - ctx.connect_started) * 1000.0)
+
+        async def reuse(_s: Any, _ctx: Any, _p: Any) -> None:
+            stats.reused_connections += 1
+
+        trace.on_connection_create_start.append(create_start)
+        trace.on_connection_create_end.append(create_end)
+        trace.on_connection_reuseconn.append(reuse)
+        return trace
+
+    def _client(self) -> aiohttp.ClientSession:
         timeout = aiohttp.ClientTimeout(total=self.args.timeout)
         connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=None)
-        async with aiohttp.ClientSession(connector=connector, timeout=timeout) as http:
-            cpu0 = _cpu_s()
-            self.deadline = time.perf_counter() + self.args.duration
-            await asyncio.gather(*(self.worker(http, i) for i in range(self.args.sessions)))
-            cpu1 = _cpu_s()
+        return aiohttp.ClientSession(connector=connector, timeout=timeout, trace_configs=[self._trace()])
+
+    async def _own_client_worker(self, index: int) -> None:
+        async with self._client() as http:
+            await self.worker(http, index)
+
+    async def run(self) -> dict[str, Any]:
+        cpu0 = _cpu_s()
+        self.deadline = time.perf_counter() + self.args.duration
+        if self.args.connections == "per-agent":  # each agent its own pool, as separate agent processes have
+            await asyncio.gather(*(self._own_client_worker(i) for i in range(self.args.sessions)))
+        else:  # one pool for all: idle connections are few and rarely idle long
+            async with self._client() as http:
+                await asyncio.gather(*(self.worker(http, i) for i in range(self.args.sessions)))
+        cpu1 = _cpu_s()
         return self.summary(cpu1 - cpu0)
 
     def summary(self, cpu_s: float) -> dict[str, Any]:
@@ -303,6 +341,10 @@ class LoadGen:
             "p90_ms": percentile(lat, 90),
             "p99_ms": percentile(lat, 99),
             "max_ms": lat[-1] if lat else None,
+            "new_connections": s.new_connections,
+            "reused_connections": s.reused_connections,
+            "connect_p99_ms": percentile(sorted(s.connect_ms), 99),
+            "connect_max_ms": max(s.connect_ms) if s.connect_ms else None,
             "mean_prompt_tokens": sum(s.prompt_tokens) / n if n else 0.0,
             "max_prompt_tokens": max(s.prompt_tokens) if n else 0,
             "lg_cpu_ms_per_call": cpu_s * 1000.0 / n if n else None,
@@ -340,6 +382,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tool-bytes", type=int, default=2048)
     p.add_argument("--stream", action="store_true")
     p.add_argument("--think-s", type=float, default=0.0, help="mean pause between an agent's calls (uniform ±50%%)")
+    p.add_argument("--connections", choices=("shared", "per-agent"), default="shared",
+                   help="one connection pool for all agents, or one per agent (each agent's connection then idles "
+                        "through its think time, as a sandboxed agent's does)")
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--timeout", type=float, default=120.0)
     p.add_argument("--keep-calls", action="store_true", help="include per-call [turn, ms, prompt] rows")

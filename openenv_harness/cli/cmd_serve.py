@@ -24,6 +24,10 @@ def serve(
     index_priority: str = typer.Option(
         "idle", help="CPU priority of the index process: idle (SCHED_IDLE while it keeps up, normal while "
         "behind; 'low' where the system forbids that), low (nice +10) or normal"),
+    keep_alive_s: float = typer.Option(75.0, "--keep-alive-s", help="How long an idle agent connection stays open; "
+                                       "longer than clients keep theirs (aiohttp 15 s, Node's fetch ~4 s)"),
+    backlog: int = typer.Option(2048, "--backlog", help="Connections the listen socket queues (capped by "
+                                "net.core.somaxconn)"),
     log_level: str = typer.Option("info", help="uvicorn log level"),
 ) -> None:
     from openenv_harness.recorder.auth import new_admin_token
@@ -44,7 +48,8 @@ def serve(
     config = RecorderConfig(store_path=store, engine_url=engine_url, admin_token=token,
                             engine_api_key=os.environ.get("OEH_ENGINE_API_KEY") or None,
                             public_base_url=public_base_url, max_body_bytes=max_body_mb * 1024 * 1024,
-                            pause_wait_s=pause_wait_s, index_priority=index_priority)
+                            pause_wait_s=pause_wait_s, index_priority=index_priority,
+                            keep_alive_timeout_s=keep_alive_s, listen_backlog=backlog)
     typer.echo(f"recorder on http://{host}:{port}  store={store}  engine={engine_url or '-'}")
 
     def announce(ctx: RecorderContext) -> None:

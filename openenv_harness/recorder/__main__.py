@@ -26,6 +26,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--index-priority", choices=PRIORITIES, default="idle",
                    help="CPU priority of the index process: 'idle' (SCHED_IDLE while it keeps up, normal "
                         "while behind; 'low' where the system forbids that), 'low' (nice +10) or 'normal'")
+    p.add_argument("--keep-alive-s", type=float, default=RecorderConfig.model_fields["keep_alive_timeout_s"].default,
+                   help="how long an idle agent connection stays open (longer than clients keep theirs)")
+    p.add_argument("--backlog", type=int, default=RecorderConfig.model_fields["listen_backlog"].default,
+                   help="connections the listen socket queues (capped by net.core.somaxconn)")
     a = p.parse_args(argv)
     if a.host not in ("127.0.0.1", "localhost", "::1") and not a.admin_token:
         sys.exit("refusing to listen on a non-loopback address without --admin-token")
@@ -34,6 +38,7 @@ def main(argv: list[str] | None = None) -> None:
         engine_api_key=os.environ.get("OEH_ENGINE_API_KEY") or None,  # never a flag: flags show in `ps`
         public_base_url=a.public_base_url, probe_template=not a.no_probe,
         pause_wait_s=a.pause_wait_s, index_priority=a.index_priority,
+        keep_alive_timeout_s=a.keep_alive_s, listen_backlog=a.backlog,
     )
     if not a.admin_token:
         from openenv_harness.recorder.auth import new_admin_token

@@ -45,6 +45,13 @@ class RecorderConfig(BaseModel):
     request_body_timeout_s: float = Field(
         120.0, gt=0, description="Time a request has to send its whole body once its headers are in: then 408 "
         "and the connection is closed")
+    keep_alive_timeout_s: float = Field(
+        75.0, gt=0, description="How long an idle keep-alive connection from an agent stays open. Longer than "
+        "clients keep theirs (aiohttp 15 s, Node's fetch about 4 s, httpx 5 s): a server that closes first races "
+        "a client reusing the connection, which then gets a reset. uvicorn's own default is 5 s")
+    listen_backlog: int = Field(
+        2048, ge=1, description="Connections the listen socket queues before the recorder accepts them (the "
+        "kernel caps it at net.core.somaxconn); many sandboxes connecting at once need room here")
     upstream_timeout_s: float = Field(600.0, gt=0)
     affinity_header: str | None = Field(
         "X-Session-ID", pattern=r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$",

@@ -30,12 +30,25 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
-def server_limits(app: Any) -> dict[str, Any]:
-    """uvicorn settings that bound a request head when uvicorn's own h11 protocol serves it (the
-    chat protocol bounds heads itself: ``chat_protocol.py``)."""
+#: Keep-alive and backlog for apps that are not a recorder (the reference engine, test doubles).
+_DEFAULTS = RecorderConfig.model_fields
+
+
+def connection_settings(app: Any) -> dict[str, Any]:
+    """The uvicorn settings for how connections are held, one source for ``serve`` and
+    ``ThreadedServer``: the idle keep-alive timeout, the listen backlog, and the bound on a request
+    head when uvicorn's own h11 protocol serves it (the chat protocol bounds heads itself:
+    ``chat_protocol.py``).
+
+    Why explicit: uvicorn's default keep-alive (5 s) is shorter than its clients' (aiohttp 15 s), so
+    an agent pausing between calls reused connections the recorder was closing and got resets.
+    """
     if not isinstance(app, RecorderApp):
-        return {}
-    return {"h11_max_incomplete_event_size": app.state.ctx.config.max_header_bytes}
+        return {"timeout_keep_alive": _DEFAULTS["keep_alive_timeout_s"].default,
+                "backlog": _DEFAULTS["listen_backlog"].default}
+    config = app.state.ctx.config
+    return {"timeout_keep_alive": config.keep_alive_timeout_s, "backlog": config.listen_backlog,
+            "h11_max_incomplete_event_size": config.max_header_bytes}
 
 
 class ThreadedServer:
@@ -49,9 +62,9 @@ class ThreadedServer:
         self.port = port or free_port(host)
         self._config = uvicorn.Config(
             app, host=host, port=self.port, log_level=log_level, access_log=False, lifespan="on",
-            timeout_keep_alive=75, loop="asyncio", http=http or chat_protocol_class() or "auto",
+            loop="asyncio", http=http or chat_protocol_class() or "auto",
             # an in-process server must not reconfigure the host process's logging
-            log_config=None, **server_limits(app),
+            log_config=None, **connection_settings(app),
         )
         self._server = uvicorn.Server(self._config)
         self._thread: threading.Thread | None = None
@@ -137,6 +150,6 @@ def serve(config: RecorderConfig, *, host: str = "127.0.0.1", port: int = 8765, 
     trimmer = HeapTrimmer().start()
     try:
         uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False,
-                    http=chat_protocol_class() or "auto", **server_limits(app))
+                    http=chat_protocol_class() or "auto", **connection_settings(app))
     finally:
         trimmer.stop()

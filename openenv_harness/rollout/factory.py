@@ -82,10 +82,12 @@ class HarnessSessionFactory(ResourceSessionFactory):
         wait_timeout_s: float | None = None,
         prompt_mode: str = "full_history",
         prompt_mode_strict: bool = False,
+        pool: RecorderPool | None = None,
     ) -> None:
         self.preset = get_preset(harness) if isinstance(harness, str) else harness
-        #: the recorders sessions are placed on (least live sessions first)
-        self.pool = RecorderPool(recorder_url, admin_token, agent_urls=agent_recorder_url)
+        #: the recorders sessions are placed on (least live sessions first); ``pool`` shares one
+        #: across factories (a server making a factory per episode), so placements under way count
+        self.pool = pool or RecorderPool(recorder_url, admin_token, agent_urls=agent_recorder_url)
         self.recorder_urls = as_list(recorder_url)
         self.recorder_url = self.recorder_urls[0]
         #: how the agent reaches the (first) recorder (differs when the recorder is published via a tunnel)

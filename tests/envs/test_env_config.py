@@ -32,6 +32,19 @@ def test_external_recorder_deployment() -> None:
     assert config.mode == "external-recorder"
 
 
+def _several(**environ: str) -> dict[str, str]:
+    """An external-recorder deployment over two recorders, with ``environ`` on top."""
+    return {"OEH_RECORDER_URL": "http://a:1,http://b:2", "OEH_MODEL": "m", "OEH_ADMIN_TOKEN": "x" * 20, **environ}
+
+
+def test_several_external_recorders_are_read_in_order() -> None:
+    config = EnvServerConfig.from_environ(_several(OEH_RECORDER_URL=" http://a:1/ , http://b:2",
+                                                   OEH_AGENT_RECORDER_URL="http://ta:1,http://tb:2"))
+    assert config.mode == "external-recorder"
+    assert config.recorder_urls == ["http://a:1", "http://b:2"]
+    assert EnvServerConfig.from_environ(_several(OEH_RECORDER_URL="http://only:1")).recorder_urls == ["http://only:1"]
+
+
 @pytest.mark.parametrize(("environ", "message"), [
     ({"OEH_ENGINE_URL": "http://gpu:8000"}, "need OEH_MODEL"),
     ({"OEH_RECORDER_URL": "http://trainer:8765", "OEH_MODEL": "m"}, "OEH_RECORDER_URL needs OEH_ADMIN_TOKEN"),
@@ -41,6 +54,13 @@ def test_external_recorder_deployment() -> None:
     ({"OEH_MAX_CONCURRENT_ENVS": "0"}, "OEH_MAX_CONCURRENT_ENVS: Input should be greater than or equal to 1"),
     ({"OEH_ADMIN_TOKEN": "short"}, "OEH_ADMIN_TOKEN: String should have at least 16 characters"),
     ({"OEH_MAX_WALL_CLOCK_S": "-5"}, "OEH_MAX_WALL_CLOCK_S"),
+    (_several(OEH_RECORDER_URL="http://a:1,,http://b:2"), "OEH_RECORDER_URL: '' is not an http"),
+    (_several(OEH_RECORDER_URL="http://a:1,b:2"), "OEH_RECORDER_URL: 'b:2' is not an http"),
+    (_several(OEH_RECORDER_URL="http://a:1,http://a:1/"), "OEH_RECORDER_URL names the same recorder twice"),
+    (_several(OEH_AGENT_RECORDER_URL="http://tunnel:1"),
+     "OEH_AGENT_RECORDER_URL lists 1 URL\\(s\\) for 2 recorder\\(s\\)"),
+    (_several(OEH_RECORDER_PUBLIC_URL="http://p:1,http://p:2,http://p:3"),
+     "OEH_RECORDER_PUBLIC_URL lists 3 URL\\(s\\) for 2 recorder\\(s\\)"),
 ])
 def test_bad_configuration_names_the_variable(environ: dict[str, str], message: str) -> None:
     with pytest.raises(ConfigError, match=message):

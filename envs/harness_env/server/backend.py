@@ -6,7 +6,10 @@ its stateless HTTP routes, so instances must be cheap and must not start anythin
 
 In the embedded and engine deployments the backend owns a ``LocalStack`` -- the recorder, and in
 the embedded case the reference engine, on loopback threads of this process. With an external
-recorder it owns nothing and only knows the URL and the admin token.
+recorder it owns nothing and only knows the URLs and the admin token. Several external recorders
+share one ``RecorderPool`` (``openenv_harness/rollout/placement.py``): each episode is placed on
+the one with the fewest live sessions, a recorder that does not answer is skipped, and the
+episode's session -- and so its records -- stays on the recorder that created it.
 """
 
 from __future__ import annotations
@@ -23,8 +26,9 @@ from openenv_harness.harnesses.install import PREFIX_ENV, binary_path, default_n
 from openenv_harness.harnesses.registry import UnknownHarnessError, get_preset
 from openenv_harness.recorder.sessions import Budgets
 from openenv_harness.rollout import HarnessSessionFactory, Task
+from openenv_harness.rollout.placement import RecorderPool
 
-from .config import EnvServerConfig
+from .config import ENV_VARS, EnvServerConfig, url_list
 from .errors import BackendError, BadRequestError
 from .tasks import TaskSet
 
@@ -44,6 +48,7 @@ class HarnessBackend:
         self._stack: LocalStack | None = None
         self._recorder_url: str | None = None
         self._admin_token: str | None = None
+        self._pool: RecorderPool | None = None
         self.store_path: str | None = None
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -57,9 +62,14 @@ class HarnessBackend:
             if self._recorder_url is not None:
                 return
             if self.config.recorder_url:
-                self._recorder_url = self.config.recorder_url.rstrip("/")
+                urls = self.config.recorder_urls
+                assert self.config.admin_token is not None  # the config requires it with an external recorder
+                agents = self.config.agent_recorder_url
+                self._pool = RecorderPool(urls, self.config.admin_token, agent_urls=url_list(
+                    agents, ENV_VARS["agent_recorder_url"]) if agents else None)
+                self._recorder_url = urls[0]
                 self._admin_token = self.config.admin_token
-                log.info("harness_env: external recorder at %s", self._recorder_url)
+                log.info("harness_env: external recorder(s) at %s", ", ".join(urls))
                 return
             data_dir = Path(self.config.data_dir) if self.config.data_dir else Path(
                 tempfile.mkdtemp(prefix="harness-env-"))
@@ -91,6 +101,7 @@ class HarnessBackend:
             stack, self._stack = self._stack, None
             self._recorder_url = None
             self._admin_token = None
+            self._pool = None
         if stack is not None:
             stack.__exit__(None, None, None)
             log.info("harness_env: recorder stopped")
@@ -103,7 +114,7 @@ class HarnessBackend:
 
     @property
     def recorder_url(self) -> str:
-        """The recorder as this server reaches it (loopback when it runs here)."""
+        """The recorder as this server reaches it (loopback when it runs here; the first of several)."""
         if self._recorder_url is None:
             raise BackendError("the environment server's backend is not started")
         return self._recorder_url
@@ -149,10 +160,12 @@ class HarnessBackend:
 
     def session_factory(self, preset: HarnessPreset, task: Task, budgets: dict[str, Any],
                         metadata: dict[str, Any]) -> HarnessSessionFactory:
+        pool = self._pool
         return HarnessSessionFactory(
             harness=preset,
-            recorder_url=self.recorder_url,
-            agent_recorder_url=self.agent_recorder_url,
+            recorder_url=[slot.url for slot in pool.slots] if pool is not None else self.recorder_url,
+            agent_recorder_url=None if pool is not None else self.agent_recorder_url,
+            pool=pool,
             admin_token=self.admin_token,
             model=self.model_for(task, preset.name),
             tasks={task.id: task},
@@ -162,12 +175,22 @@ class HarnessBackend:
             max_output_tokens=self.config.max_output_tokens,
         )
 
-    def records_paths(self, session_id: str) -> dict[str, Any]:
-        """Where a session's records are, for ``RecordsLocation``."""
+    def public_url(self, recorder_url: str) -> str:
+        """How observations name a recorder: its ``OEH_RECORDER_PUBLIC_URL`` entry, else its URL."""
+        recorder_url = recorder_url.rstrip("/")
+        if not self.config.recorder_public_url:
+            return recorder_url
+        public = url_list(self.config.recorder_public_url, ENV_VARS["recorder_public_url"])
+        ours = [slot.url for slot in self._pool.slots] if self._pool is not None else [self.recorder_url]
+        return public[ours.index(recorder_url)] if recorder_url in ours else recorder_url
+
+    def records_paths(self, session_id: str, recorder_url: str | None = None) -> dict[str, Any]:
+        """Where a session's records are, for ``RecordsLocation``: on ``recorder_url``, the recorder
+        that holds the session (the only one when this server has one)."""
         records = f"/admin/sessions/{session_id}/records"
         return {
             "session_id": session_id,
-            "recorder_url": (self.config.recorder_public_url or self.recorder_url).rstrip("/"),
+            "recorder_url": self.public_url(recorder_url or self.recorder_url),
             "records_path": records,
             "training_trace_path": f"/admin/sessions/{session_id}/training_trace",
             "proxy_path": PROXY_PREFIX + records if self.owns_recorder else None,

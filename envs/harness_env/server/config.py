@@ -9,6 +9,10 @@ A Space (or any container) is configured through its environment, so every setti
   of a real vLLM. The trainer reads records through this server (``/recorder/admin/...``).
 * **external recorder** (``OEH_RECORDER_URL`` + ``OEH_ADMIN_TOKEN`` + ``OEH_MODEL``): the trainer
   runs its own recorder; this server only creates sessions there and runs agents against it.
+  ``OEH_RECORDER_URL`` may list several recorders, comma-separated (one admin token for all): each
+  episode goes to the one with the fewest live sessions and its records are read from there
+  (``openenv_harness/rollout/placement.py``). ``OEH_AGENT_RECORDER_URL`` and
+  ``OEH_RECORDER_PUBLIC_URL`` then list theirs in the same order.
 
 A wrong combination fails at startup with the variable names in the message, not at the first
 episode.
@@ -53,9 +57,12 @@ class EnvServerConfig(BaseModel):
 
     engine_url: str | None = Field(None, description="A real engine (vLLM root URL); default: the reference engine")
     model: str | None = Field(None, description="The served model name (required with an engine or recorder URL)")
-    recorder_url: str | None = Field(None, description="An external recorder (the trainer's) instead of our own")
-    agent_recorder_url: str | None = Field(None, description="How agents reach the external recorder, if different")
-    recorder_public_url: str | None = Field(None, description="The recorder URL reported in observations")
+    recorder_url: str | None = Field(None, description="An external recorder (the trainer's) instead of our own; "
+                                     "several, comma-separated, to spread episodes over them")
+    agent_recorder_url: str | None = Field(None, description="How agents reach the external recorder(s), if "
+                                           "different (comma-separated, in the order of recorder_url)")
+    recorder_public_url: str | None = Field(None, description="The recorder URL(s) reported in observations "
+                                            "(comma-separated, in the order of the recorders)")
     admin_token: str | None = Field(None, min_length=16, description="The recorder's admin token")
     harness: str = Field("pi", min_length=1, description="Default agent CLI: pi | opencode | codex | claude-code")
     data_dir: str | None = Field(None, description="Where our recorder keeps its records (default: a temp dir)")
@@ -79,7 +86,18 @@ class EnvServerConfig(BaseModel):
             raise ValueError("OEH_RECORDER_URL needs OEH_ADMIN_TOKEN (the external recorder's admin token)")
         if (self.recorder_url or self.engine_url) and not self.model:
             raise ValueError("OEH_ENGINE_URL / OEH_RECORDER_URL need OEH_MODEL (the name the engine serves)")
+        recorders = len(self.recorder_urls) if self.recorder_url else 1
+        for name in ("agent_recorder_url", "recorder_public_url"):
+            value = getattr(self, name)
+            if value is not None and len(url_list(value, ENV_VARS[name])) != recorders:
+                raise ValueError(f"{ENV_VARS[name]} lists {len(url_list(value, ENV_VARS[name]))} URL(s) for "
+                                 f"{recorders} recorder(s): give one per recorder, in the same order")
         return self
+
+    @property
+    def recorder_urls(self) -> list[str]:
+        """The external recorders (``OEH_RECORDER_URL``, comma-separated), in their order."""
+        return url_list(self.recorder_url, ENV_VARS["recorder_url"]) if self.recorder_url else []
 
     @property
     def mode(self) -> str:
@@ -116,6 +134,17 @@ class EnvServerConfig(BaseModel):
             return cls.model_validate(values)
         except ValidationError as exc:
             raise ConfigError(_explain(exc)) from None
+
+
+def url_list(value: str, var: str) -> list[str]:
+    """``value`` split at commas into http(s) URLs without trailing slashes; a clear error otherwise."""
+    urls = [part.strip().rstrip("/") for part in value.split(",")]
+    for url in urls:
+        if not url.startswith(("http://", "https://")) or url in ("http:/", "https:/"):
+            raise ValueError(f"{var}: {url!r} is not an http(s) URL (several recorders: comma-separated URLs)")
+    if len(set(urls)) != len(urls):
+        raise ValueError(f"{var} names the same recorder twice")
+    return urls
 
 
 def _explain(exc: ValidationError) -> str:

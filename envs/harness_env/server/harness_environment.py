@@ -18,14 +18,16 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import httpx
 from openenv.core.env_server.interfaces import Environment
 from openenv.core.env_server.types import EnvironmentMetadata
 
 from openenv_harness.recorder.client import RecorderAPIError
 from openenv_harness.rollout import HarnessSession
+from openenv_harness.rollout.placement import NoRecorderAvailable
 
 from .backend import HarnessBackend
-from .errors import BadRequestError, EpisodeError
+from .errors import BackendError, BadRequestError, EpisodeError
 from .summary import call_digests, trace_summary
 
 try:
@@ -76,13 +78,16 @@ class HarnessRolloutEnvironment(Environment[RunAgent, HarnessObservation, Harnes
         self._state = HarnessState(episode_id=None, step_count=0)
         episode_id = episode_id or uuid.uuid4().hex
         factory = backend.session_factory(preset, task, budgets, metadata={"env": ENV_NAME})
-        session = factory.create(task.id, seed=seed, episode_id=episode_id)
+        try:
+            session = factory.create(task.id, seed=seed, episode_id=episode_id)
+        except NoRecorderAvailable as exc:  # every recorder is down: 503 with each one's cause
+            raise BackendError(str(exc)) from None
         base = HarnessObservation(
             task_id=task.id,
             harness=preset.name,
             instruction=task.instruction,
             session_id=session.session_id,
-            records=RecordsLocation(**backend.records_paths(session.session_id)),
+            records=RecordsLocation(**backend.records_paths(session.session_id, session.client.base_url)),
         )
         with self._lock:
             self._session = session
@@ -136,6 +141,10 @@ class HarnessRolloutEnvironment(Environment[RunAgent, HarnessObservation, Harnes
                 error = (info["last_error"] or {}).get("message")
         except (RecorderAPIError, OSError) as exc:
             error = error or f"could not read the rollout's records: {exc}"
+        except httpx.TransportError as exc:  # its recorder is down: this episode fails, the others go on
+            unreachable = (f"recorder {session.client.base_url} holding session {session.session_id} is "
+                           f"unreachable ({type(exc).__name__}: {exc}); its records could not be read")
+            error = unreachable + (f"; the agent: {error}" if error else "")
         return base.model_copy(update={
             "done": True,
             "reward": verified.env_reward,
