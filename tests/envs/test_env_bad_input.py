@@ -18,7 +18,7 @@ from pydantic import ValidationError
 
 from openenv_harness.recorder import ThreadedServer
 
-from conftest import ADMIN
+from env_support import ADMIN
 
 
 def _ws_url(server: ThreadedServer) -> str:

@@ -20,7 +20,7 @@ from openenv_harness.rollout import BUILTIN_TASKS
 from openenv_harness.testing.engine import EngineServer, Script
 from openenv_harness.testing.recorder_process import start_recorder_process
 
-from conftest import ADMIN, backend_of, start_env_server
+from env_support import ADMIN, backend_of, start_env_server
 from harness_env.server.config import EnvServerConfig
 
 pytestmark = pytest.mark.cli

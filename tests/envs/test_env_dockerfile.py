@@ -28,7 +28,7 @@ from harness_env import HarnessEnv
 
 from openenv_harness.recorder import free_port
 
-from conftest import ADMIN, ENVS, REPO
+from env_support import ADMIN, ENVS, REPO
 
 DOCKERFILE = ENVS / "harness_env" / "server" / "Dockerfile"
 DOCKERIGNORE = DOCKERFILE.with_name("Dockerfile.dockerignore")

@@ -19,7 +19,7 @@ from openenv.core.harness import TrainingTrace
 
 from openenv_harness.recorder import ThreadedServer
 
-from conftest import ADMIN, SLOW_MARKER
+from env_support import ADMIN, SLOW_MARKER
 
 pytestmark = pytest.mark.cli
 

@@ -15,7 +15,7 @@ from openenv.validation.types import Level, Verdict
 
 from openenv_harness.recorder import ThreadedServer
 
-from conftest import ENVS
+from env_support import ENVS
 
 ENV_DIR = ENVS / "harness_env"
 

@@ -4,7 +4,8 @@ One server is started for the whole test session (its first start compiles for a
 and shared by every test here; a test that needs other flags starts its own. ``./dev test`` (and
 so CI) installs the engine first; where it is not installed these tests *fail* with the command
 that installs it — they never skip silently. ``OEH_WITH_ENGINE=0`` deselects the tier on purpose
-(pytest then reports them as skipped with that reason).
+(pytest then reports them as skipped with that reason). Shared constants and helpers live in
+``real_stack``.
 """
 
 from __future__ import annotations
@@ -14,20 +15,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from capture_proxy import CaptureProxy
-from openenv_harness.engine import VLLMServer, VLLMSettings, prepared_model_dir
-from openenv_harness.engine.model import QWEN25_CODER_05B
-from openenv_harness.engine.setup import engine_home, engine_python
+from openenv_harness.engine import VLLMServer, VLLMSettings
 from openenv_harness.cli.stack import REAL_ENGINE_SAMPLING
-from openenv_harness.recorder import RecorderClient, RecorderConfig, RecorderServer
 from openenv_harness.rollout import BUILTIN_TASKS, HarnessSessionFactory
 from openenv_harness.rollout.report import run_rollout
-
-ADMIN = "real-engine-admin-token-0123456789"
-MODEL = QWEN25_CODER_05B.served_name
+from real_stack import AGENT_CALLS, MODEL, RealStack, engine_parts, start_vllm
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -37,22 +32,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "real_engine" in item.keywords:
             item.add_marker(skip)
-
-
-def engine_parts() -> tuple[Path, Path]:
-    home = engine_home()
-    python, model = engine_python(home), prepared_model_dir(home, QWEN25_CODER_05B)
-    if not python.is_file() or model is None:
-        pytest.fail(f"the real engine is not installed under {home}: run ./dev setup "
-                    "(or python -m openenv_harness.engine setup)", pytrace=False)
-    return python, model
-
-
-def start_vllm(tmp: Path, **overrides: object) -> VLLMServer:
-    python, model = engine_parts()
-    settings = VLLMSettings(model_dir=model, served_name=MODEL, python=python,
-                            max_model_len=QWEN25_CODER_05B.max_model_len, **overrides)  # type: ignore[arg-type]
-    return VLLMServer(settings, log_path=tmp / "vllm.log").start(timeout_s=900)
 
 
 @pytest.fixture(scope="session")
@@ -82,28 +61,6 @@ def capture(vllm: VLLMServer) -> Iterator[CaptureProxy]:
         proxy.stop()
 
 
-class RealStack:
-    """A recorder in front of the real vLLM (through the capture proxy), with its admin client."""
-
-    def __init__(self, store: Path, engine_url: str, **config: object) -> None:
-        self.recorder = RecorderServer(RecorderConfig(store_path=str(store), engine_url=engine_url,
-                                                      admin_token=ADMIN, **config)).start()  # type: ignore[arg-type]
-        self.admin = RecorderClient(self.recorder.url, ADMIN)
-        self.admin_token = ADMIN
-
-    def session(self, **spec: object) -> tuple[str, str]:
-        created = self.admin.create_session(**spec)
-        return created["session_id"], created["secret"]
-
-    def chat(self, session_id: str, secret: str, body: dict, timeout: float = 300) -> httpx.Response:
-        return httpx.post(f"{self.recorder.url}/rollout/{session_id}/v1/chat/completions", json=body,
-                          headers={"authorization": f"Bearer {secret}"}, timeout=timeout)
-
-    def close(self) -> None:
-        self.admin.close()
-        self.recorder.stop()
-
-
 @pytest.fixture
 def stack(tmp_path: Path, capture: CaptureProxy) -> Iterator[RealStack]:
     s = RealStack(tmp_path / "records.db", capture.url)
@@ -111,9 +68,6 @@ def stack(tmp_path: Path, capture: CaptureProxy) -> Iterator[RealStack]:
         yield s
     finally:
         s.close()
-
-
-AGENT_CALLS = 3
 
 
 @pytest.fixture(scope="session")

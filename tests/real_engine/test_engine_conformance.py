@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 import pytest
 
-from conftest import MODEL, start_vllm
+from real_stack import MODEL, start_vllm
 from openenv_harness.engine import VLLMServer
 from openenv_harness.testing.engine import EngineConfig, EngineServer, Script, ToolCallSpec, Turn
 from openenv_harness.testing.shapes import assert_same_shape, assert_same_stream_shape

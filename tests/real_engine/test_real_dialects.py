@@ -17,7 +17,7 @@ import pytest
 from openenv.core.harness import TrainingTurn
 
 from capture_proxy import CaptureProxy
-from conftest import ADMIN, AGENT_CALLS, MODEL, RealStack
+from real_stack import ADMIN, AGENT_CALLS, MODEL, RealStack
 from openenv_harness.cli.stack import REAL_ENGINE_SAMPLING
 from openenv_harness.rollout import BUILTIN_TASKS, HarnessSessionFactory
 from openenv_harness.rollout.report import run_rollout

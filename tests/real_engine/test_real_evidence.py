@@ -10,7 +10,7 @@ import httpx
 import orjson
 import pytest
 
-from conftest import MODEL, RealStack
+from real_stack import MODEL, RealStack
 from capture_proxy import CaptureProxy
 from openenv_harness.engine import VLLMServer
 

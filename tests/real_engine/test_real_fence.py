@@ -13,7 +13,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import httpx
 import pytest
 
-from conftest import MODEL, RealStack
+from real_stack import MODEL, RealStack
 from openenv_harness.engine import VLLMServer
 
 pytestmark = [pytest.mark.real_engine, pytest.mark.slow]

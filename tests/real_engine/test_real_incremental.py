@@ -13,7 +13,7 @@ import os
 
 import pytest
 
-from conftest import MODEL, RealStack
+from real_stack import MODEL, RealStack
 from openenv_harness.cli.stack import REAL_ENGINE_SAMPLING
 from openenv_harness.rollout import BUILTIN_TASKS, HarnessSessionFactory
 from openenv_harness.rollout.report import run_rollout

@@ -17,7 +17,7 @@ import httpx
 import pytest
 from openenv.core.harness import TrainingTrace
 
-from conftest import MODEL
+from real_stack import MODEL
 from openenv_harness.assembly import assemble_session
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")

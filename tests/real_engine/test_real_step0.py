@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from conftest import ADMIN, MODEL, RealStack
+from real_stack import ADMIN, MODEL, RealStack
 from openenv_harness.engine import VLLMServer
 from openenv_harness.rollout import BUILTIN_TASKS, HarnessSessionFactory
 from openenv_harness.rollout.report import run_rollout

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import RealStack
+from real_stack import RealStack
 from openenv_harness.engine import VLLMServer
 from openenv_harness.trainer import template_fingerprint
 

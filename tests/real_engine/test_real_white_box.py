@@ -12,7 +12,7 @@ from openenv.core.env_server.mcp_types import Tool
 from openenv.core.harness import HarnessRunLimits, ModelStepResult
 from openenv.core.llm_client import LLMResponse
 
-from conftest import MODEL
+from real_stack import MODEL
 from openenv_harness.contract import is_training_entry
 from openenv_harness.engine import VLLMServer
 from openenv_harness.rollout import BUILTIN_TASKS, AgentCLIAdapter, TaskSession

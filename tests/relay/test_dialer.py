@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 
 import httpx
 import pytest
-from conftest import CuttableProxy, MakeDialer, StartRelay, Target, wait_for
+from relay_support import CuttableProxy, MakeDialer, StartRelay, Target, wait_for
 
 from openenv_harness.relay import RelayDialer, RelayUnavailableError
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import BARE_PYTHON, MakeDialer, StartRelay, Target, install_relay_program
+from relay_support import BARE_PYTHON, MakeDialer, StartRelay, Target, install_relay_program
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 

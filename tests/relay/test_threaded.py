@@ -7,7 +7,7 @@ import threading
 
 import httpx
 import pytest
-from conftest import StartRelay, Target
+from relay_support import StartRelay, Target
 
 from openenv_harness.relay import DialerThread, RelayDialer, RelayUnavailableError
 

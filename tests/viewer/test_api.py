@@ -11,7 +11,7 @@ import pytest
 from openenv_harness.assembly import compare_strategies
 from openenv_harness.viewer.digest import DEFAULT_AROUND, DEFAULT_TAIL, MAX_SLICE
 
-from conftest import ADMIN, ENGINE_ERROR, Recorded, login_cookie
+from viewer_support import ADMIN, ENGINE_ERROR, Recorded, login_cookie
 
 AUTH = {"authorization": f"Bearer {ADMIN}"}
 

@@ -25,7 +25,7 @@ import pytest
 from PIL import Image
 from websockets.sync.client import ClientConnection, connect
 
-from conftest import ADMIN, ENGINE_ERROR, Recorded, login_code
+from viewer_support import ADMIN, ENGINE_ERROR, Recorded, login_code
 
 CHROMIUM = Path("/usr/bin/chromium")
 pytestmark = pytest.mark.skipif(

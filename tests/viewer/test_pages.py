@@ -10,7 +10,7 @@ import pytest
 
 from openenv_harness.viewer.pages import ASSETS, SECURITY_HEADERS
 
-from conftest import ADMIN, Recorded, login_code, login_cookie
+from viewer_support import ADMIN, Recorded, login_code, login_cookie
 
 PAGE_ROUTES = ["/viewer", "/viewer/", *[f"/viewer/static/{name}" for name in ASSETS], "/viewer/static/nope.js"]
 #: What an authenticated GET answers on each page route.
