@@ -6,8 +6,9 @@
   C = previous prompt ids + previous sampled ids, then the junction trailer (the ids the template
   puts after the end-of-turn id, from the template certification), then the engine's own rendering
   of only the new messages. Exact by construction: replay-only drift cannot happen. Tokenizer-free:
-  every id comes from the engine (``/v1/chat/completions/render``, ``/inference/v1/generate``,
-  ``/v1/chat/completions/derender``, whose parsers turn the sampled ids into the chat reply).
+  every id comes from the engine (``/v1/chat/completions/render``, ``/inference/v1/generate`` or
+  ``/v1/completions`` with an id prompt -- ``id_sampling.py`` --, ``/v1/chat/completions/derender``,
+  whose parsers turn the sampled ids into the chat reply).
 
 A call continues only when everything is certain (``history_match`` for the replayed history, the
 certified junction, a suffix whose rendering on a probe prefix -- ending in an assistant tool call
@@ -31,13 +32,14 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from openenv_harness.recorder import history_match
+from openenv_harness.recorder.id_sampling import COMPLETIONS, NotExpressible, completion_body, sampler_for
 from openenv_harness.recorder.errors import AgentError
 from openenv_harness.recorder.upstream.base import Upstream, UpstreamReply
 
 if TYPE_CHECKING:
     from openenv_harness.recorder.flow import Flow
 
-RENDER, GENERATE, DERENDER = "/v1/chat/completions/render", "/inference/v1/generate", "/v1/chat/completions/derender"
+RENDER, DERENDER = "/v1/chat/completions/render", "/v1/chat/completions/derender"
 MAX_CHECKPOINTS = 8
 #: reasons that are not uncertainty: a strict session still proceeds (a new chain, as in full history)
 NEW_CHAIN = {"chain_start", "history_changed", "aux_call"}
@@ -151,13 +153,14 @@ class Incremental:
         session = flow.session.id
         # the full render (for the sampling parameters and the contrast) and the suffix's renders
         # are independent: one round trip's latency instead of two
-        full, suffix_ids = await asyncio.gather(
+        full, suffix_ids, sampler = await asyncio.gather(
             _render(upstream, state, flow.upstream_body, session, flow.session.affinity_key),
-            _suffix_ids(flow, upstream, state, checkpoint, suffix, turn_end), return_exceptions=True)
-        for outcome in (full, suffix_ids):
+            _suffix_ids(flow, upstream, state, checkpoint, suffix, turn_end), sampler_for(upstream),
+            return_exceptions=True)
+        for outcome in (full, suffix_ids, sampler):
             if isinstance(outcome, BaseException):
                 raise outcome
-        assert isinstance(full, dict) and isinstance(suffix_ids, list)
+        assert isinstance(full, dict) and isinstance(suffix_ids, list) and not isinstance(sampler, BaseException)
         full_ids = [int(t) for t in full["token_ids"]]
         if full_ids[len(full_ids) - len(suffix_ids):] != suffix_ids:
             raise Fallback("suffix_not_certified", "the new messages render differently after the real history "
@@ -166,19 +169,21 @@ class Incremental:
         params = dict(full.get("sampling_params") or {})
         if not (flow.body.get("max_tokens") or flow.body.get("max_completion_tokens")) and "max_tokens" in params:
             params["max_tokens"] = max(1, int(params["max_tokens"]) - max(0, len(prompt) - len(full_ids)))
-        generate_body: dict[str, Any] = {"token_ids": prompt, "sampling_params": params}
-        if flow.upstream_body.get("model"):
-            generate_body["model"] = flow.upstream_body["model"]
+        if sampler.route == COMPLETIONS:
+            try:
+                completion_body(prompt, params, None)
+            except NotExpressible as exc:
+                raise Fallback("sampling_not_expressible", str(exc)) from None
         flow.prompt_mode = {
-            "mode": self.name, "continued": True, "reason": None,
+            "mode": self.name, "continued": True, "reason": None, "sampled_via": sampler.route,
             "equivalences": history_match.used_equivalences(messages[cut - 1], checkpoint.reply),
             "checkpoint_len": len(checkpoint.ids), "trailer_len": len(turn_end) - 1, "suffix_len": len(suffix_ids),
             "full_render_diff": render_diff(prompt, full_ids),
         }
-        generated = await upstream.post_for_session(GENERATE, generate_body, session_id=session,
-                                                    affinity=flow.session.affinity_key)
+        generated = await sampler.sample(upstream, prompt, params, model=flow.upstream_body.get("model"),
+                                         session_id=session, affinity=flow.session.affinity_key)
         if generated.status != 200 or generated.json is None:
-            flow.prompt_mode["failed_at"] = GENERATE
+            flow.prompt_mode["failed_at"] = sampler.route
             return generated  # an engine error mid-way: relayed and recorded by the forward step
         derender_body = {"generate_response": generated.json, "prompt_token_ids": prompt,
                          "chat_request": flow.upstream_body}

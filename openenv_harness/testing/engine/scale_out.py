@@ -67,6 +67,7 @@ class IdCompletionRequest(BaseModel):
     max_tokens: int | None = Field(16, ge=1)
     logprobs: int | None = None
     return_token_ids: bool | None = None
+    return_tokens_as_token_ids: bool | None = None
     stream: bool = False
 
 
@@ -300,12 +301,16 @@ async def id_completion(state: EngineState, request: Request) -> Response:
     texts = state.tokenizer.token_texts
     lp = None
     if parsed.logprobs is not None:
+        # vLLM: the server flag or the request's field spells tokens as "token_id:N" (offsets still
+        # count the decoded text)
+        as_ids = bool(state.config.return_tokens_as_token_ids or parsed.return_tokens_as_token_ids)
+        names = [f"token_id:{t}" if as_ids else texts[t] for t in ids]
         offsets, at = [], 0
         for t in ids:
             offsets.append(at)
             at += len(texts[t])
-        lp = {"text_offset": offsets, "token_logprobs": logprobs, "tokens": [texts[t] for t in ids],
-              "top_logprobs": [{texts[t]: v} for t, v in zip(ids, logprobs)]}
+        lp = {"text_offset": offsets, "token_logprobs": logprobs, "tokens": names,
+              "top_logprobs": [{name: v} for name, v in zip(names, logprobs)]}
     want_ids = bool(parsed.return_token_ids)
     n = len(ids)
     return _json({
@@ -322,13 +327,15 @@ async def id_completion(state: EngineState, request: Request) -> Response:
 
 
 def add_scale_out_routes(app: FastAPI, state: EngineState) -> None:
-    """Register the routes (what ``--enable-scale-out`` adds, plus id prompts on /v1/completions)."""
+    """Register the routes (what ``--enable-scale-out`` adds, plus id prompts on /v1/completions);
+    ``generate_route=False`` leaves out /inference/v1/generate."""
     def bind(handler: Any) -> Any:
         async def route(request: Request) -> Response:
             return await handler(state, request)
         return route
 
     app.add_api_route("/v1/chat/completions/render", bind(render), methods=["POST"])
-    app.add_api_route("/inference/v1/generate", bind(generate), methods=["POST"])
+    if state.config.generate_route:
+        app.add_api_route("/inference/v1/generate", bind(generate), methods=["POST"])
     app.add_api_route("/v1/chat/completions/derender", bind(derender), methods=["POST"])
     app.add_api_route("/v1/completions", bind(id_completion), methods=["POST"])

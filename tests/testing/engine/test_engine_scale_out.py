@@ -50,3 +50,17 @@ def test_without_scale_out_the_routes_are_absent() -> None:
     with EngineServer(EngineConfig(scale_out=False)) as engine, httpx.Client(base_url=engine.url) as c:
         assert c.post("/v1/chat/completions/render", json=CHAT).status_code == 404
         assert c.post("/inference/v1/generate", json={"token_ids": [1], "sampling_params": {}}).status_code == 404
+
+
+def test_without_the_generate_route_id_prompts_still_sample() -> None:
+    with EngineServer(EngineConfig(generate_route=False)) as engine, httpx.Client(base_url=engine.url) as c:
+        r = c.post("/v1/chat/completions/render", json=CHAT).json()
+        assert c.post("/inference/v1/generate", json={"token_ids": []}).status_code == 404
+        comp = c.post("/v1/completions", json={"prompt": r["token_ids"], "max_tokens": 50, "logprobs": 0,
+                                               "return_token_ids": True, "return_tokens_as_token_ids": True}).json()
+        assert c.post("/v1/chat/completions/derender", json={
+            "generate_response": {"choices": [{"index": 0, "token_ids": comp["choices"][0]["token_ids"]}]},
+            "prompt_token_ids": r["token_ids"], "chat_request": CHAT}).status_code == 200
+    choice = comp["choices"][0]
+    assert choice["logprobs"]["tokens"] == [f"token_id:{t}" for t in choice["token_ids"]]
+    assert [list(top) for top in choice["logprobs"]["top_logprobs"]] == [[f"token_id:{t}"] for t in choice["token_ids"]]
