@@ -29,7 +29,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "recorder"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from agentloop import ADMIN, TOOLS, tool_script  # noqa: E402
-from procs import PYTHON, Proc, free_port, loadavg, recorder_proc  # noqa: E402
+from procs import PYTHON, Proc, free_port, loadavg, recorder_proc, tree_cpu_seconds  # noqa: E402
 
 from openenv_harness.testing.engine import agent_echo  # noqa: E402
 
@@ -72,18 +72,25 @@ async def _target(http: httpx.AsyncClient, mode: str, engine: str, recorder: str
     return s["base_url"], {"authorization": f"Bearer {s['secret']}"}
 
 
-async def _latency(engine: str, recorder: str, rounds: int) -> dict[str, list[float]]:
+async def _latency(engine: Proc, recorder: Proc, rounds: int
+                   ) -> tuple[dict[str, list[float]], dict[str, dict[str, float]]]:
+    """Per-call latencies per mode, and the CPU seconds the engine and the recorder (with its index
+    process) spent on each mode's calls (one call at a time, so the attribution is clean)."""
     results: dict[str, list[float]] = {m: [] for m in MODES}
+    cpu = {m: {"engine": 0.0, "recorder": 0.0} for m in MODES}
     async with httpx.AsyncClient(timeout=60) as http:
         for i in range(rounds + 1):  # round 0 warms up
             order = MODES[i % 3:] + MODES[:i % 3]
             for mode in order:
                 times: list[float] = []
-                url, headers = await _target(http, mode, engine, recorder)
+                url, headers = await _target(http, mode, engine.url, recorder.url)
+                before = tree_cpu_seconds(engine.pid), tree_cpu_seconds(recorder.pid)
                 await _rollout(http, url, headers, times)
                 if i:
                     results[mode].extend(times)
-    return results
+                    cpu[mode]["engine"] += tree_cpu_seconds(engine.pid) - before[0]
+                    cpu[mode]["recorder"] += tree_cpu_seconds(recorder.pid) - before[1]
+    return results, cpu
 
 
 async def _throughput(engine: str, recorder: str, mode: str, sessions: int, duration_s: float) -> float:
@@ -126,7 +133,7 @@ def main() -> None:
         load_before = loadavg()
         with engine_proc(logs) as engine, recorder_proc(engine.url, logs / "r.db", ADMIN, logs) as recorder:
             asyncio.run(_script(engine.url))
-            latency = asyncio.run(_latency(engine.url, recorder.url, args.rounds))
+            latency, cpu = asyncio.run(_latency(engine, recorder, args.rounds))
             throughput: dict[tuple[str, int], list[float]] = {}
             for n in args.concurrency:
                 for i in range(args.throughput_rounds):
@@ -137,7 +144,9 @@ def main() -> None:
     print(f"load average (1 min): {load_before:.1f} before, {load_after:.1f} after")
     for mode, times in latency.items():
         p50, p90 = _quantiles(times)
-        print(f"latency  {mode:13s} calls={len(times):4d} p50={p50:6.2f} ms  p90={p90:6.2f} ms")
+        per_call = {k: v * 1000.0 / len(times) for k, v in cpu[mode].items()}
+        print(f"latency  {mode:13s} calls={len(times):4d} p50={p50:6.2f} ms  p90={p90:6.2f} ms  "
+              f"cpu/call: engine {per_call['engine']:5.2f} ms, recorder {per_call['recorder']:5.2f} ms")
     base = statistics.median(latency["full_history"])
     print(f"latency  incremental - full_history p50: {statistics.median(latency['incremental']) - base:+.2f} ms")
     print(f"latency  full_history - direct p50: {base - statistics.median(latency['direct']):+.2f} ms")

@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import asyncio
 import time
+from itertools import compress, count
+from operator import ne
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +35,7 @@ import orjson
 
 from openenv_harness.recorder import history_match
 from openenv_harness.recorder.id_sampling import COMPLETIONS, NotExpressible, completion_body, sampler_for
+from openenv_harness.recorder.probe_prefix import probe_prefixes
 from openenv_harness.recorder.errors import AgentError
 from openenv_harness.recorder.upstream.base import Upstream, UpstreamReply
 
@@ -41,6 +44,7 @@ if TYPE_CHECKING:
 
 RENDER, DERENDER = "/v1/chat/completions/render", "/v1/chat/completions/derender"
 MAX_CHECKPOINTS = 8
+MAX_MEMO_MESSAGES = 1024
 #: reasons that are not uncertainty: a strict session still proceeds (a new chain, as in full history)
 NEW_CHAIN = {"chain_start", "history_changed", "aux_call"}
 _PROBE_USER = {"role": "user", "content": "."}
@@ -67,7 +71,22 @@ class IncrementalState:
     #: in-flight call (``id`` of its flow) -> the checkpoint it continued, replaced by the call's own
     #: once it is recorded (call numbers are given only then); bounded: calls that fail never commit
     parents: dict[int, Checkpoint] = field(default_factory=dict)
-    probe_prefix: dict[str, list[int]] = field(default_factory=dict)
+    #: message (its JSON) -> its canonical digest: a call replays the previous call's messages, so
+    #: only the new ones are canonicalized (a pure function's memo; bounded)
+    digest_memo: dict[bytes, str] = field(default_factory=dict)
+
+    def digests(self, messages: list[Any]) -> list[str]:
+        out = []
+        memo = self.digest_memo
+        for message in messages:
+            key = orjson.dumps(message)
+            found = memo.get(key)
+            if found is None:
+                found = memo[key] = history_match.digest(message)
+            out.append(found)
+        while len(memo) > 4 * MAX_MEMO_MESSAGES:  # oldest first (dicts keep insertion order)
+            del memo[next(iter(memo))]
+        return out
 
 
 class Fallback(Exception):
@@ -118,7 +137,7 @@ class Incremental:
         messages = flow.body.get("messages") or []
         turn_end = _turn_end_ids(flow)
         checkpoint = Checkpoint(ids=list(ev.prompt_ids or []) + completion,
-                                message_digests=history_match.digests(messages), reply=message,
+                                message_digests=state.digests(messages), reply=message,
                                 reply_digest=history_match.digest(message),
                                 rendering=history_match.tools_digest(flow.body),
                                 ends_turn=bool(turn_end) and bool(completion) and completion[-1] == turn_end[0])
@@ -218,7 +237,7 @@ def _find_parent(flow: "Flow", state: IncrementalState, messages: list[Any]) -> 
     """The most recent chain tip whose history this call replays (named equivalences allowed)."""
     if not state.checkpoints:
         raise Fallback("chain_start", "no earlier sample in this session to continue")
-    digests = history_match.digests(messages)
+    digests = state.digests(messages)
     rendering = history_match.tools_digest(flow.body)
     for index in range(len(state.checkpoints) - 1, -1, -1):
         c = state.checkpoints[index]
@@ -256,16 +275,15 @@ async def _suffix_ids(flow: "Flow", upstream: Upstream, state: IncrementalState,
     base = {k: v for k, v in flow.upstream_body.items()
             if k in ("model", "tools", "chat_template_kwargs", "tool_choice")}
     session = flow.session.id
-    key = f"{checkpoint.rendering}/{name}"
-    prefix = state.probe_prefix.get(key)
+    probe = {**base, "messages": [_PROBE_USER, assistant], "add_generation_prompt": False}
+    prefix = probe_prefixes.get(upstream, probe, turn_end)
     if prefix is None:
-        rendered = await _render(upstream, state, {**base, "messages": [_PROBE_USER, assistant],
-                                                   "add_generation_prompt": False}, session, flow.session.affinity_key)
+        rendered = await _render(upstream, state, probe, session, flow.session.affinity_key)
         prefix = [int(t) for t in rendered["token_ids"]]
         if prefix[-len(turn_end):] != turn_end:
             raise Fallback("junction_uncertified", "the probe's assistant turn does not end with the certified "
                            "turn-end ids")
-        state.probe_prefix[key] = prefix
+        probe_prefixes.put(upstream, probe, turn_end, prefix)
     generation = flow.body.get("add_generation_prompt", True)
     whole = await _render(upstream, state, {**base, "messages": [_PROBE_USER, assistant, *suffix],
                                             "add_generation_prompt": generation}, session, flow.session.affinity_key)
@@ -277,13 +295,13 @@ async def _suffix_ids(flow: "Flow", upstream: Upstream, state: IncrementalState,
 
 def render_diff(sampled: list[int], full: list[int]) -> dict[str, Any]:
     """Where the prompt the engine sampled from departs from its own full render of the same messages."""
-    n = min(len(sampled), len(full))
-    start = next((i for i in range(n) if sampled[i] != full[i]), n)
-    if start == len(sampled) == len(full):
+    if sampled == full:
         return {"identical": True, "position": None, "sampled_len": len(sampled), "full_len": len(full)}
-    tail = 0
-    while tail < n - start and sampled[-1 - tail] == full[-1 - tail]:
-        tail += 1
+    n = min(len(sampled), len(full))
+    # first differing position from each end, iterated in C (prompts run to tens of thousands of ids)
+    start = next(compress(count(), map(ne, sampled, full)), n)
+    tail = next(compress(count(), map(ne, reversed(sampled), reversed(full))), n)
+    tail = min(tail, n - start)
     return {"identical": False, "position": start, "sampled_span": len(sampled) - start - tail,
             "full_span": len(full) - start - tail, "sampled_len": len(sampled), "full_len": len(full)}
 
