@@ -78,7 +78,7 @@ async def _latency(engine: Proc, recorder: Proc, rounds: int
     process) spent on each mode's calls (one call at a time, so the attribution is clean)."""
     results: dict[str, list[float]] = {m: [] for m in MODES}
     cpu = {m: {"engine": 0.0, "recorder": 0.0} for m in MODES}
-    async with httpx.AsyncClient(timeout=60) as http:
+    async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(keepalive_expiry=2.0)) as http:
         for i in range(rounds + 1):  # round 0 warms up
             order = MODES[i % 3:] + MODES[:i % 3]
             for mode in order:
@@ -93,22 +93,27 @@ async def _latency(engine: Proc, recorder: Proc, rounds: int
     return results, cpu
 
 
-async def _throughput(engine: str, recorder: str, mode: str, sessions: int, duration_s: float) -> float:
-    limits = httpx.Limits(max_connections=sessions + 4, max_keepalive_connections=sessions + 4)
+async def _throughput(engine: str, recorder: str, mode: str, sessions: int, duration_s: float
+                      ) -> tuple[float, int]:
+    # idle connections expire before the servers' keep-alive timeout (uvicorn's 5 s): no reuse races
+    limits = httpx.Limits(max_connections=sessions + 4, max_keepalive_connections=sessions + 4, keepalive_expiry=2.0)
     async with httpx.AsyncClient(timeout=120, limits=limits) as http:
         deadline = time.perf_counter() + duration_s
-        counted = [0]
+        counted, failed = [0], [0]
 
         async def worker() -> None:
             while time.perf_counter() < deadline:
-                url, headers = await _target(http, mode, engine, recorder)
                 times: list[float] = []
-                await _rollout(http, url, headers, times)
+                try:
+                    url, headers = await _target(http, mode, engine, recorder)
+                    await _rollout(http, url, headers, times)
+                except (httpx.TransportError, httpx.HTTPStatusError):
+                    failed[0] += 1  # reported; the rollout's completed calls still count
                 counted[0] += len(times)
 
         started = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(sessions)))
-        return counted[0] / (time.perf_counter() - started)
+        return counted[0] / (time.perf_counter() - started), failed[0]
 
 
 def _quantiles(times: list[float]) -> tuple[float, float]:
@@ -135,11 +140,13 @@ def main() -> None:
             asyncio.run(_script(engine.url))
             latency, cpu = asyncio.run(_latency(engine, recorder, args.rounds))
             throughput: dict[tuple[str, int], list[float]] = {}
+            failures: dict[tuple[str, int], int] = {}
             for n in args.concurrency:
                 for i in range(args.throughput_rounds):
                     for mode in MODES[i % 3:] + MODES[:i % 3]:
-                        rate = asyncio.run(_throughput(engine.url, recorder.url, mode, n, args.duration))
+                        rate, failed = asyncio.run(_throughput(engine.url, recorder.url, mode, n, args.duration))
                         throughput.setdefault((mode, n), []).append(rate)
+                        failures[(mode, n)] = failures.get((mode, n), 0) + failed
         load_after = loadavg()
     print(f"load average (1 min): {load_before:.1f} before, {load_after:.1f} after")
     for mode, times in latency.items():
@@ -152,7 +159,7 @@ def main() -> None:
     print(f"latency  full_history - direct p50: {base - statistics.median(latency['direct']):+.2f} ms")
     for (mode, n), rates in throughput.items():
         print(f"throughput {mode:13s} sessions={n:3d} calls/s={statistics.mean(rates):7.1f}  "
-              f"(rounds: {', '.join(f'{r:.1f}' for r in rates)})")
+              f"(rounds: {', '.join(f'{r:.1f}' for r in rates)}; failed rollouts: {failures[(mode, n)]})")
 
 
 if __name__ == "__main__":
