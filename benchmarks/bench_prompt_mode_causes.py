@@ -121,7 +121,7 @@ def measure(records: list[dict], trace: TrainingTrace) -> dict[str, Any]:
     for name, (mode, threshold) in {"trl_fork": ("replayed", 0), "trl_realign": ("threshold", 1024)}.items():
         rows, _ = _chain_to_sequences(turns, mode, threshold)
         kept = sum(sum(r.completion_mask) for r in rows)
-        total = sum(len(r.prompt_ids) + len(r.completion_ids) for r in rows)
+        total = sum(len(r.input_ids) for r in rows)
         out[name] = (len(rows), kept, sampled, kept / total if total else 0.0)
     return out
 

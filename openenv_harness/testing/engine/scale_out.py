@@ -36,6 +36,7 @@ from openenv_harness.testing.engine.wire import dumps, new_id, output_text
 
 _ROLE_HEADER = re.compile(r"<\|im_start\|>(\w+)\n")
 _TOOLS_MARK = "\n<tools>\n"
+_TOOL_RESPONSE = "<tool_response>"
 
 
 class GenerateRequest(BaseModel):
@@ -102,8 +103,10 @@ def _sampling_params(config: EngineConfig, chat: ChatRequest, prompt_len: int) -
 
 
 def _turn_body(text: str) -> dict[str, Any]:
-    """A chat-like view of a decoded prompt, enough for ``choose_turn``: roles and whether tools are on."""
-    roles = _ROLE_HEADER.findall(text)
+    """A chat-like view of a decoded prompt, enough for ``choose_turn``: roles and whether tools are on.
+    Qwen templates render a tool result as a ``user`` turn holding ``<tool_response>``: a tool turn."""
+    roles = ["tool" if m.group(1) == "user" and text.startswith(_TOOL_RESPONSE, m.end()) else m.group(1)
+             for m in _ROLE_HEADER.finditer(text)]
     if roles and roles[-1] == "assistant" and text.endswith("<|im_start|>assistant\n"):
         roles = roles[:-1]  # the generation prompt
     return {"messages": [{"role": r} for r in roles], "tools": [{}] if _TOOLS_MARK in text else None}
