@@ -18,6 +18,7 @@ all row tokens (prompt + response, what a trainer pays for).
 from __future__ import annotations
 
 import argparse
+from collections import Counter
 import os
 import sys
 import tempfile
@@ -111,13 +112,14 @@ def measure(records: list[dict], trace: TrainingTrace) -> dict[str, Any]:
     agent = [r for r in records if r["metadata"]["call_kind"] == "agent" and r["metadata"].get("fidelity")]
     out: dict[str, Any] = {
         "calls": len(agent), "classes": [r["metadata"]["fidelity"]["class"] for r in agent],
-        "continued": [bool((r["metadata"].get("prompt_mode") or {}).get("continued")) for r in agent],
+        "fallbacks": Counter((r["metadata"].get("prompt_mode") or {}).get("reason") for r in agent[1:]
+                             if not (r["metadata"].get("prompt_mode") or {}).get("continued", True)),
     }
+    sampled = sum(len(r["completion_token_ids"]) for r in agent)
     for strategy, stats in compare_strategies(records).items():
-        out[strategy] = (stats.traces, stats.trainable_tokens, stats.response_tokens,
-                         stats.trainable_ratio_all_tokens or 0.0)
+        out[strategy] = (stats.traces, stats.trainable_tokens, sampled, stats.trainable_ratio_all_tokens or 0.0)
     turns = _turns_from_training_trace(trace)
-    sampled = sum(len(t.output_ids) for t in turns)
+    assert sum(len(t.output_ids) for t in turns) == sampled, "TRL's view of the trace lost sampled tokens"
     for name, (mode, threshold) in {"trl_fork": ("replayed", 0), "trl_realign": ("threshold", 1024)}.items():
         rows, _ = _chain_to_sequences(turns, mode, threshold)
         kept = sum(sum(r.completion_mask) for r in rows)
@@ -132,12 +134,14 @@ def _cell(value: tuple[int, int, int, float]) -> str:
 
 
 def table(results: list[tuple[Case, str, dict[str, Any]]]) -> str:
-    head = ("| cause | agent | mode | transitions | split | realign | approximate | TRL fork (0) | "
-            "TRL realign gate |\n|---|---|---|---|---|---|---|---|---|")
+    head = ("| cause | agent | mode | transitions | fell back | split | realign | approximate | TRL fork (0) | "
+            "TRL realign gate |\n|---|---|---|---|---|---|---|---|---|---|")
     lines = [head]
     for case, mode, m in results:
-        classes = ", ".join(m["classes"][1:]) or "-"
-        lines.append(f"| {case.cause} | {case.harness} | {mode} | {classes} | {_cell(m['split'])} | "
+        counts = Counter(m["classes"][1:])
+        classes = ", ".join(f"{n} {kind}" for kind, n in counts.items()) or "-"
+        fell = ", ".join(f"{n} {reason}" for reason, n in m["fallbacks"].items()) if mode == "incremental" else ""
+        lines.append(f"| {case.cause} | {case.harness} | {mode} | {classes} | {fell or '-'} | {_cell(m['split'])} | "
                      f"{_cell(m['realign'])} | {_cell(m['approximate'])} | {_cell(m['trl_fork'])} | "
                      f"{_cell(m['trl_realign'])} |")
     return "\n".join(lines)
@@ -156,7 +160,8 @@ def main() -> None:
             records, trace = rollout(case, mode)
             m = measure(records, trace)
             results.append((case, mode, m))
-            print(f"{case.cause} / {case.harness} / {mode}: {m}", flush=True)
+            print(f"{case.cause} / {case.harness} / {mode}: {m['calls']} agent calls, "
+                  f"split {m['split']}, TRL fork {m['trl_fork']}", flush=True)
     print("cells: rows / sampled tokens trainable / trainable share of all row tokens")
     print(table(results))
 
