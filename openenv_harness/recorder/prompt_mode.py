@@ -172,14 +172,15 @@ class Incremental:
         session = flow.session.id
         # the full render (for the sampling parameters and the contrast) and the suffix's renders
         # are independent: one round trip's latency instead of two
-        full, suffix_ids, sampler = await asyncio.gather(
+        full, rendered_suffix, sampler = await asyncio.gather(
             _render(upstream, state, flow.upstream_body, session, flow.session.affinity_key),
             _suffix_ids(flow, upstream, state, checkpoint, suffix, turn_end), sampler_for(upstream),
             return_exceptions=True)
-        for outcome in (full, suffix_ids, sampler):
+        for outcome in (full, rendered_suffix, sampler):
             if isinstance(outcome, BaseException):
                 raise outcome
-        assert isinstance(full, dict) and isinstance(suffix_ids, list) and not isinstance(sampler, BaseException)
+        assert isinstance(full, dict) and isinstance(rendered_suffix, tuple) and not isinstance(sampler, BaseException)
+        suffix_ids, rerendered = rendered_suffix
         full_ids = [int(t) for t in full["token_ids"]]
         if full_ids[len(full_ids) - len(suffix_ids):] != suffix_ids:
             raise Fallback("suffix_not_certified", "the new messages render differently after the real history "
@@ -198,6 +199,9 @@ class Incremental:
             "equivalences": history_match.used_equivalences(messages[cut - 1], checkpoint.reply),
             "checkpoint_len": len(checkpoint.ids), "trailer_len": len(turn_end) - 1, "suffix_len": len(suffix_ids),
             "full_render_diff": render_diff(prompt, full_ids),
+            # the template re-renders an assistant turn once messages follow it: the model continues the
+            # turn as it was sampled, which the full render above shows differently (README: prompt mode)
+            "template_rerenders_turn": rerendered,
         }
         generated = await sampler.sample(upstream, prompt, params, model=flow.upstream_body.get("model"),
                                          session_id=session, affinity=flow.session.affinity_key)
@@ -264,8 +268,9 @@ async def _render(upstream: Upstream, state: IncrementalState, body: dict[str, A
 
 
 async def _suffix_ids(flow: "Flow", upstream: Upstream, state: IncrementalState, checkpoint: Checkpoint,
-                      suffix: list[Any], turn_end: list[int]) -> list[int]:
-    """The new messages' ids: rendered after a probe prefix ending like the real one, prefix cut off."""
+                      suffix: list[Any], turn_end: list[int]) -> tuple[list[int], bool]:
+    """The new messages' ids: rendered after a probe prefix ending like the real one, prefix cut off;
+    and whether the template re-rendered the probe's assistant turn (``probe_cut``)."""
     calls = checkpoint.reply.get("tool_calls") or []
     name = ((calls[0].get("function") or {}).get("name") if calls and isinstance(calls[0], dict) else None)
     assistant: dict[str, Any] = {"role": "assistant", "content": "" if name else "."}
@@ -288,9 +293,36 @@ async def _suffix_ids(flow: "Flow", upstream: Upstream, state: IncrementalState,
     whole = await _render(upstream, state, {**base, "messages": [_PROBE_USER, assistant, *suffix],
                                             "add_generation_prompt": generation}, session, flow.session.affinity_key)
     ids = [int(t) for t in whole["token_ids"]]
-    if ids[:len(prefix)] != prefix:
-        raise Fallback("suffix_not_certified", "the probe prefix is not kept when the new messages follow it")
-    return ids[len(prefix):]
+    cut = probe_cut(prefix, ids, turn_end)
+    if cut is None:
+        raise Fallback("suffix_not_certified", "the probe prefix is not kept when the new messages follow it, "
+                       "and its assistant turn's end cannot be found in the render")
+    return ids[cut:], cut != len(prefix)
+
+
+def probe_cut(prefix: list[int], whole: list[int], turn_end: list[int]) -> int | None:
+    """Where the new messages start in the probe's render: after the probe prefix, or -- where the
+    template renders the probe's assistant turn differently once messages follow it (Qwen3 drops an
+    empty think block then) -- after that turn's end, the same turn-end ids in the same turn count.
+    The suffix is then still certified against the engine's full render (``_continue``)."""
+    if whole[:len(prefix)] == prefix:
+        return len(prefix)
+    k = len(turn_end)
+    start = next(compress(count(), map(ne, prefix, whole)), min(len(prefix), len(whole)))
+    cut = next((i + k for i in range(start, len(whole) - k + 1) if whole[i:i + k] == turn_end), None)
+    if cut is None or _occurrences(whole[:cut], turn_end) != _occurrences(prefix, turn_end):
+        return None
+    return cut
+
+
+def _occurrences(ids: list[int], pattern: list[int]) -> int:
+    k, i, found = len(pattern), 0, 0
+    while i <= len(ids) - k:
+        if ids[i:i + k] == pattern:
+            found, i = found + 1, i + k
+        else:
+            i += 1
+    return found
 
 
 def render_diff(sampled: list[int], full: list[int]) -> dict[str, Any]:

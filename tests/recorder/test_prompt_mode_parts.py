@@ -61,3 +61,16 @@ def test_the_probe_prefix_is_kept_per_engine_and_request() -> None:
     assert memo.get(two, request, [9, 10]) is None  # another engine
     assert memo.get(one, {**request, "tools": [{"x": 2}]}, [9, 10]) is None  # another rendering
     assert memo.get(one, request, [9]) is None  # re-certified turn end
+
+
+def test_the_probe_cut_finds_the_turn_end_where_the_template_rerendered_the_turn() -> None:
+    from openenv_harness.recorder.prompt_mode import probe_cut
+
+    end = [9, 10]
+    prefix = [1, 9, 10, 2, 7, 7, 9, 10]          # user turn, assistant turn with a think block (7 7)
+    assert probe_cut(prefix, prefix + [3, 9, 10, 4], end) == len(prefix)
+    dropped = [1, 9, 10, 2, 9, 10, 3, 9, 10, 4]  # the think block dropped once a tool result follows
+    assert probe_cut(prefix, dropped, end) == 6
+    assert probe_cut(prefix, [1, 9, 10, 2, 3, 4], end) is None  # no turn end after the change
+    # a change before the probe's assistant turn: the turn end found first is another turn's
+    assert probe_cut([1, 9, 10, 2, 9, 10], [5, 9, 10, 2, 9, 10, 3], end) is None
