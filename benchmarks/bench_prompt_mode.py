@@ -10,13 +10,15 @@ on loopback (one interpreter would make every extra engine round trip contend fo
 - Throughput: N concurrent sessions (each runs rollouts back to back, a new session per rollout)
   for a fixed time per mode, modes alternated the same way; chat calls completed per second.
 
-    PYTHONPATH=$PWD python benchmarks/bench_prompt_mode.py [--rounds 6] [--concurrency 16 64] [--duration 8]
+    PYTHONPATH=$PWD python benchmarks/bench_prompt_mode.py [--rounds 8] [--concurrency 16 64] [--duration 8]
+        [--baseline-tree DIR]   # also DIR's recorder (e.g. a git worktree of an earlier commit), alternated
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import statistics
 import sys
 import tempfile
@@ -62,9 +64,15 @@ async def _rollout(http: httpx.AsyncClient, url: str, headers: dict[str, str], t
     return TURNS + 1
 
 
-async def _target(http: httpx.AsyncClient, mode: str, engine: str, recorder: str) -> tuple[str, dict[str, str]]:
+async def _target(http: httpx.AsyncClient, mode: str, engine: str, recorder: str | dict[str, str]
+                  ) -> tuple[str, dict[str, str]]:
+    """Where a rollout of ``mode`` goes: the engine, or a new session; ``mode@base`` names the
+    baseline recorder (``--baseline-tree``)."""
     if mode == "direct":
         return f"{engine}/v1", {}
+    mode, _, which = mode.partition("@")
+    if isinstance(recorder, dict):
+        recorder = recorder[which]
     r = await http.post(f"{recorder}/admin/sessions", json={"prompt_mode": mode},
                         headers={"authorization": f"Bearer {ADMIN}"})
     r.raise_for_status()
@@ -72,18 +80,20 @@ async def _target(http: httpx.AsyncClient, mode: str, engine: str, recorder: str
     return s["base_url"], {"authorization": f"Bearer {s['secret']}"}
 
 
-async def _latency(engine: Proc, recorder: Proc, rounds: int
+async def _latency(engine: Proc, recorders: dict[str, Proc], rounds: int, modes: tuple[str, ...]
                    ) -> tuple[dict[str, list[float]], dict[str, dict[str, float]]]:
     """Per-call latencies per mode, and the CPU seconds the engine and the recorder (with its index
     process) spent on each mode's calls (one call at a time, so the attribution is clean)."""
-    results: dict[str, list[float]] = {m: [] for m in MODES}
-    cpu = {m: {"engine": 0.0, "recorder": 0.0} for m in MODES}
+    results: dict[str, list[float]] = {m: [] for m in modes}
+    cpu = {m: {"engine": 0.0, "recorder": 0.0} for m in modes}
+    urls = {k: p.url for k, p in recorders.items()}
     async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(keepalive_expiry=2.0)) as http:
         for i in range(rounds + 1):  # round 0 warms up
-            order = MODES[i % 3:] + MODES[:i % 3]
+            order = modes[i % len(modes):] + modes[:i % len(modes)]
             for mode in order:
                 times: list[float] = []
-                url, headers = await _target(http, mode, engine.url, recorder.url)
+                url, headers = await _target(http, mode, engine.url, urls)
+                recorder = recorders[mode.partition("@")[2]]
                 before = tree_cpu_seconds(engine.pid), tree_cpu_seconds(recorder.pid)
                 await _rollout(http, url, headers, times)
                 if i:
@@ -93,7 +103,7 @@ async def _latency(engine: Proc, recorder: Proc, rounds: int
     return results, cpu
 
 
-async def _throughput(engine: str, recorder: str, mode: str, sessions: int, duration_s: float
+async def _throughput(engine: str, recorder: dict[str, str], mode: str, sessions: int, duration_s: float
                       ) -> tuple[float, int]:
     # idle connections expire before the servers' keep-alive timeout (uvicorn's 5 s): no reuse races
     limits = httpx.Limits(max_connections=sessions + 4, max_keepalive_connections=sessions + 4, keepalive_expiry=2.0)
@@ -132,19 +142,29 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, nargs="*", default=[16, 64])
     parser.add_argument("--duration", type=float, default=8.0, help="seconds per mode and concurrency")
     parser.add_argument("--throughput-rounds", type=int, default=2)
+    parser.add_argument("--baseline-tree", type=Path, help="a checkout of other code: its recorder runs beside "
+                        "this one and its modes are measured as MODE@base, alternated with the rest")
     args = parser.parse_args()
+    modes = MODES + (("full_history@base", "incremental@base") if args.baseline_tree else ())
     with tempfile.TemporaryDirectory() as tmp:
         logs = Path(tmp)
         load_before = loadavg()
-        with engine_proc(logs) as engine, recorder_proc(engine.url, logs / "r.db", ADMIN, logs) as recorder:
+        with contextlib.ExitStack() as stack:
+            engine = stack.enter_context(engine_proc(logs))
+            recorders = {"": stack.enter_context(recorder_proc(engine.url, logs / "r.db", ADMIN, logs))}
+            if args.baseline_tree:
+                base = recorder_proc(engine.url, logs / "base.db", ADMIN, logs)
+                base.cwd = args.baseline_tree.resolve()
+                recorders["base"] = stack.enter_context(base)
+            urls = {k: p.url for k, p in recorders.items()}
             asyncio.run(_script(engine.url))
-            latency, cpu = asyncio.run(_latency(engine, recorder, args.rounds))
+            latency, cpu = asyncio.run(_latency(engine, recorders, args.rounds, modes))
             throughput: dict[tuple[str, int], list[float]] = {}
             failures: dict[tuple[str, int], int] = {}
             for n in args.concurrency:
                 for i in range(args.throughput_rounds):
-                    for mode in MODES[i % 3:] + MODES[:i % 3]:
-                        rate, failed = asyncio.run(_throughput(engine.url, recorder.url, mode, n, args.duration))
+                    for mode in modes[i % len(modes):] + modes[:i % len(modes)]:
+                        rate, failed = asyncio.run(_throughput(engine.url, urls, mode, n, args.duration))
                         throughput.setdefault((mode, n), []).append(rate)
                         failures[(mode, n)] = failures.get((mode, n), 0) + failed
         load_after = loadavg()
@@ -157,6 +177,9 @@ def main() -> None:
     base = statistics.median(latency["full_history"])
     print(f"latency  incremental - full_history p50: {statistics.median(latency['incremental']) - base:+.2f} ms")
     print(f"latency  full_history - direct p50: {base - statistics.median(latency['direct']):+.2f} ms")
+    if args.baseline_tree:
+        old = statistics.median(latency["incremental@base"]) - statistics.median(latency["full_history@base"])
+        print(f"latency  baseline incremental - full_history p50: {old:+.2f} ms")
     for (mode, n), rates in throughput.items():
         print(f"throughput {mode:13s} sessions={n:3d} calls/s={statistics.mean(rates):7.1f}  "
               f"(rounds: {', '.join(f'{r:.1f}' for r in rates)}; failed rollouts: {failures[(mode, n)]})")
