@@ -6,8 +6,9 @@
   C = previous prompt ids + previous sampled ids, then the junction trailer (the ids the template
   puts after the end-of-turn id, from the template certification), then the engine's own rendering
   of only the new messages. Exact by construction: replay-only drift cannot happen. Tokenizer-free:
-  every id comes from the engine (``/v1/chat/completions/render``, ``/inference/v1/generate``,
-  ``/v1/chat/completions/derender``, whose parsers turn the sampled ids into the chat reply).
+  every id comes from the engine (``/v1/chat/completions/render``, ``/inference/v1/generate`` or
+  ``/v1/completions`` with an id prompt -- ``id_sampling.py`` --, ``/v1/chat/completions/derender``,
+  whose parsers turn the sampled ids into the chat reply).
 
 A call continues only when everything is certain (``history_match`` for the replayed history, the
 certified junction, a suffix whose rendering on a probe prefix -- ending in an assistant tool call
@@ -25,20 +26,25 @@ from __future__ import annotations
 
 import asyncio
 import time
+from itertools import compress, count
+from operator import ne
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from openenv_harness.recorder import history_match
+from openenv_harness.recorder.id_sampling import COMPLETIONS, NotExpressible, completion_body, sampler_for
+from openenv_harness.recorder.probe_prefix import probe_prefixes
 from openenv_harness.recorder.errors import AgentError
 from openenv_harness.recorder.upstream.base import Upstream, UpstreamReply
 
 if TYPE_CHECKING:
     from openenv_harness.recorder.flow import Flow
 
-RENDER, GENERATE, DERENDER = "/v1/chat/completions/render", "/inference/v1/generate", "/v1/chat/completions/derender"
+RENDER, DERENDER = "/v1/chat/completions/render", "/v1/chat/completions/derender"
 MAX_CHECKPOINTS = 8
+MAX_MEMO_MESSAGES = 1024
 #: reasons that are not uncertainty: a strict session still proceeds (a new chain, as in full history)
 NEW_CHAIN = {"chain_start", "history_changed", "aux_call"}
 _PROBE_USER = {"role": "user", "content": "."}
@@ -65,7 +71,22 @@ class IncrementalState:
     #: in-flight call (``id`` of its flow) -> the checkpoint it continued, replaced by the call's own
     #: once it is recorded (call numbers are given only then); bounded: calls that fail never commit
     parents: dict[int, Checkpoint] = field(default_factory=dict)
-    probe_prefix: dict[str, list[int]] = field(default_factory=dict)
+    #: message (its JSON) -> its canonical digest: a call replays the previous call's messages, so
+    #: only the new ones are canonicalized (a pure function's memo; bounded)
+    digest_memo: dict[bytes, str] = field(default_factory=dict)
+
+    def digests(self, messages: list[Any]) -> list[str]:
+        out = []
+        memo = self.digest_memo
+        for message in messages:
+            key = orjson.dumps(message)
+            found = memo.get(key)
+            if found is None:
+                found = memo[key] = history_match.digest(message)
+            out.append(found)
+        while len(memo) > 4 * MAX_MEMO_MESSAGES:  # oldest first (dicts keep insertion order)
+            del memo[next(iter(memo))]
+        return out
 
 
 class Fallback(Exception):
@@ -116,7 +137,7 @@ class Incremental:
         messages = flow.body.get("messages") or []
         turn_end = _turn_end_ids(flow)
         checkpoint = Checkpoint(ids=list(ev.prompt_ids or []) + completion,
-                                message_digests=history_match.digests(messages), reply=message,
+                                message_digests=state.digests(messages), reply=message,
                                 reply_digest=history_match.digest(message),
                                 rendering=history_match.tools_digest(flow.body),
                                 ends_turn=bool(turn_end) and bool(completion) and completion[-1] == turn_end[0])
@@ -151,13 +172,15 @@ class Incremental:
         session = flow.session.id
         # the full render (for the sampling parameters and the contrast) and the suffix's renders
         # are independent: one round trip's latency instead of two
-        full, suffix_ids = await asyncio.gather(
+        full, rendered_suffix, sampler = await asyncio.gather(
             _render(upstream, state, flow.upstream_body, session, flow.session.affinity_key),
-            _suffix_ids(flow, upstream, state, checkpoint, suffix, turn_end), return_exceptions=True)
-        for outcome in (full, suffix_ids):
+            _suffix_ids(flow, upstream, state, checkpoint, suffix, turn_end), sampler_for(upstream),
+            return_exceptions=True)
+        for outcome in (full, rendered_suffix, sampler):
             if isinstance(outcome, BaseException):
                 raise outcome
-        assert isinstance(full, dict) and isinstance(suffix_ids, list)
+        assert isinstance(full, dict) and isinstance(rendered_suffix, tuple) and not isinstance(sampler, BaseException)
+        suffix_ids, rerendered = rendered_suffix
         full_ids = [int(t) for t in full["token_ids"]]
         if full_ids[len(full_ids) - len(suffix_ids):] != suffix_ids:
             raise Fallback("suffix_not_certified", "the new messages render differently after the real history "
@@ -166,19 +189,24 @@ class Incremental:
         params = dict(full.get("sampling_params") or {})
         if not (flow.body.get("max_tokens") or flow.body.get("max_completion_tokens")) and "max_tokens" in params:
             params["max_tokens"] = max(1, int(params["max_tokens"]) - max(0, len(prompt) - len(full_ids)))
-        generate_body: dict[str, Any] = {"token_ids": prompt, "sampling_params": params}
-        if flow.upstream_body.get("model"):
-            generate_body["model"] = flow.upstream_body["model"]
+        if sampler.route == COMPLETIONS:
+            try:
+                completion_body(prompt, params, None)
+            except NotExpressible as exc:
+                raise Fallback("sampling_not_expressible", str(exc)) from None
         flow.prompt_mode = {
-            "mode": self.name, "continued": True, "reason": None,
+            "mode": self.name, "continued": True, "reason": None, "sampled_via": sampler.route,
             "equivalences": history_match.used_equivalences(messages[cut - 1], checkpoint.reply),
             "checkpoint_len": len(checkpoint.ids), "trailer_len": len(turn_end) - 1, "suffix_len": len(suffix_ids),
             "full_render_diff": render_diff(prompt, full_ids),
+            # the template re-renders an assistant turn once messages follow it: the model continues the
+            # turn as it was sampled, which the full render above shows differently (README: prompt mode)
+            "template_rerenders_turn": rerendered,
         }
-        generated = await upstream.post_for_session(GENERATE, generate_body, session_id=session,
-                                                    affinity=flow.session.affinity_key)
+        generated = await sampler.sample(upstream, prompt, params, model=flow.upstream_body.get("model"),
+                                         session_id=session, affinity=flow.session.affinity_key)
         if generated.status != 200 or generated.json is None:
-            flow.prompt_mode["failed_at"] = GENERATE
+            flow.prompt_mode["failed_at"] = sampler.route
             return generated  # an engine error mid-way: relayed and recorded by the forward step
         derender_body = {"generate_response": generated.json, "prompt_token_ids": prompt,
                          "chat_request": flow.upstream_body}
@@ -213,7 +241,7 @@ def _find_parent(flow: "Flow", state: IncrementalState, messages: list[Any]) -> 
     """The most recent chain tip whose history this call replays (named equivalences allowed)."""
     if not state.checkpoints:
         raise Fallback("chain_start", "no earlier sample in this session to continue")
-    digests = history_match.digests(messages)
+    digests = state.digests(messages)
     rendering = history_match.tools_digest(flow.body)
     for index in range(len(state.checkpoints) - 1, -1, -1):
         c = state.checkpoints[index]
@@ -240,8 +268,9 @@ async def _render(upstream: Upstream, state: IncrementalState, body: dict[str, A
 
 
 async def _suffix_ids(flow: "Flow", upstream: Upstream, state: IncrementalState, checkpoint: Checkpoint,
-                      suffix: list[Any], turn_end: list[int]) -> list[int]:
-    """The new messages' ids: rendered after a probe prefix ending like the real one, prefix cut off."""
+                      suffix: list[Any], turn_end: list[int]) -> tuple[list[int], bool]:
+    """The new messages' ids: rendered after a probe prefix ending like the real one, prefix cut off;
+    and whether the template re-rendered the probe's assistant turn (``probe_cut``)."""
     calls = checkpoint.reply.get("tool_calls") or []
     name = ((calls[0].get("function") or {}).get("name") if calls and isinstance(calls[0], dict) else None)
     assistant: dict[str, Any] = {"role": "assistant", "content": "" if name else "."}
@@ -251,34 +280,60 @@ async def _suffix_ids(flow: "Flow", upstream: Upstream, state: IncrementalState,
     base = {k: v for k, v in flow.upstream_body.items()
             if k in ("model", "tools", "chat_template_kwargs", "tool_choice")}
     session = flow.session.id
-    key = f"{checkpoint.rendering}/{name}"
-    prefix = state.probe_prefix.get(key)
+    probe = {**base, "messages": [_PROBE_USER, assistant], "add_generation_prompt": False}
+    prefix = probe_prefixes.get(upstream, probe, turn_end)
     if prefix is None:
-        rendered = await _render(upstream, state, {**base, "messages": [_PROBE_USER, assistant],
-                                                   "add_generation_prompt": False}, session, flow.session.affinity_key)
+        rendered = await _render(upstream, state, probe, session, flow.session.affinity_key)
         prefix = [int(t) for t in rendered["token_ids"]]
         if prefix[-len(turn_end):] != turn_end:
             raise Fallback("junction_uncertified", "the probe's assistant turn does not end with the certified "
                            "turn-end ids")
-        state.probe_prefix[key] = prefix
+        probe_prefixes.put(upstream, probe, turn_end, prefix)
     generation = flow.body.get("add_generation_prompt", True)
     whole = await _render(upstream, state, {**base, "messages": [_PROBE_USER, assistant, *suffix],
                                             "add_generation_prompt": generation}, session, flow.session.affinity_key)
     ids = [int(t) for t in whole["token_ids"]]
-    if ids[:len(prefix)] != prefix:
-        raise Fallback("suffix_not_certified", "the probe prefix is not kept when the new messages follow it")
-    return ids[len(prefix):]
+    cut = probe_cut(prefix, ids, turn_end)
+    if cut is None:
+        raise Fallback("suffix_not_certified", "the probe prefix is not kept when the new messages follow it, "
+                       "and its assistant turn's end cannot be found in the render")
+    return ids[cut:], cut != len(prefix)
+
+
+def probe_cut(prefix: list[int], whole: list[int], turn_end: list[int]) -> int | None:
+    """Where the new messages start in the probe's render: after the probe prefix, or -- where the
+    template renders the probe's assistant turn differently once messages follow it (Qwen3 drops an
+    empty think block then) -- after that turn's end, the same turn-end ids in the same turn count.
+    The suffix is then still certified against the engine's full render (``_continue``)."""
+    if whole[:len(prefix)] == prefix:
+        return len(prefix)
+    k = len(turn_end)
+    start = next(compress(count(), map(ne, prefix, whole)), min(len(prefix), len(whole)))
+    cut = next((i + k for i in range(start, len(whole) - k + 1) if whole[i:i + k] == turn_end), None)
+    if cut is None or _occurrences(whole[:cut], turn_end) != _occurrences(prefix, turn_end):
+        return None
+    return cut
+
+
+def _occurrences(ids: list[int], pattern: list[int]) -> int:
+    k, i, found = len(pattern), 0, 0
+    while i <= len(ids) - k:
+        if ids[i:i + k] == pattern:
+            found, i = found + 1, i + k
+        else:
+            i += 1
+    return found
 
 
 def render_diff(sampled: list[int], full: list[int]) -> dict[str, Any]:
     """Where the prompt the engine sampled from departs from its own full render of the same messages."""
-    n = min(len(sampled), len(full))
-    start = next((i for i in range(n) if sampled[i] != full[i]), n)
-    if start == len(sampled) == len(full):
+    if sampled == full:
         return {"identical": True, "position": None, "sampled_len": len(sampled), "full_len": len(full)}
-    tail = 0
-    while tail < n - start and sampled[-1 - tail] == full[-1 - tail]:
-        tail += 1
+    n = min(len(sampled), len(full))
+    # first differing position from each end, iterated in C (prompts run to tens of thousands of ids)
+    start = next(compress(count(), map(ne, sampled, full)), n)
+    tail = next(compress(count(), map(ne, reversed(sampled), reversed(full))), n)
+    tail = min(tail, n - start)
     return {"identical": False, "position": start, "sampled_span": len(sampled) - start - tail,
             "full_span": len(full) - start - tail, "sampled_len": len(sampled), "full_len": len(full)}
 

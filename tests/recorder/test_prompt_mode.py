@@ -60,3 +60,34 @@ def test_reasoning_under_the_other_field_name_is_the_same_turn(engine: EngineSer
     assert [r["metadata"]["fidelity"]["class"] for r in records] == ["root", "exact", "exact"]
     modes = [r["metadata"]["prompt_mode"] for r in records[1:]]
     assert all(m["continued"] and "reasoning_field_renamed" in m["equivalences"] for m in modes)
+
+
+def test_a_template_that_rerenders_the_previous_turn_keeps_the_exact_checkpoint(tmp_path) -> None:
+    """Qwen3's template drops an empty think block from an assistant turn once a tool result follows:
+    full history drifts there; incremental continues the turn as sampled and says the full render differs."""
+    from pathlib import Path
+
+    import trl
+
+    from openenv_harness.recorder import RecorderConfig
+    from openenv_harness.testing.engine import EngineConfig
+
+    from agentloop import ADMIN
+
+    template = Path(trl.__file__).parent / "chat_templates" / "qwen3.jinja"
+    with EngineServer(EngineConfig(chat_template=template)) as engine, RecorderServer(RecorderConfig(
+            store_path=str(tmp_path / "r.db"), engine_url=engine.url, admin_token=ADMIN)) as rec, \
+            RecorderClient(rec.url, ADMIN) as admin:
+        full = _run(engine, admin, "full_history")
+        assert [r["metadata"]["fidelity"]["class"] for r in full] == ["root"] + ["replay_drift"] * 3
+        s = admin.create_session(prompt_mode="incremental", prompt_mode_strict=True)
+        engine.set_script(s["session_id"], tool_script(3))
+        run_agent(s["base_url"], s["secret"], stream=True, echo="pi")
+        records = admin.records(s["session_id"])
+    assert [r["metadata"]["fidelity"]["class"] for r in records] == ["root"] + ["exact"] * 3
+    modes = [r["metadata"]["prompt_mode"] for r in records[1:]]
+    assert all(m["continued"] and m["template_rerenders_turn"] for m in modes)
+    assert all(m["full_render_diff"]["identical"] is False for m in modes)
+    for prev, rec in zip(records, records[1:]):
+        chain = prev["prompt_token_ids"] + prev["completion_token_ids"]
+        assert rec["prompt_token_ids"][:len(chain)] == chain

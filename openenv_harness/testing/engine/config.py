@@ -90,6 +90,9 @@ class EngineConfig(BaseModel):
     decode_delay_s: float = Field(0.0, ge=0, description="Time per sampled token (lets tests straddle a pause)")
     prefill_delay_s: float = Field(0.0, ge=0, description="Time before the first token of each request")
     scale_out: bool = Field(True, description="vLLM --enable-scale-out: render, generate, derender routes")
+    generate_route: bool = Field(
+        True, description="With scale_out, serve /inference/v1/generate too; off: an engine whose only exact-ids "
+        "sampling route is /v1/completions with an id prompt (a router that forwards no generate route, say)")
     dev_mode: bool = Field(True, description="Serve /pause, /resume, /is_paused (VLLM_SERVER_DEV_MODE=1)")
     max_recorded_requests: int = Field(1000, ge=0, description="Request log size for /_ref/requests (0: off)")
     api_key: str | None = Field(None, description="vLLM --api-key: /v1 routes answer 401 without this bearer key")

@@ -36,6 +36,7 @@ from openenv_harness.testing.engine.wire import dumps, new_id, output_text
 
 _ROLE_HEADER = re.compile(r"<\|im_start\|>(\w+)\n")
 _TOOLS_MARK = "\n<tools>\n"
+_TOOL_RESPONSE = "<tool_response>"
 
 
 class GenerateRequest(BaseModel):
@@ -67,6 +68,7 @@ class IdCompletionRequest(BaseModel):
     max_tokens: int | None = Field(16, ge=1)
     logprobs: int | None = None
     return_token_ids: bool | None = None
+    return_tokens_as_token_ids: bool | None = None
     stream: bool = False
 
 
@@ -101,8 +103,10 @@ def _sampling_params(config: EngineConfig, chat: ChatRequest, prompt_len: int) -
 
 
 def _turn_body(text: str) -> dict[str, Any]:
-    """A chat-like view of a decoded prompt, enough for ``choose_turn``: roles and whether tools are on."""
-    roles = _ROLE_HEADER.findall(text)
+    """A chat-like view of a decoded prompt, enough for ``choose_turn``: roles and whether tools are on.
+    Qwen templates render a tool result as a ``user`` turn holding ``<tool_response>``: a tool turn."""
+    roles = ["tool" if m.group(1) == "user" and text.startswith(_TOOL_RESPONSE, m.end()) else m.group(1)
+             for m in _ROLE_HEADER.finditer(text)]
     if roles and roles[-1] == "assistant" and text.endswith("<|im_start|>assistant\n"):
         roles = roles[:-1]  # the generation prompt
     return {"messages": [{"role": r} for r in roles], "tools": [{}] if _TOOLS_MARK in text else None}
@@ -300,12 +304,16 @@ async def id_completion(state: EngineState, request: Request) -> Response:
     texts = state.tokenizer.token_texts
     lp = None
     if parsed.logprobs is not None:
+        # vLLM: the server flag or the request's field spells tokens as "token_id:N" (offsets still
+        # count the decoded text)
+        as_ids = bool(state.config.return_tokens_as_token_ids or parsed.return_tokens_as_token_ids)
+        names = [f"token_id:{t}" if as_ids else texts[t] for t in ids]
         offsets, at = [], 0
         for t in ids:
             offsets.append(at)
             at += len(texts[t])
-        lp = {"text_offset": offsets, "token_logprobs": logprobs, "tokens": [texts[t] for t in ids],
-              "top_logprobs": [{texts[t]: v} for t, v in zip(ids, logprobs)]}
+        lp = {"text_offset": offsets, "token_logprobs": logprobs, "tokens": names,
+              "top_logprobs": [{name: v} for name, v in zip(names, logprobs)]}
     want_ids = bool(parsed.return_token_ids)
     n = len(ids)
     return _json({
@@ -322,13 +330,15 @@ async def id_completion(state: EngineState, request: Request) -> Response:
 
 
 def add_scale_out_routes(app: FastAPI, state: EngineState) -> None:
-    """Register the routes (what ``--enable-scale-out`` adds, plus id prompts on /v1/completions)."""
+    """Register the routes (what ``--enable-scale-out`` adds, plus id prompts on /v1/completions);
+    ``generate_route=False`` leaves out /inference/v1/generate."""
     def bind(handler: Any) -> Any:
         async def route(request: Request) -> Response:
             return await handler(state, request)
         return route
 
     app.add_api_route("/v1/chat/completions/render", bind(render), methods=["POST"])
-    app.add_api_route("/inference/v1/generate", bind(generate), methods=["POST"])
+    if state.config.generate_route:
+        app.add_api_route("/inference/v1/generate", bind(generate), methods=["POST"])
     app.add_api_route("/v1/chat/completions/derender", bind(derender), methods=["POST"])
     app.add_api_route("/v1/completions", bind(id_completion), methods=["POST"])

@@ -50,3 +50,41 @@ def test_without_scale_out_the_routes_are_absent() -> None:
     with EngineServer(EngineConfig(scale_out=False)) as engine, httpx.Client(base_url=engine.url) as c:
         assert c.post("/v1/chat/completions/render", json=CHAT).status_code == 404
         assert c.post("/inference/v1/generate", json={"token_ids": [1], "sampling_params": {}}).status_code == 404
+
+
+def test_without_the_generate_route_id_prompts_still_sample() -> None:
+    with EngineServer(EngineConfig(generate_route=False)) as engine, httpx.Client(base_url=engine.url) as c:
+        r = c.post("/v1/chat/completions/render", json=CHAT).json()
+        assert c.post("/inference/v1/generate", json={"token_ids": []}).status_code == 404
+        comp = c.post("/v1/completions", json={"prompt": r["token_ids"], "max_tokens": 50, "logprobs": 0,
+                                               "return_token_ids": True, "return_tokens_as_token_ids": True}).json()
+        assert c.post("/v1/chat/completions/derender", json={
+            "generate_response": {"choices": [{"index": 0, "token_ids": comp["choices"][0]["token_ids"]}]},
+            "prompt_token_ids": r["token_ids"], "chat_request": CHAT}).status_code == 200
+    choice = comp["choices"][0]
+    assert choice["logprobs"]["tokens"] == [f"token_id:{t}" for t in choice["token_ids"]]
+    assert [list(top) for top in choice["logprobs"]["top_logprobs"]] == [[f"token_id:{t}"] for t in choice["token_ids"]]
+
+
+def test_generate_picks_the_chat_routes_turn_under_a_template_that_renders_tool_results_as_user() -> None:
+    """Qwen3's templates render a tool result as ``<|im_start|>user\\n<tool_response>``: still a tool turn."""
+    from pathlib import Path
+
+    import trl
+
+    template = Path(trl.__file__).parent / "chat_templates" / "qwen3_training.jinja"
+    two = {"turns": [{"tool_calls": [{"name": "bash", "arguments": {"command": "ls"}}]}, {"content": "Done."}]}
+    chat = {**CHAT, "messages": [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "bash", "arguments": '{"command": "ls"}'}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "a.py"}]}
+    with EngineServer(EngineConfig(chat_template=template)) as engine, httpx.Client(base_url=engine.url) as c:
+        c.post("/_ref/scripts", json={"key": "s1", "script": two}).raise_for_status()
+        r = c.post("/v1/chat/completions/render", json=chat).json()
+        assert "<tool_response>" in c.post("/detokenize", json={"tokens": r["token_ids"]}).json()["prompt"]
+        g = c.post("/inference/v1/generate", headers=SESSION,
+                   json={"token_ids": r["token_ids"], "sampling_params": r["sampling_params"]}).json()
+        d = c.post("/v1/chat/completions/derender",
+                   json={"generate_response": g, "prompt_token_ids": r["token_ids"], "chat_request": chat}).json()
+    assert d["choices"][0]["message"]["content"] == "Done."  # the second turn, as the chat route would pick

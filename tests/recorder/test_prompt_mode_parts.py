@@ -1,0 +1,76 @@
+"""The incremental mode's pure parts: the render contrast and the per-engine probe-prefix memo."""
+
+from __future__ import annotations
+
+import random
+
+from openenv_harness.recorder.probe_prefix import ProbePrefixes
+from openenv_harness.recorder.prompt_mode import IncrementalState, render_diff
+from openenv_harness.recorder import history_match
+from openenv_harness.recorder.upstream.base import Upstream, UpstreamReply
+
+
+def _slow_diff(sampled: list[int], full: list[int]) -> tuple[int, int] | None:
+    if sampled == full:
+        return None
+    n = min(len(sampled), len(full))
+    start = next((i for i in range(n) if sampled[i] != full[i]), n)
+    tail = 0
+    while tail < n - start and sampled[-1 - tail] == full[-1 - tail]:
+        tail += 1
+    return start, tail
+
+
+def test_render_diff_finds_the_differing_span() -> None:
+    rng = random.Random(7)
+    assert render_diff([1, 2, 3], [1, 2, 3])["identical"] is True
+    for _ in range(300):
+        base = [rng.randrange(5) for _ in range(rng.randrange(0, 40))]
+        sampled, full = list(base), list(base)
+        at = rng.randrange(len(base) + 1)
+        sampled[at:at + rng.randrange(3)] = [rng.randrange(5) for _ in range(rng.randrange(4))]
+        expected = _slow_diff(sampled, full)
+        got = render_diff(sampled, full)
+        if expected is None:
+            assert got["identical"]
+            continue
+        start, tail = expected
+        assert (got["position"], got["sampled_span"], got["full_span"]) == \
+            (start, len(sampled) - start - tail, len(full) - start - tail)
+
+
+def test_message_digests_are_memoized_without_changing_them() -> None:
+    state = IncrementalState()
+    messages = [{"role": "user", "content": "hi"},
+                {"role": "assistant", "content": None, "reasoning_content": "think",
+                 "tool_calls": [{"function": {"name": "bash", "arguments": '{"a":  1}'}}]}]
+    assert state.digests(messages) == history_match.digests(messages) == state.digests(messages)
+    assert len(state.digest_memo) == 2
+
+
+class _Engine(Upstream):
+    async def chat(self, body: dict, *, session_id: str, affinity: str | None = None) -> UpstreamReply:
+        raise AssertionError
+
+
+def test_the_probe_prefix_is_kept_per_engine_and_request() -> None:
+    memo, one, two = ProbePrefixes(), _Engine(), _Engine()
+    request = {"model": "m", "messages": [{"role": "user", "content": "."}], "tools": [{"x": 1}]}
+    memo.put(one, request, [9, 10], [1, 2, 9, 10])
+    assert memo.get(one, dict(reversed(list(request.items()))), [9, 10]) == [1, 2, 9, 10]
+    assert memo.get(two, request, [9, 10]) is None  # another engine
+    assert memo.get(one, {**request, "tools": [{"x": 2}]}, [9, 10]) is None  # another rendering
+    assert memo.get(one, request, [9]) is None  # re-certified turn end
+
+
+def test_the_probe_cut_finds_the_turn_end_where_the_template_rerendered_the_turn() -> None:
+    from openenv_harness.recorder.prompt_mode import probe_cut
+
+    end = [9, 10]
+    prefix = [1, 9, 10, 2, 7, 7, 9, 10]          # user turn, assistant turn with a think block (7 7)
+    assert probe_cut(prefix, prefix + [3, 9, 10, 4], end) == len(prefix)
+    dropped = [1, 9, 10, 2, 9, 10, 3, 9, 10, 4]  # the think block dropped once a tool result follows
+    assert probe_cut(prefix, dropped, end) == 6
+    assert probe_cut(prefix, [1, 9, 10, 2, 3, 4], end) is None  # no turn end after the change
+    # a change before the probe's assistant turn: the turn end found first is another turn's
+    assert probe_cut([1, 9, 10, 2, 9, 10], [5, 9, 10, 2, 9, 10, 3], end) is None
