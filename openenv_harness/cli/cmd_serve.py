@@ -24,6 +24,8 @@ def serve(
     index_priority: str = typer.Option(
         "idle", help="CPU priority of the index process: idle (SCHED_IDLE while it keeps up, normal while "
         "behind; 'low' where the system forbids that), low (nice +10) or normal"),
+    store_backlog_mb: float = typer.Option(
+        8.0, help="Unindexed journal (MiB) past which replies wait for the indexer (records are durable first)"),
     log_level: str = typer.Option("info", help="uvicorn log level"),
 ) -> None:
     from openenv_harness.recorder.auth import new_admin_token
@@ -44,7 +46,8 @@ def serve(
     config = RecorderConfig(store_path=store, engine_url=engine_url, admin_token=token,
                             engine_api_key=os.environ.get("OEH_ENGINE_API_KEY") or None,
                             public_base_url=public_base_url, max_body_bytes=max_body_mb * 1024 * 1024,
-                            pause_wait_s=pause_wait_s, index_priority=index_priority)
+                            pause_wait_s=pause_wait_s, index_priority=index_priority,
+                            store_backlog_mb=store_backlog_mb)
     typer.echo(f"recorder on http://{host}:{port}  store={store}  engine={engine_url or '-'}")
 
     def announce(ctx: RecorderContext) -> None:

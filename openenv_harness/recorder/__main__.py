@@ -26,6 +26,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--index-priority", choices=PRIORITIES, default="idle",
                    help="CPU priority of the index process: 'idle' (SCHED_IDLE while it keeps up, normal "
                         "while behind; 'low' where the system forbids that), 'low' (nice +10) or 'normal'")
+    p.add_argument("--store-backlog-mb", type=float, default=8.0,
+                   help="unindexed journal (MiB) past which replies wait for the indexer (records are durable first)")
     a = p.parse_args(argv)
     if a.host not in ("127.0.0.1", "localhost", "::1") and not a.admin_token:
         sys.exit("refusing to listen on a non-loopback address without --admin-token")
@@ -33,7 +35,7 @@ def main(argv: list[str] | None = None) -> None:
         store_path=a.store, engine_url=a.engine_url, admin_token=a.admin_token,
         engine_api_key=os.environ.get("OEH_ENGINE_API_KEY") or None,  # never a flag: flags show in `ps`
         public_base_url=a.public_base_url, probe_template=not a.no_probe,
-        pause_wait_s=a.pause_wait_s, index_priority=a.index_priority,
+        pause_wait_s=a.pause_wait_s, index_priority=a.index_priority, store_backlog_mb=a.store_backlog_mb,
     )
     if not a.admin_token:
         from openenv_harness.recorder.auth import new_admin_token

@@ -190,7 +190,8 @@ def create_recorder_app(
         )
     admin_token = config.admin_token or new_admin_token()
     the_store = store or SQLiteStore(config.store_path, synchronous=config.sqlite_synchronous,
-                                     indexer=config.store_indexer, index_priority=config.index_priority)
+                                     indexer=config.store_indexer, index_priority=config.index_priority,
+                                     max_backlog_bytes=int(config.store_backlog_mb * (1 << 20)))
     ctx = RecorderContext(
         config=config,
         store=the_store,

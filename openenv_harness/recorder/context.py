@@ -68,6 +68,10 @@ class RecorderConfig(BaseModel):
         "up and at normal priority while it is behind, so the engine, the agents and the recorder go first "
         "(a lower p99 per call) without leaving indexing behind on a busy machine; where the system does "
         "not allow leaving SCHED_IDLE it runs as 'low' (nice +10); 'normal' never lowers it")
+    store_backlog_mb: float = Field(
+        8.0, gt=0, description="Unindexed journal (MiB) past which a call's reply waits for the indexer to catch up: "
+        "the record is durable first; this bounds the store's disk footprint above its content when indexing "
+        "falls behind (store/backlog.py)")
     pause_wait_s: float = Field(30.0, ge=0, description="How long a call waits for a paused engine before 503")
     retry_after_s: int = Field(2, ge=1, description="Retry-After sent with recorder-made 503s")
     close_grace_s: float = Field(10.0, ge=0, description="How long closing a session lets its calls in flight "

@@ -213,8 +213,8 @@ class ProcessIndexer:
         for i in range(0, len(out), CHILD_MAX_BATCH):
             self._send(out[i : i + CHILD_MAX_BATCH])
         if self._adaptive and out:
-            if self._appends_pending > MAX_BACKLOG or any(m[4] for m in out):
-                self._wake_child(0)  # appends are held back, or someone waits: as high as the recorder
+            if self.store.backlog.over() or any(m[4] for m in out):
+                self._wake_child(0)  # replies are held back (records or bytes), or someone waits: as high as the recorder
             elif self._appends_pending >= CHILD_MAX_BATCH:
                 self._wake_child(NICENESS)  # a batch behind: catch up, still after a waking call
 

@@ -32,6 +32,7 @@ import orjson
 
 from openenv_harness.recorder.fidelity import common_prefix_len
 from openenv_harness.recorder.store import blocks
+from openenv_harness.recorder.store.backlog import MAX_BACKLOG_BYTES, AppendBacklog
 from openenv_harness.recorder.store.base import PendingRecord, RecordStore, SessionRow, SessionSealed
 from openenv_harness.recorder.store.index_priority import PRIORITIES
 from openenv_harness.recorder.store.indexer import MAX_BACKLOG as _MAX_BACKLOG
@@ -108,12 +109,13 @@ class SQLiteStore(RecordStore):
     """SQLite-backed ``RecordStore``. ``path`` may be ``":memory:"``-like only via a temp file.
 
     ``indexer``: ``"thread"`` (default) or ``"process"`` -- where records are indexed into SQLite
-    (``indexer.py``; the recorder uses a process).
+    (``indexer.py``; the recorder uses a process). ``max_backlog_bytes``: unindexed journal bytes
+    past which an append's reply waits for the indexer (``backlog.py``; the record is durable first).
     """
 
     def __init__(self, path: str | Path, *, synchronous: str = "NORMAL", indexer: str = "thread",
                  index_priority: str = "idle", wal_limit_bytes: int = WAL_LIMIT_BYTES,
-                 journal_segment_bytes: int = SEGMENT_BYTES) -> None:
+                 journal_segment_bytes: int = SEGMENT_BYTES, max_backlog_bytes: int = MAX_BACKLOG_BYTES) -> None:
         if synchronous.upper() not in {"NORMAL", "FULL", "EXTRA"}:
             raise ValueError("synchronous must be NORMAL, FULL or EXTRA")
         if indexer not in {"thread", "process"}:
@@ -146,9 +148,9 @@ class SQLiteStore(RecordStore):
         self._indexed_through = 0
         #: per seq: ("append", where it lies in the journal) or ("session", the row), for ``recover``
         self._unindexed: dict[int, tuple[str, Any]] = {}
-        #: appends held back by the backlog: (loop, future), woken together once it is under the limit
-        self._drain_lock = threading.Lock()
-        self._drain_waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future]] = []
+        #: appends journalled and not yet indexed, in records and bytes; replies wait past its bounds
+        self.backlog = AppendBacklog(max_records=_MAX_BACKLOG, max_bytes=max_backlog_bytes,
+                                     records=lambda: self._indexer.backlog() if self._indexer is not None else 0)
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -239,7 +241,7 @@ class SQLiteStore(RecordStore):
         self._closed = True
         if self._indexer is not None:
             finished = self._indexer.stop(timeout_s=30)
-            self._wake_drained(always=True)  # whatever is left is in the journal: nobody waits on a closed store
+            self.backlog.wake(always=True)  # whatever is left is in the journal: nobody waits on a closed store
             self._stop_checkpoints.set()
             self._checkpointer.join(timeout=30)
             # every record reached SQLite unless the indexer failed one: then the journal keeps it
@@ -265,15 +267,16 @@ class SQLiteStore(RecordStore):
     async def append(self, record: PendingRecord) -> int:
         """Journal the record (durable when this returns) and hand it to the indexer.
 
-        When the indexer is behind by more than ``_MAX_BACKLOG`` records, the call then waits until
-        it is back within that -- the next acknowledgement that brings the backlog down, not this
-        record's own commit: under overload every call is slowed a little, in arrival order,
-        instead of a few calls each waiting for the whole backlog ahead of them.
+        When the indexer is behind by more than ``_MAX_BACKLOG`` records or ``max_backlog_bytes`` of
+        journal, the call then waits until it is back within both -- the next acknowledgement that
+        brings the backlog down, not this record's own commit: under overload every call is slowed
+        a little, in arrival order, instead of a few calls each waiting for the whole backlog ahead
+        of them, and the journal on disk stays near the byte bound (``backlog.py``).
         """
         if self._closed or self._indexer is None:
             raise RuntimeError("store is closed")
         seq = await self._journal(record, encode_record(record), "append")
-        drained = self._hold_if_behind()
+        drained = self.backlog.hold()
         if drained is not None:
             await asyncio.shield(drained)
         return seq
@@ -293,33 +296,11 @@ class SQLiteStore(RecordStore):
             seq = self._next_seq
             where = self.journal.append(seq, parts)
             self._next_seq = seq + 1
+            if name == "append":
+                self.backlog.add(where[2])  # before the indexer can finish it and count it done
             arg = (seq, item, where) if name == "append" else (seq, item)
             self._indexer.submit((name, arg, None, None))
         return seq
-
-    def _hold_if_behind(self) -> asyncio.Future | None:
-        """A future resolved once the backlog is down to ``_MAX_BACKLOG`` again, or None if it is now.
-        Checked and registered under the lock ``_committed`` wakes under, so no wake-up is missed."""
-        assert self._indexer is not None
-        with self._drain_lock:
-            if self._indexer.backlog() <= _MAX_BACKLOG:  # this record included
-                return None
-            loop = asyncio.get_running_loop()
-            fut = loop.create_future()
-            self._drain_waiters.append((loop, fut))
-            return fut
-
-    def _wake_drained(self, *, always: bool = False) -> None:
-        with self._drain_lock:
-            if not self._drain_waiters or not (always or self._indexer is None
-                                               or self._indexer.backlog() <= _MAX_BACKLOG):
-                return
-            waiters, self._drain_waiters = self._drain_waiters, []
-        for loop, fut in waiters:
-            try:
-                loop.call_soon_threadsafe(_resolve, fut, None, None)
-            except RuntimeError:
-                pass  # that event loop is closed: nobody is waiting any more
 
     async def caught_up(self) -> None:
         """Return once every record appended so far is in SQLite (what readers wait for).
@@ -411,10 +392,12 @@ class SQLiteStore(RecordStore):
                     self._unindexed.pop(seq, None)  # a record ``recover`` sent again is indexed now
                     if name == "append":
                         self._records_written += 1
+                if name == "append" and arg[2] is not None:
+                    self.backlog.done(arg[2][2])  # finished with, either way (a failed one stays journalled)
                 self._indexed_through = max(self._indexed_through, seq)
         floor = min(self._unindexed) - 1 if self._unindexed else self._indexed_through
         self.journal.release(floor)
-        self._wake_drained()
+        self.backlog.wake()
         for _, _, waiter, loop, value, error in done:
             if loop is not None:
                 loop.call_soon_threadsafe(_resolve, waiter, value, error)
@@ -718,6 +701,7 @@ class SQLiteStore(RecordStore):
                 if what is None:
                     continue
                 if kind == "append":
+                    self.backlog.add(what[2])
                     new.submit(("append", (seq, None, what), None, None), resent=True)
                 else:  # a session row: the latest state of the session, sent again as it was
                     new.submit(("session", (seq, what), None, None), resent=True)
@@ -736,6 +720,7 @@ class SQLiteStore(RecordStore):
             "queue_depth": self._indexer.backlog() if self._indexer is not None else 0,
             "journal_backlog": max(0, self._next_seq - 1 - self._indexed_through),
             "journal_unindexed": len(self._unindexed),
+            "journal_backlog_bytes": self.backlog.bytes,
             "failure": self.failure(),
         }
 
