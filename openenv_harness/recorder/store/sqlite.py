@@ -30,13 +30,14 @@ from typing import Any, Iterator
 
 import orjson
 
-from openenv_harness.recorder.fidelity import common_prefix_len
 from openenv_harness.recorder.store import blocks
 from openenv_harness.recorder.store.backlog import MAX_BACKLOG_BYTES, AppendBacklog
 from openenv_harness.recorder.store.base import PendingRecord, RecordStore, SessionRow, SessionSealed
 from openenv_harness.recorder.store.index_priority import PRIORITIES
 from openenv_harness.recorder.store.indexer import MAX_BACKLOG as _MAX_BACKLOG
 from openenv_harness.recorder.store.indexer import IndexerFailed, ProcessIndexer, ThreadIndexer, make_indexer
+from openenv_harness.recorder.store.prompt_sketch import PromptSketch, block_digests
+from openenv_harness.recorder.store.prompt_sketch import prompt_delta as _prompt_delta
 from openenv_harness.recorder.store.journal import (SEGMENT_BYTES, Journal, decode_record, decode_session,
                                                     encode_record, encode_session)
 
@@ -437,7 +438,8 @@ class SQLiteStore(RecordStore):
         if rec.prompt_ids is not None:
             prompt_len = len(rec.prompt_ids)
             prompt_bytes = blocks.ids_to_bytes(rec.prompt_ids)
-            prompt_delta = _prompt_delta(tail.prompts, prompt_bytes)
+            digests = block_digests(prompt_bytes)
+            prompt_delta = _prompt_delta(tail.prompts, prompt_bytes, digests)
 
         request = dict(rec.request)
         msgs_delta: tuple[int | None, int, bytes | None] = (None, 0, None)
@@ -485,7 +487,7 @@ class SQLiteStore(RecordStore):
             ),
         )
         if prompt_bytes is not None:
-            tail.prompts.insert(0, (seq, prompt_bytes))
+            tail.prompts.insert(0, PromptSketch(seq, prompt_bytes, digests))
             del tail.prompts[_PROMPT_BASES:]
         if new_msgs is not None:
             tail.msgs_seq, tail.msgs = seq, new_msgs
@@ -762,8 +764,8 @@ class _Tail:
     __slots__ = ("prompts", "msgs_seq", "msgs", "known")
 
     def __init__(self) -> None:
-        #: (seq, prompt bytes) of the session's latest records: candidate bases, newest first
-        self.prompts: list[tuple[int, bytes]] = []
+        #: the session's latest records' prompts, as sketches (``prompt_sketch.py``): candidate bases, newest first
+        self.prompts: list[PromptSketch] = []
         self.msgs_seq: int | None = None
         self.msgs: list[bytes] = []
         #: blob hashes the latest record stored: not inserted again by the next one
@@ -784,20 +786,6 @@ def _delta(base_seq: int | None, base: list[bytes], new: list[bytes]) -> tuple[i
     if shared == 0:
         return None, 0, blocks.join_hashes(new)
     return base_seq, shared, blocks.join_hashes(new[shared:])
-
-
-def _prompt_delta(candidates: list[tuple[int, bytes]], prompt: bytes) -> tuple[int | None, int, bytes]:
-    """``(base_seq, shared_tokens, tail_bytes)``: the prompt as a prefix of an earlier record's prompt
-    (the candidate sharing the most tokens) plus the new tokens. A sub-agent interleaved with its
-    parent finds its own previous call among the candidates."""
-    best_seq, best = None, 0
-    for seq, earlier in candidates:
-        shared = common_prefix_len(earlier, prompt) // 4
-        if shared > best:
-            best_seq, best = seq, shared
-    if best_seq is None:
-        return None, 0, prompt
-    return best_seq, best, prompt[best * 4 :]
 
 
 class _Lists:
