@@ -17,6 +17,7 @@ from openenv_harness.recorder.request_body import MAX_JSON_DEPTH_LIMIT
 from openenv_harness.recorder.sessions import SessionRegistry
 from openenv_harness.recorder.store.base import RecordStore
 from openenv_harness.recorder.upstream.base import Upstream
+from openenv_harness.recorder.upstream.span_budget import SpanBudget
 
 
 class RecorderConfig(BaseModel):
@@ -112,6 +113,8 @@ class RecorderContext:
     viewer_logins: ViewerLogins = field(default_factory=ViewerLogins)
     #: the engine replicas the fence pauses and resumes (``replicas.ReplicaFence``), when there are several
     replicas: Any = None
+    #: one bound on the prompt spans every session's ``PromptIdsReader`` keeps (``span_budget.py``)
+    span_budget: SpanBudget = field(default_factory=SpanBudget)
 
     def upstream_for(self, name: str | None) -> Upstream | None:
         return self.upstreams.get(name or "default")
