@@ -268,15 +268,31 @@ class SQLiteStore(RecordStore):
     async def append(self, record: PendingRecord) -> int:
         """Journal the record (durable when this returns) and hand it to the indexer.
 
-        When the indexer is behind by more than ``_MAX_BACKLOG`` records or ``max_backlog_bytes`` of
-        journal, the call then waits until it is back within both -- the next acknowledgement that
-        brings the backlog down, not this record's own commit: under overload every call is slowed
-        a little, in arrival order, instead of a few calls each waiting for the whole backlog ahead
-        of them, and the journal on disk stays near the byte bound (``backlog.py``).
+        Two bounds on the indexer's lag (``backlog.py``). Bytes: the frame is journalled only once
+        the unindexed journal has room for it (``max_backlog_bytes``), first come first served, so
+        the journal on disk stays near that bound. Records: when the indexer is behind by more than
+        ``_MAX_BACKLOG``, the call waits after journalling until it is back within that -- the next
+        acknowledgement that brings the backlog down, not this record's own commit: under overload
+        every call is slowed a little, in arrival order, instead of a few calls each waiting for
+        the whole backlog ahead of them. Either way the reply follows the journal write.
         """
         if self._closed or self._indexer is None:
             raise RuntimeError("store is closed")
-        seq = await self._journal(record, encode_record(record), "append")
+        parts = encode_record(record)
+        nbytes = sum(len(p) for p in parts)  # the frame's payload, as ``Journal.append`` reports it
+        room = self.backlog.reserve(nbytes)
+        if room is not None:
+            self._indexer.hurry()
+            try:
+                await asyncio.shield(room)
+            except asyncio.CancelledError:  # the caller went: whenever the room comes, give it back
+                room.add_done_callback(lambda _: self.backlog.release(nbytes))
+                raise
+        try:
+            seq = await self._journal(record, parts, "append")
+        except Exception:
+            self.backlog.release(nbytes)  # not written: nothing of it waits for the indexer
+            raise
         drained = self.backlog.hold()
         if drained is not None:
             await asyncio.shield(drained)
@@ -297,8 +313,6 @@ class SQLiteStore(RecordStore):
             seq = self._next_seq
             where = self.journal.append(seq, parts)
             self._next_seq = seq + 1
-            if name == "append":
-                self.backlog.add(where[2])  # before the indexer can finish it and count it done
             arg = (seq, item, where) if name == "append" else (seq, item)
             self._indexer.submit((name, arg, None, None))
         return seq
@@ -394,7 +408,7 @@ class SQLiteStore(RecordStore):
                     if name == "append":
                         self._records_written += 1
                 if name == "append" and arg[2] is not None:
-                    self.backlog.done(arg[2][2])  # finished with, either way (a failed one stays journalled)
+                    self.backlog.release(arg[2][2])  # finished with, either way (a failed one stays journalled)
                 self._indexed_through = max(self._indexed_through, seq)
         floor = min(self._unindexed) - 1 if self._unindexed else self._indexed_through
         self.journal.release(floor)

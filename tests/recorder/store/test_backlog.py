@@ -1,5 +1,7 @@
-"""The indexer's backlog is bounded in bytes as well as in records: past the byte bound an append's
-reply waits (its record durable already), and resumes once the indexer catches up, losing nothing."""
+"""The indexer's backlog is bounded in bytes as well as in records: past the byte bound an append
+waits for room before its frame is journalled (its reply follows the write, as always), and goes on
+once the indexer catches up, losing nothing; however many append at once, the unindexed journal
+stays within the bound."""
 
 from __future__ import annotations
 
@@ -42,18 +44,21 @@ async def test_appends_past_the_byte_bound_wait_for_the_indexer_and_resume_when_
         assert await asyncio.to_thread(stalled.wait, 10), "the writer took the first record and stalled"
         await asyncio.wait_for(store.append(_rec(1, prompt_len=PROMPT)), 10)  # 2 frames: within
         held = [asyncio.create_task(store.append(_rec(i, prompt_len=PROMPT))) for i in range(2, 8)]
+        gone = asyncio.create_task(store.append(_rec(99, prompt_len=PROMPT)))  # its agent hangs up while it waits
         await asyncio.sleep(0.3)  # they cannot finish while the writer is stalled, however long this is
-        assert not any(task.done() for task in held), "past the byte bound (far below 64 records) replies wait"
+        assert not any(task.done() for task in held), "past the byte bound (far below 64 records) they wait"
         stats = store.stats()
-        assert stats["journal_backlog"] == 8, "the held ones are journalled all the same: durable, only their replies wait"
-        assert stats["journal_backlog_bytes"] == sum(_frame_bytes(i) for i in range(8))
-        assert store.backlog.waiting() == 6
+        assert stats["journal_backlog"] == 2, "waiting for room: not journalled yet (and not answered)"
+        assert stats["journal_backlog_bytes"] == _frame_bytes(0) + _frame_bytes(1) <= bound
+        assert store.backlog.waiting() == 7
+        gone.cancel()
         gate.set()
         seqs = await asyncio.wait_for(asyncio.gather(*held), 30)
-        assert seqs == list(range(3, 9))
+        assert seqs == list(range(3, 9)), "first come, first served"
         got = await store.read_records("s")
         assert [e["prompt_token_ids"] for e in got] == [_rec(i, prompt_len=PROMPT).prompt_ids.tolist() for i in range(8)]
-        assert store.stats()["journal_backlog_bytes"] == 0
+        assert store.stats()["journal_backlog_bytes"] == 0, "a cancelled waiter leaves no reservation behind"
+        assert await asyncio.wait_for(store.append(_rec(8, prompt_len=PROMPT)), 10) == 9
     finally:
         gate.set()
         store.close()
@@ -75,7 +80,7 @@ async def test_a_held_back_index_process_killed_meanwhile_loses_nothing(tmp_path
             held = [asyncio.create_task(store.append(_rec(i, prompt_len=PROMPT))) for i in range(3, 10)]
             await asyncio.sleep(0.3)  # a stopped index process acknowledges nothing, however long this is
             assert not any(task.done() for task in held)
-            assert store.stats()["journal_backlog"] == 10
+            assert store.stats()["journal_backlog"] == 3, "the journal holds no more than the bound"
         finally:
             os.kill(pid, signal.SIGKILL)  # delivered to a stopped process too
         assert await asyncio.wait_for(asyncio.gather(*held), 60) == list(range(4, 11))
@@ -101,3 +106,27 @@ async def test_a_record_larger_than_the_bound_waits_only_for_itself(tmp_path: Pa
 def test_bounds_must_be_positive() -> None:
     with pytest.raises(ValueError):
         AppendBacklog(max_records=64, max_bytes=0, records=lambda: 0)
+
+
+async def test_many_appends_at_once_never_take_the_journal_past_the_bound(tmp_path: Path) -> None:
+    """Sixty-four agents' records arriving together: each waits for room, none is journalled beyond it."""
+    bound = int(_frame_bytes(0) * 4.5)
+    store = SQLiteStore(tmp_path / "r.db", max_backlog_bytes=bound)
+    store.open()
+    peak = 0
+    real = store._op_append
+
+    def watched(conn, item):
+        nonlocal peak
+        peak = max(peak, store.backlog.bytes)
+        return real(conn, item)
+
+    store._op_append = watched  # type: ignore[method-assign]
+    try:
+        recs = [_rec(i, prompt_len=PROMPT, session=f"s{i % 8}") for i in range(64)]
+        await asyncio.wait_for(asyncio.gather(*(store.append(r) for r in recs)), 60)
+        assert 0 < peak <= bound
+        got = [e for n in range(8) for e in await store.read_records(f"s{n}")]
+        assert sorted(e["metadata"]["call_index"] for e in got) == list(range(64))
+    finally:
+        store.close()
