@@ -69,6 +69,11 @@ class RecorderConfig(BaseModel):
         "up and at normal priority while it is behind, so the engine, the agents and the recorder go first "
         "(a lower p99 per call) without leaving indexing behind on a busy machine; where the system does "
         "not allow leaving SCHED_IDLE it runs as 'low' (nice +10); 'normal' never lowers it")
+    prompt_cache_mb: float = Field(
+        64.0, ge=0, description="Recent prompts (MiB, all sessions together) kept whole between calls to speed up "
+        "the next: each session's last prompt text and ids (parsed only past them) and its chain tips' prompts "
+        "(compared with bytes). Past it the sessions that called least recently keep digests instead "
+        "(upstream/span_budget.py): only speed depends on it, never what is recorded")
     store_backlog_mb: float = Field(
         8.0, gt=0, description="Unindexed journal (MiB) past which a call's reply waits for the indexer to catch up: "
         "the record is durable first; this bounds the store's disk footprint above its content when indexing "
