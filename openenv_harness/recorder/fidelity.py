@@ -112,10 +112,7 @@ class FidelityTracker:
         p = _Prompt(prompt.tobytes())
         c = completion.tobytes()
         n_prompt = len(prompt)
-        best: _Tip | None = None
-        for tip in self.tips:
-            if (best is None or tip.length > best.length) and p.starts_with(tip):
-                best = tip
+        best = self._best_prefix(p)
         try:
             if best is not None:
                 self.tips.remove(best)
@@ -147,12 +144,21 @@ class FidelityTracker:
         if all(tip.prompt is not None for tip in self.tips):
             return {}
         p = _Prompt(prompt.tobytes())
-        if not self.tips or any(p.starts_with(tip) for tip in self.tips):
+        if not self.tips or self._best_prefix(p) is not None:
             return {}
         shared = [(tip, *p.shared(tip)) for tip in self.tips]
         floor = max(lcp for _, lcp, _ in shared)
         return {tip.node_id: tip.seq for tip, lcp, exact in shared  # type: ignore[misc]
                 if not exact and lcp + BLOCK_BYTES > floor and tip.seq is not None}
+
+    def _best_prefix(self, p: _Prompt) -> _Tip | None:
+        """The longest tip whose prompt starts ``p`` (the first such in order, on a tie). Whole tips
+        are tried first, so a chain continuing one never hashes ``p`` for a shorter sketched tip."""
+        found = [(i, t) for i, t in enumerate(self.tips) if t.prompt is not None and p.starts_with(t)]
+        floor = max((t.length for _, t in found), default=-1)
+        found += [(i, t) for i, t in enumerate(self.tips)
+                  if t.prompt is None and t.length >= floor and p.starts_with(t)]
+        return min(found, key=lambda it: (-it[1].length, it[0]))[1] if found else None
 
     def placed(self, node_id: str, seq: int) -> None:
         """The record of ``node_id`` is stored as ``seq``: its tip may be sketched from now on."""
