@@ -19,7 +19,7 @@ Between calls a tip's prompt is the largest thing a session holds (256 KB at 64k
 training run keeps many sessions open that are not calling. So with a ``budget`` (the recorder's
 ``SpanBudget``, shared with the prompt readers) the trackers of the sessions that called least
 recently *sketch* their tips once their record is stored: block digests and the partial last block
-(``prefix.py``, ~1/64 of the bytes). A sketch decides every prefix question exactly; only a break's
+(``prefix.py``, ~1/128 of the bytes plus one block). A sketch decides every prefix question exactly; only a break's
 divergence position may need a sketched tip's prompt whole, and then the caller reads it back from
 the store (``prompts_needed``, ``restore.read_tip_prompts``). The classes and positions are the same.
 """

@@ -3,9 +3,10 @@
 Why one module: two holders need "how much of this new prompt equals that earlier one" -- the
 fidelity tracker (is a chain tip's prompt a prefix of this call's, and where do they part) and the
 index process (how many ids a record shares with its delta base). Both used to keep the earlier
-prompts whole, 4 bytes per id per session, between calls. A ``PromptSketch`` keeps a 16-byte
-BLAKE2b digest per whole block of ``BLOCK`` ids and the ids of the last, partial block: about 1/64
-of the prompt. Against a new prompt (with its own ``block_digests``) it gives the common prefix
+prompts whole, 4 bytes per id per session, between calls. A ``PromptSketch`` keeps a SHA-256
+digest per whole block of ``BLOCK`` ids and the ids of the last, partial block: about 1/128 of the
+prompt plus at most one block. (SHA-256 on 4 KB blocks: the fastest of hashlib's digests on CPUs
+with SHA extensions, ~0.5 ms for a 90k-id prompt here; BLAKE2b on 1 KB blocks took ~1.4 ms.) Against a new prompt (with its own ``block_digests``) it gives the common prefix
 exactly whenever every whole block of the sketch matches -- which includes "the earlier prompt is
 a prefix of the new one", the chain case -- and otherwise the start of the block where they part,
 flagged as not exact: a caller needing the exact position there reads the prompt back.
@@ -13,12 +14,12 @@ flagged as not exact: a caller needing the exact position there reads the prompt
 
 from __future__ import annotations
 
-from hashlib import blake2b
+from hashlib import sha256
 
 #: Ids per digested block (4 bytes each in a prompt's byte form).
-BLOCK = 256
+BLOCK = 1024
 BLOCK_BYTES = BLOCK * 4
-DIGEST_BYTES = 16
+DIGEST_BYTES = 32
 
 
 def common_prefix_len(a: bytes, b: bytes) -> int:
@@ -45,8 +46,7 @@ def block_digests(prompt: bytes) -> bytes:
     """The digests of ``prompt``'s whole blocks, concatenated."""
     view = memoryview(prompt)
     whole = len(prompt) - len(prompt) % BLOCK_BYTES
-    return b"".join(blake2b(view[i : i + BLOCK_BYTES], digest_size=DIGEST_BYTES).digest()
-                    for i in range(0, whole, BLOCK_BYTES))
+    return b"".join(sha256(view[i : i + BLOCK_BYTES]).digest() for i in range(0, whole, BLOCK_BYTES))
 
 
 class PromptSketch:

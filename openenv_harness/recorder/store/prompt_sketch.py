@@ -6,7 +6,7 @@ per id per base for each of up to 512 sessions -- 256 KB a base at 64k ids, the 
 largest holding while many sessions are open (``docs/benchmarks.md``, "Steady-state footprint").
 
 A base is now a ``PromptSketch`` (``recorder/prefix.py``: block digests and the partial last block,
-about 1/64 of the prompt). A chain, whose next prompt extends the last, still shares every id.
+about 1/128 of the prompt plus at most one block). A chain, whose next prompt extends the last, still shares every id.
 When two prompts part inside a whole block, the shared length stops at that block's start: the
 record stores up to ``BLOCK - 1`` ids more than it had to, which is rare (a drift or a break) and
 never wrong, since every shared id was compared by digest or byte for byte.
