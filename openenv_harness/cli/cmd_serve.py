@@ -25,7 +25,7 @@ def serve(
         "idle", help="CPU priority of the index process: idle (SCHED_IDLE while it keeps up, normal while "
         "behind; 'low' where the system forbids that), low (nice +10) or normal"),
     store_backlog_mb: float = typer.Option(
-        8.0, help="Unindexed journal (MiB) past which replies wait for the indexer (records are durable first)"),
+        16.0, help="Unindexed journal (MiB) past which calls wait for the indexer (a reply always follows its durable record)"),
     log_level: str = typer.Option("info", help="uvicorn log level"),
 ) -> None:
     from openenv_harness.recorder.auth import new_admin_token

@@ -26,8 +26,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--index-priority", choices=PRIORITIES, default="idle",
                    help="CPU priority of the index process: 'idle' (SCHED_IDLE while it keeps up, normal "
                         "while behind; 'low' where the system forbids that), 'low' (nice +10) or 'normal'")
-    p.add_argument("--store-backlog-mb", type=float, default=8.0,
-                   help="unindexed journal (MiB) past which replies wait for the indexer (records are durable first)")
+    p.add_argument("--store-backlog-mb", type=float, default=16.0,
+                   help="unindexed journal (MiB) past which calls wait for the indexer (a reply always follows its durable record)")
     a = p.parse_args(argv)
     if a.host not in ("127.0.0.1", "localhost", "::1") and not a.admin_token:
         sys.exit("refusing to listen on a non-loopback address without --admin-token")

@@ -75,9 +75,9 @@ class RecorderConfig(BaseModel):
         "(compared with bytes). Past it the sessions that called least recently keep digests instead "
         "(upstream/span_budget.py): only speed depends on it, never what is recorded")
     store_backlog_mb: float = Field(
-        8.0, gt=0, description="Unindexed journal (MiB) past which a call's reply waits for the indexer to catch up: "
-        "the record is durable first; this bounds the store's disk footprint above its content when indexing "
-        "falls behind (store/backlog.py)")
+        16.0, gt=0, description="Unindexed journal (MiB) past which a call waits for the indexer before its record is "
+        "journalled (its reply still follows the durable write): bounds the store's disk footprint above its "
+        "content when indexing falls behind, at the agents' latency (store/backlog.py)")
     pause_wait_s: float = Field(30.0, ge=0, description="How long a call waits for a paused engine before 503")
     retry_after_s: int = Field(2, ge=1, description="Retry-After sent with recorder-made 503s")
     close_grace_s: float = Field(10.0, ge=0, description="How long closing a session lets its calls in flight "

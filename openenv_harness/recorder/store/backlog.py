@@ -21,9 +21,11 @@ import asyncio
 import threading
 from typing import Any, Callable
 
-#: Unindexed journal bytes past which appends wait for the indexer (``AppendBacklog``): a dozen
-#: 64k-id frames (~0.6 MB each), several batches of 8k-id ones.
-MAX_BACKLOG_BYTES = 8 << 20
+#: Unindexed journal bytes past which appends wait for the indexer (``AppendBacklog``): about 25
+#: frames of 64k-id prompts (~0.6 MB each). Measured at 64 busy sessions of 8k-19k ids (frames of
+#: 0.1-0.25 MB), 8 MiB cost the agents 18-32 % of their calls/s against no byte bound (the record
+#: bound, 64, binds first there at 16 MiB); ``docs/benchmarks.md``, "Steady-state footprint".
+MAX_BACKLOG_BYTES = 16 << 20
 
 
 class _Waiter:

@@ -111,7 +111,7 @@ class SQLiteStore(RecordStore):
 
     ``indexer``: ``"thread"`` (default) or ``"process"`` -- where records are indexed into SQLite
     (``indexer.py``; the recorder uses a process). ``max_backlog_bytes``: unindexed journal bytes
-    past which an append's reply waits for the indexer (``backlog.py``; the record is durable first).
+    past which an append waits for the indexer before journalling (``backlog.py``).
     """
 
     def __init__(self, path: str | Path, *, synchronous: str = "NORMAL", indexer: str = "thread",
