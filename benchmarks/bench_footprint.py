@@ -20,6 +20,9 @@ runs the two versions alternately (baseline, this tree), so both see the same ma
   second for ``--settle-s`` seconds.
 - **admin**: while N sessions run flat out, a trainer-like client creates and closes a session
   every 20 ms; the create and close latencies, and the chat calls' own, are reported.
+- **chain**: one session in chain mode at P ids (and at each ``--chain-prompts``) for ``--chain-s``
+  seconds, ``--chain-reps`` alternated cells per version: what the per-session holdings cost (or
+  save) on the common path, as latency seen by the agent.
 """
 
 from __future__ import annotations
@@ -256,6 +259,22 @@ def admin_part(tree: Path, a: argparse.Namespace, logs: Path) -> dict[str, Any]:
             **{f"{k}_max_ms": max(v) for k, v in probe.items()}, "probes": len(probe["create"])}
 
 
+# -- one session's chain latency ---------------------------------------------------------------------------
+
+
+def chain_part(tree: Path, a: argparse.Namespace, logs: Path, prompt: int) -> dict[str, Any]:
+    admin = secrets.token_hex(16)
+    with tempfile.TemporaryDirectory(prefix="oeh-footprint-") as tmp, \
+            procs.engine_proc("chain", prompt, logs) as engine:
+        proxy = recorder(tree, engine.url, Path(tmp) / "store.db", admin, logs).start(timeout_s=120)
+        try:
+            load = procs.run_json(_loadgen_argv(proxy.url, admin, prompt, 1, 100, a.chain_s), a.chain_s + 600)
+        finally:
+            proxy.stop()
+    load.pop("session_ids", None)
+    return {"prompt": prompt, **{k: load[k] for k in ("calls", "p50_ms", "p90_ms", "p99_ms", "throughput")}}
+
+
 # -- the run ---------------------------------------------------------------------------------------------
 
 
@@ -276,6 +295,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--admin-s", type=float, default=20.0)
     p.add_argument("--admin-reps", type=int, default=2, help="admin cells per version, alternated")
     p.add_argument("--settle-s", type=float, default=3.0)
+    p.add_argument("--chain-s", type=float, default=15.0)
+    p.add_argument("--chain-reps", type=int, default=3)
+    p.add_argument("--chain-prompts", default="8192,32768", help="first prompts of the one-session chain part")
     p.add_argument("--out", type=Path, default=RESULTS)
     p.add_argument("--docs", type=Path, default=None, help="write the section into this page (docs/benchmarks.md)")
     p.add_argument("--render", type=Path, default=None, help="only render RESULTS.json into --docs (no run)")
@@ -316,10 +338,13 @@ def main(argv: list[str] | None = None) -> None:
             keep(part, name, read_part(tree, a, logs))
         elif part == "sessions":
             keep(part, name, [sessions_part(tree, a, logs, int(p)) for p in a.idle_prompts.split(",")])
+        elif part == "chain":
+            runs = results["parts"].get("chain", {}).get(name, [])
+            keep(part, name, [*runs, *(chain_part(tree, a, logs, int(p)) for p in a.chain_prompts.split(","))])
 
     try:
         for part in a.parts.split(","):
-            for rep in range(a.admin_reps if part == "admin" else 1):
+            for rep in range({"admin": a.admin_reps, "chain": a.chain_reps}.get(part, 1)):
                 for name, tree in trees.items():  # alternated: baseline, this, baseline, this, ...
                     if part == "admin":
                         runs = results["parts"].get("admin", {}).get(name, []) if rep else []
@@ -397,6 +422,17 @@ def render_section(results: dict[str, Any]) -> str:
                        f"{r['final_prompt_ids']:,} ids) | {r['read_s']:.2f} | {r['rss_before'] / MB:.0f} → {series_} | "
                        f"{(r['rss_after'][-1] - r['rss_before']) / r['rss_before'] * 100:+.0f} % |")
         out.append("")
+    if "chain" in parts:
+        out += ["**One session's chain latency** (chain mode, one session, no think time; cells of both versions "
+                "alternated; latency seen by the agent).", "",
+                "| version | first prompt ids | cells: p50 / p99 ms (calls/s) |", "|---|---|---|"]
+        for n in names:
+            cells = parts["chain"].get(n, [])
+            for prompt in sorted({c["prompt"] for c in cells}):
+                out.append(f"| {label[n]} | {prompt:,} | " + "; ".join(
+                    f"{c['p50_ms']:.2f} / {c['p99_ms']:.2f} ({c['throughput']:.0f})" for c in cells
+                    if c["prompt"] == prompt) + " |")
+        out.append("")
     if "admin" in parts:
         out += ["**Admin calls under load** (a client creates and closes a session every 20 ms while 64 sessions "
                 "run flat out, chain mode from 8k ids).", "",
@@ -456,6 +492,8 @@ def _brief(part: str, v: Any) -> str:
         return (f"create p50/p99 {v['create_p50_ms']:.2f}/{v['create_p99_ms']:.2f} ms, close {v['close_p50_ms']:.2f}/"
                 f"{v['close_p99_ms']:.2f} ms ({v['probes']} probes); chat p50/p99 {v['load']['p50_ms']:.1f}/"
                 f"{v['load']['p99_ms']:.1f} ms {v['load']['throughput']:.0f}/s")
+    if part == "chain":
+        return "; ".join(f"P={c['prompt']}: p50/p99 {c['p50_ms']:.2f}/{c['p99_ms']:.2f} ms" for c in v[-2:])
     if part == "sessions":
         return "; ".join(f"P={s['prompt']}: {s['bytes_per_session'] / 1024:.0f} KB/session "
                          f"({' '.join(f'{n}:{r / MB:.0f}' for n, r in s['points'])} MB)" for s in v)

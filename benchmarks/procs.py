@@ -202,6 +202,8 @@ def recorder_proc(engine_url: str, store: Path, admin_token: str, logs: Path) ->
             "--store", str(store), f"--admin-token={admin_token}"]
     if os.environ.get("OEH_BENCH_INDEX_PRIORITY"):  # A/B of the index process's priority (default: the recorder's)
         argv += ["--index-priority", os.environ["OEH_BENCH_INDEX_PRIORITY"]]
+    if os.environ.get("OEH_BENCH_STORE_BACKLOG_MB"):  # A/B of the backlog's byte bound (trees that have it)
+        argv += ["--store-backlog-mb", os.environ["OEH_BENCH_STORE_BACKLOG_MB"]]
     return Proc("recorder", argv, port, "/healthz", logs / f"recorder-{port}.log")
 
 

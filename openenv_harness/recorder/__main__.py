@@ -30,6 +30,10 @@ def main(argv: list[str] | None = None) -> None:
                    help="how long an idle agent connection stays open (longer than clients keep theirs)")
     p.add_argument("--backlog", type=int, default=RecorderConfig.model_fields["listen_backlog"].default,
                    help="connections the listen socket queues (capped by net.core.somaxconn)")
+    p.add_argument("--prompt-cache-mb", type=float, default=RecorderConfig.model_fields["prompt_cache_mb"].default,
+                   help="memory (MiB) for the prompts open sessions keep to read their next call's new ids fast")
+    p.add_argument("--store-backlog-mb", type=float, default=16.0,
+                   help="unindexed journal (MiB) past which calls wait for the indexer (a reply always follows its durable record)")
     a = p.parse_args(argv)
     if a.host not in ("127.0.0.1", "localhost", "::1") and not a.admin_token:
         sys.exit("refusing to listen on a non-loopback address without --admin-token")
@@ -37,7 +41,8 @@ def main(argv: list[str] | None = None) -> None:
         store_path=a.store, engine_url=a.engine_url, admin_token=a.admin_token,
         engine_api_key=os.environ.get("OEH_ENGINE_API_KEY") or None,  # never a flag: flags show in `ps`
         public_base_url=a.public_base_url, probe_template=not a.no_probe,
-        pause_wait_s=a.pause_wait_s, index_priority=a.index_priority,
+        pause_wait_s=a.pause_wait_s, index_priority=a.index_priority, store_backlog_mb=a.store_backlog_mb,
+        prompt_cache_mb=a.prompt_cache_mb,
         keep_alive_timeout_s=a.keep_alive_s, listen_backlog=a.backlog,
     )
     if not a.admin_token:

@@ -34,6 +34,7 @@ from openenv_harness.recorder.store.sqlite import SQLiteStore
 from openenv_harness.recorder.upstream.base import Upstream, UpstreamFailure
 from openenv_harness.recorder.replicas import ReplicaFence
 from openenv_harness.recorder.upstream.h1_engine import H1Engine
+from openenv_harness.recorder.upstream.span_budget import SpanBudget
 from openenv_harness.viewer import viewer_router
 
 log = logging.getLogger(__name__)
@@ -190,7 +191,8 @@ def create_recorder_app(
         )
     admin_token = config.admin_token or new_admin_token()
     the_store = store or SQLiteStore(config.store_path, synchronous=config.sqlite_synchronous,
-                                     indexer=config.store_indexer, index_priority=config.index_priority)
+                                     indexer=config.store_indexer, index_priority=config.index_priority,
+                                     max_backlog_bytes=int(config.store_backlog_mb * (1 << 20)))
     ctx = RecorderContext(
         config=config,
         store=the_store,
@@ -200,6 +202,7 @@ def create_recorder_app(
         metrics=RecorderMetrics(),
         admin_token=admin_token,
         admin_auth=AdminAuth(admin_token),
+        span_budget=SpanBudget(int(config.prompt_cache_mb * (1 << 20))),
     )
     if config.engine_replicas or config.engine_replicas_from_router:
         ctx.replicas = ReplicaFence(config.engine_replicas, api_key=config.engine_api_key,

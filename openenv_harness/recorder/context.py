@@ -17,6 +17,7 @@ from openenv_harness.recorder.request_body import MAX_JSON_DEPTH_LIMIT
 from openenv_harness.recorder.sessions import SessionRegistry
 from openenv_harness.recorder.store.base import RecordStore
 from openenv_harness.recorder.upstream.base import Upstream
+from openenv_harness.recorder.upstream.span_budget import SpanBudget
 
 
 class RecorderConfig(BaseModel):
@@ -75,6 +76,15 @@ class RecorderConfig(BaseModel):
         "up and at normal priority while it is behind, so the engine, the agents and the recorder go first "
         "(a lower p99 per call) without leaving indexing behind on a busy machine; where the system does "
         "not allow leaving SCHED_IDLE it runs as 'low' (nice +10); 'normal' never lowers it")
+    prompt_cache_mb: float = Field(
+        64.0, ge=0, description="Recent prompts (MiB, all sessions together) kept whole between calls to speed up "
+        "the next: each session's last prompt text and ids (parsed only past them) and its chain tips' prompts "
+        "(compared with bytes). Past it the sessions that called least recently keep digests instead "
+        "(upstream/span_budget.py): only speed depends on it, never what is recorded")
+    store_backlog_mb: float = Field(
+        16.0, gt=0, description="Unindexed journal (MiB) past which a call waits for the indexer before its record is "
+        "journalled (its reply still follows the durable write): bounds the store's disk footprint above its "
+        "content when indexing falls behind, at the agents' latency (store/backlog.py)")
     pause_wait_s: float = Field(30.0, ge=0, description="How long a call waits for a paused engine before 503")
     retry_after_s: int = Field(2, ge=1, description="Retry-After sent with recorder-made 503s")
     close_grace_s: float = Field(10.0, ge=0, description="How long closing a session lets its calls in flight "
@@ -115,6 +125,8 @@ class RecorderContext:
     viewer_logins: ViewerLogins = field(default_factory=ViewerLogins)
     #: the engine replicas the fence pauses and resumes (``replicas.ReplicaFence``), when there are several
     replicas: Any = None
+    #: one bound on the prompt spans every session's ``PromptIdsReader`` keeps (``span_budget.py``)
+    span_budget: SpanBudget = field(default_factory=SpanBudget)
 
     def upstream_for(self, name: str | None) -> Upstream | None:
         return self.upstreams.get(name or "default")

@@ -270,7 +270,7 @@ def read_prompt_ids(flow: Flow) -> None:
     if flow.reply.prompt_span is None:
         return
     if flow.session.prompt_ids is None:
-        flow.session.prompt_ids = PromptIdsReader()
+        flow.session.prompt_ids = PromptIdsReader(flow.ctx.span_budget)
     flow.prompt_ids = flow.session.prompt_ids.take(flow.reply)
 
 

@@ -10,15 +10,17 @@ Split from ``flow.py`` so that file reads as the call's path, and this one as wh
 from __future__ import annotations
 
 import time
+from array import array
 from typing import TYPE_CHECKING, Any
 
 from openenv_harness.contract import SCHEMA_VERSION
 from openenv_harness.recorder import budget
 from openenv_harness.recorder.drift_cause import break_cause, drift_cause, turn_view
 from openenv_harness.recorder.errors import AgentError, session_closed
-from openenv_harness.recorder.fidelity import FidelityTracker
+from openenv_harness.recorder.fidelity import FidelityTracker, Transition
 from openenv_harness.recorder.prompt_mode import strategy_for
 from openenv_harness.recorder.provenance import call_provenance
+from openenv_harness.recorder.restore import read_tip_prompts
 from openenv_harness.recorder.store.base import PendingRecord, SessionSealed
 from openenv_harness.recorder.validate import Evidence, agent_view, extract_evidence
 
@@ -94,9 +96,7 @@ async def record(flow: Flow) -> None:
         await _record_aborted(flow, ev, md, status)
         return
     if flow.call_kind == "agent" and ev.prompt_ids is not None and ev.completion_ids is not None:
-        if session.fidelity is None:
-            session.fidelity = FidelityTracker()
-        transition = session.fidelity.observe(md["node_id"], ev.prompt_ids, ev.completion_ids)
+        transition = await _observe_fidelity(flow, md["node_id"], ev.prompt_ids, ev.completion_ids)
         md["fidelity"] = transition.as_dict()
         if transition.fidelity != "root":
             flow.ctx.metrics.transitions.labels(transition.fidelity).inc()
@@ -128,7 +128,9 @@ async def record(flow: Flow) -> None:
         metadata=md,
         created_at=time.time(),
     )
-    await store_record(flow, pending)
+    seq = await store_record(flow, pending)
+    if session.fidelity is not None and "fidelity" in md:
+        session.fidelity.placed(md["node_id"], seq)  # its prompt can be read back from here on
     flow.ctx.metrics.records.inc()
     flow.ctx.metrics.calls.labels(flow.call_kind, status).inc()
     if not ev.valid:
@@ -217,12 +219,29 @@ async def _record_aborted(flow: Flow, ev: Evidence, md: dict[str, Any], status: 
                      headers={"retry-after": str(flow.ctx.config.retry_after_s)})
 
 
-async def store_record(flow: Flow, pending: PendingRecord) -> None:
+async def _observe_fidelity(flow: Flow, node_id: str, prompt: array, completion: array) -> Transition:
+    """The session's tracker (under the recorder's budget) classifies the call; a break against tips
+    it sketched while the session was idle first reads those tips' prompts back (``fidelity.py``)."""
+    session = flow.session
+    if session.fidelity is None:
+        session.fidelity = FidelityTracker(budget=flow.ctx.span_budget)
+    elif session.fidelity.budget is None:  # rebuilt after a restart
+        session.fidelity.budget = flow.ctx.span_budget
+    prompts: dict[str, bytes] = {}
+    for _ in range(3):  # a concurrent call of the session may sketch or replace tips meanwhile
+        need = {n: s for n, s in session.fidelity.prompts_needed(prompt).items() if n not in prompts}
+        if not need:
+            break
+        prompts.update(await read_tip_prompts(flow.ctx.store, session.id, need))
+    return session.fidelity.observe(node_id, prompt, completion, prompts)
+
+
+async def store_record(flow: Flow, pending: PendingRecord) -> int:
     """Make the record durable. If storage fails, the agent gets a retryable error, never a reply
     whose record might be lost (D14); the engine's sample is dropped with it. A closed session's
     records are final: the store refuses the append (``RecordStore.seal``)."""
     try:
-        await flow.ctx.store.append(pending)
+        seq = await flow.ctx.store.append(pending)
     except SessionSealed:
         raise session_closed(flow.session, in_flight=True) from None
     except Exception as exc:  # noqa: BLE001 -- any storage failure means "not durable"
@@ -232,6 +251,7 @@ async def store_record(flow: Flow, pending: PendingRecord) -> None:
                          type="server_error", code="store_unavailable",
                          headers={"retry-after": str(flow.ctx.config.retry_after_s)}) from None
     flow.stored = True
+    return seq
 
 
 def _unnumber(flow: Flow, pending: PendingRecord) -> None:

@@ -45,6 +45,8 @@ def rebuild(records: Iterable[dict[str, Any]]) -> tuple[FidelityTracker | None, 
         if md.get("fidelity") is not None:  # the tracker observed exactly these calls
             tracker.observe(str(md.get("node_id")), array("I", record.get("prompt_token_ids") or []),
                             array("I", record.get("completion_token_ids") or []))
+            if md.get("seq") is not None:
+                tracker.placed(str(md.get("node_id")), int(md["seq"]))
         dialect = _DIALECTS.get(md.get("dialect"))
         if dialect is not None and md.get("error") is None and md.get("status") != "failed":
             dialect.remember(record, memory)  # a reply the agent was handed
@@ -82,3 +84,39 @@ async def _restore(store: RecordStore, session: LiveSession) -> None:
     if session.dialect_memory is None:
         session.dialect_memory = memory
     session.restore_pending = False
+
+
+async def read_tip_prompts(store: RecordStore, session_id: str, need: dict[str, int]) -> dict[str, bytes]:
+    """Sketched chain tips' prompts, read back from their records: ``{node_id: prompt bytes}``.
+
+    Why: a tracker under the recorder's budget keeps an idle session's tips as digests
+    (``fidelity.py``); a break whose divergence lies inside one of their blocks needs the prompt
+    whole to say where, exactly as before. Rare (a break, in a session that was idle), so one read
+    per tip, by its record's seq. A tip that cannot be read is left out: its divergence position is
+    then the start of the block where the prompts part -- the class and the parent stay right.
+    """
+    out: dict[str, bytes] = {}
+    try:
+        await store.caught_up()
+        for node_id, seq in need.items():
+            try:
+                record = await asyncio.to_thread(_first_record, store, session_id, seq)
+            except NotImplementedError:  # a backend that cannot stream
+                records = await store.read_records(session_id, after_seq=seq - 1)
+                record = records[0] if records else None
+            md = (record or {}).get("metadata") or {}
+            if record is not None and md.get("node_id") == node_id:
+                out[node_id] = array("I", record.get("prompt_token_ids") or []).tobytes()
+    except Exception:  # noqa: BLE001 -- the call still serves; its divergence is then block-aligned
+        log.warning("recorder: could not read session %s's chain tips back", session_id, exc_info=True)
+    return out
+
+
+def _first_record(store: RecordStore, session_id: str, seq: int) -> dict[str, Any] | None:
+    records = store.iter_records(session_id, after_seq=seq - 1)
+    try:
+        return next(iter(records), None)
+    finally:
+        close = getattr(records, "close", None)
+        if close is not None:
+            close()

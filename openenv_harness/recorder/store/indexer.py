@@ -76,6 +76,9 @@ class ThreadIndexer:
     def backlog(self) -> int:
         return self._queue.qsize()
 
+    def hurry(self) -> None:
+        """Someone waits for the backlog to shrink: a thread runs at the recorder's priority already."""
+
     @property
     def failed(self) -> str | None:
         return None
@@ -213,10 +216,17 @@ class ProcessIndexer:
         for i in range(0, len(out), CHILD_MAX_BATCH):
             self._send(out[i : i + CHILD_MAX_BATCH])
         if self._adaptive and out:
-            if self._appends_pending > MAX_BACKLOG or any(m[4] for m in out):
-                self._wake_child(0)  # appends are held back, or someone waits: as high as the recorder
+            if self.store.backlog.over() or any(m[4] for m in out):
+                self._wake_child(0)  # replies are held back (records or bytes), or someone waits: as high as the recorder
             elif self._appends_pending >= CHILD_MAX_BATCH:
                 self._wake_child(NICENESS)  # a batch behind: catch up, still after a waking call
+
+    def hurry(self) -> None:
+        """An append waits for room in the backlog (``backlog.py``): raise an ``idle`` child now --
+        nothing else may be sent to it that would."""
+        if self._adaptive:
+            with self._lock:
+                self._wake_child(0)
 
     def _wake_child(self, below: int) -> None:
         """Raise an ``idle`` index process to the normal policy, ``below`` nice steps under the recorder.

@@ -30,12 +30,14 @@ from typing import Any, Iterator
 
 import orjson
 
-from openenv_harness.recorder.fidelity import common_prefix_len
 from openenv_harness.recorder.store import blocks
+from openenv_harness.recorder.store.backlog import MAX_BACKLOG_BYTES, AppendBacklog
 from openenv_harness.recorder.store.base import PendingRecord, RecordStore, SessionRow, SessionSealed
 from openenv_harness.recorder.store.index_priority import PRIORITIES
 from openenv_harness.recorder.store.indexer import MAX_BACKLOG as _MAX_BACKLOG
 from openenv_harness.recorder.store.indexer import IndexerFailed, ProcessIndexer, ThreadIndexer, make_indexer
+from openenv_harness.recorder.store.prompt_sketch import PromptSketch, block_digests
+from openenv_harness.recorder.store.prompt_sketch import prompt_delta as _prompt_delta
 from openenv_harness.recorder.store.journal import (SEGMENT_BYTES, Journal, decode_record, decode_session,
                                                     encode_record, encode_session)
 
@@ -108,12 +110,13 @@ class SQLiteStore(RecordStore):
     """SQLite-backed ``RecordStore``. ``path`` may be ``":memory:"``-like only via a temp file.
 
     ``indexer``: ``"thread"`` (default) or ``"process"`` -- where records are indexed into SQLite
-    (``indexer.py``; the recorder uses a process).
+    (``indexer.py``; the recorder uses a process). ``max_backlog_bytes``: unindexed journal bytes
+    past which an append waits for the indexer before journalling (``backlog.py``).
     """
 
     def __init__(self, path: str | Path, *, synchronous: str = "NORMAL", indexer: str = "thread",
                  index_priority: str = "idle", wal_limit_bytes: int = WAL_LIMIT_BYTES,
-                 journal_segment_bytes: int = SEGMENT_BYTES) -> None:
+                 journal_segment_bytes: int = SEGMENT_BYTES, max_backlog_bytes: int = MAX_BACKLOG_BYTES) -> None:
         if synchronous.upper() not in {"NORMAL", "FULL", "EXTRA"}:
             raise ValueError("synchronous must be NORMAL, FULL or EXTRA")
         if indexer not in {"thread", "process"}:
@@ -146,9 +149,9 @@ class SQLiteStore(RecordStore):
         self._indexed_through = 0
         #: per seq: ("append", where it lies in the journal) or ("session", the row), for ``recover``
         self._unindexed: dict[int, tuple[str, Any]] = {}
-        #: appends held back by the backlog: (loop, future), woken together once it is under the limit
-        self._drain_lock = threading.Lock()
-        self._drain_waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future]] = []
+        #: appends journalled and not yet indexed, in records and bytes; replies wait past its bounds
+        self.backlog = AppendBacklog(max_records=_MAX_BACKLOG, max_bytes=max_backlog_bytes,
+                                     records=lambda: self._indexer.backlog() if self._indexer is not None else 0)
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -239,7 +242,7 @@ class SQLiteStore(RecordStore):
         self._closed = True
         if self._indexer is not None:
             finished = self._indexer.stop(timeout_s=30)
-            self._wake_drained(always=True)  # whatever is left is in the journal: nobody waits on a closed store
+            self.backlog.wake(always=True)  # whatever is left is in the journal: nobody waits on a closed store
             self._stop_checkpoints.set()
             self._checkpointer.join(timeout=30)
             # every record reached SQLite unless the indexer failed one: then the journal keeps it
@@ -265,15 +268,32 @@ class SQLiteStore(RecordStore):
     async def append(self, record: PendingRecord) -> int:
         """Journal the record (durable when this returns) and hand it to the indexer.
 
-        When the indexer is behind by more than ``_MAX_BACKLOG`` records, the call then waits until
-        it is back within that -- the next acknowledgement that brings the backlog down, not this
-        record's own commit: under overload every call is slowed a little, in arrival order,
-        instead of a few calls each waiting for the whole backlog ahead of them.
+        Two bounds on the indexer's lag (``backlog.py``). Bytes: the frame is journalled only once
+        the unindexed journal has room for it (``max_backlog_bytes``), first come first served, so
+        the journal on disk stays near that bound. Records: when the indexer is behind by more than
+        ``_MAX_BACKLOG``, the call waits after journalling until it is back within that -- the next
+        acknowledgement that brings the backlog down, not this record's own commit: under overload
+        every call is slowed a little, in arrival order, instead of a few calls each waiting for
+        the whole backlog ahead of them. Either way the reply follows the journal write.
         """
         if self._closed or self._indexer is None:
             raise RuntimeError("store is closed")
-        seq = await self._journal(record, encode_record(record), "append")
-        drained = self._hold_if_behind()
+        parts = encode_record(record)
+        nbytes = sum(len(p) for p in parts)  # the frame's payload, as ``Journal.append`` reports it
+        room = self.backlog.reserve(nbytes)
+        if room is not None:
+            self._indexer.hurry()
+            try:
+                await asyncio.shield(room)
+            except asyncio.CancelledError:  # the caller went: whenever the room comes, give it back
+                room.add_done_callback(lambda _: self.backlog.release(nbytes))
+                raise
+        try:
+            seq = await self._journal(record, parts, "append")
+        except Exception:
+            self.backlog.release(nbytes)  # not written: nothing of it waits for the indexer
+            raise
+        drained = self.backlog.hold()
         if drained is not None:
             await asyncio.shield(drained)
         return seq
@@ -296,30 +316,6 @@ class SQLiteStore(RecordStore):
             arg = (seq, item, where) if name == "append" else (seq, item)
             self._indexer.submit((name, arg, None, None))
         return seq
-
-    def _hold_if_behind(self) -> asyncio.Future | None:
-        """A future resolved once the backlog is down to ``_MAX_BACKLOG`` again, or None if it is now.
-        Checked and registered under the lock ``_committed`` wakes under, so no wake-up is missed."""
-        assert self._indexer is not None
-        with self._drain_lock:
-            if self._indexer.backlog() <= _MAX_BACKLOG:  # this record included
-                return None
-            loop = asyncio.get_running_loop()
-            fut = loop.create_future()
-            self._drain_waiters.append((loop, fut))
-            return fut
-
-    def _wake_drained(self, *, always: bool = False) -> None:
-        with self._drain_lock:
-            if not self._drain_waiters or not (always or self._indexer is None
-                                               or self._indexer.backlog() <= _MAX_BACKLOG):
-                return
-            waiters, self._drain_waiters = self._drain_waiters, []
-        for loop, fut in waiters:
-            try:
-                loop.call_soon_threadsafe(_resolve, fut, None, None)
-            except RuntimeError:
-                pass  # that event loop is closed: nobody is waiting any more
 
     async def caught_up(self) -> None:
         """Return once every record appended so far is in SQLite (what readers wait for).
@@ -411,10 +407,12 @@ class SQLiteStore(RecordStore):
                     self._unindexed.pop(seq, None)  # a record ``recover`` sent again is indexed now
                     if name == "append":
                         self._records_written += 1
+                if name == "append" and arg[2] is not None:
+                    self.backlog.release(arg[2][2])  # finished with, either way (a failed one stays journalled)
                 self._indexed_through = max(self._indexed_through, seq)
         floor = min(self._unindexed) - 1 if self._unindexed else self._indexed_through
         self.journal.release(floor)
-        self._wake_drained()
+        self.backlog.wake()
         for _, _, waiter, loop, value, error in done:
             if loop is not None:
                 loop.call_soon_threadsafe(_resolve, waiter, value, error)
@@ -454,7 +452,8 @@ class SQLiteStore(RecordStore):
         if rec.prompt_ids is not None:
             prompt_len = len(rec.prompt_ids)
             prompt_bytes = blocks.ids_to_bytes(rec.prompt_ids)
-            prompt_delta = _prompt_delta(tail.prompts, prompt_bytes)
+            digests = block_digests(prompt_bytes)
+            prompt_delta = _prompt_delta(tail.prompts, prompt_bytes, digests)
 
         request = dict(rec.request)
         msgs_delta: tuple[int | None, int, bytes | None] = (None, 0, None)
@@ -502,7 +501,7 @@ class SQLiteStore(RecordStore):
             ),
         )
         if prompt_bytes is not None:
-            tail.prompts.insert(0, (seq, prompt_bytes))
+            tail.prompts.insert(0, PromptSketch(seq, prompt_bytes, digests))
             del tail.prompts[_PROMPT_BASES:]
         if new_msgs is not None:
             tail.msgs_seq, tail.msgs = seq, new_msgs
@@ -718,6 +717,7 @@ class SQLiteStore(RecordStore):
                 if what is None:
                     continue
                 if kind == "append":
+                    self.backlog.add(what[2])
                     new.submit(("append", (seq, None, what), None, None), resent=True)
                 else:  # a session row: the latest state of the session, sent again as it was
                     new.submit(("session", (seq, what), None, None), resent=True)
@@ -736,6 +736,7 @@ class SQLiteStore(RecordStore):
             "queue_depth": self._indexer.backlog() if self._indexer is not None else 0,
             "journal_backlog": max(0, self._next_seq - 1 - self._indexed_through),
             "journal_unindexed": len(self._unindexed),
+            "journal_backlog_bytes": self.backlog.bytes,
             "failure": self.failure(),
         }
 
@@ -777,8 +778,8 @@ class _Tail:
     __slots__ = ("prompts", "msgs_seq", "msgs", "known")
 
     def __init__(self) -> None:
-        #: (seq, prompt bytes) of the session's latest records: candidate bases, newest first
-        self.prompts: list[tuple[int, bytes]] = []
+        #: the session's latest records' prompts, as sketches (``prompt_sketch.py``): candidate bases, newest first
+        self.prompts: list[PromptSketch] = []
         self.msgs_seq: int | None = None
         self.msgs: list[bytes] = []
         #: blob hashes the latest record stored: not inserted again by the next one
@@ -799,20 +800,6 @@ def _delta(base_seq: int | None, base: list[bytes], new: list[bytes]) -> tuple[i
     if shared == 0:
         return None, 0, blocks.join_hashes(new)
     return base_seq, shared, blocks.join_hashes(new[shared:])
-
-
-def _prompt_delta(candidates: list[tuple[int, bytes]], prompt: bytes) -> tuple[int | None, int, bytes]:
-    """``(base_seq, shared_tokens, tail_bytes)``: the prompt as a prefix of an earlier record's prompt
-    (the candidate sharing the most tokens) plus the new tokens. A sub-agent interleaved with its
-    parent finds its own previous call among the candidates."""
-    best_seq, best = None, 0
-    for seq, earlier in candidates:
-        shared = common_prefix_len(earlier, prompt) // 4
-        if shared > best:
-            best_seq, best = seq, shared
-    if best_seq is None:
-        return None, 0, prompt
-    return best_seq, best, prompt[best * 4 :]
 
 
 class _Lists:

@@ -38,6 +38,7 @@ from openenv_harness.recorder.per_thread import per_thread
 
 if TYPE_CHECKING:
     from openenv_harness.recorder.upstream.base import UpstreamReply
+    from openenv_harness.recorder.upstream.span_budget import SpanBudget
 
 _NAME = b'"prompt_token_ids"'
 _KEY = _NAME + b":["
@@ -183,16 +184,26 @@ class PromptIdsReader:
     starts with the previous prompt's text followed by a comma. Those ids are already known and
     checked; only the rest is parsed -- about one turn's ids instead of the whole context. A span
     that extends no recent one is parsed whole. Held state is the last few spans and their ids:
-    it follows the context length, not the number of calls.
+    it follows the context length, not the number of calls; with a ``budget`` (the recorder's),
+    the spans of the sessions that called least recently are dropped past its bound
+    (``span_budget.py``) -- only speed depends on them, never the ids read.
     """
 
-    __slots__ = ("_recent",)
+    __slots__ = ("_recent", "_budget", "__weakref__")
 
     #: prompts remembered: the main chain, plus room for an auxiliary call (a title, a sub-agent)
     KEEP = 3
 
-    def __init__(self) -> None:
+    def __init__(self, budget: "SpanBudget | None" = None) -> None:
         self._recent: list[tuple[bytes, array]] = []
+        self._budget = budget
+
+    def drop_spans(self) -> None:
+        """Forget the remembered spans (the budget needs the room): the next span is parsed whole."""
+        self._recent = []
+
+    def held_bytes(self) -> int:
+        return sum(len(span) + len(ids) * ids.itemsize for span, ids in self._recent)
 
     def take(self, reply: "UpstreamReply") -> array | None:
         """The prompt ids of a reply whose transport cut out their span (None when it did not).
@@ -222,6 +233,8 @@ class PromptIdsReader:
             return None
         # the prompt it extends is superseded by this one; the others stay, most recent first
         self._recent = [(span, ids), *(r for r in self._recent if r is not base)][: self.KEEP]
+        if self._budget is not None:
+            self._budget.charge(self, self.held_bytes())
         return ids
 
     def _base(self, span: bytes) -> tuple[bytes, array] | None:

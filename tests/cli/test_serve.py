@@ -1,0 +1,26 @@
+"""``openenv-harness serve`` hands every setting to the recorder: each flag reaches the ``RecorderConfig``
+that the recorder's ``serve`` runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from openenv_harness.recorder import RecorderConfig
+
+FLAGS = ["--keep-alive-s", "12", "--backlog", "99", "--prompt-cache-mb", "3", "--store-backlog-mb", "5"]
+EXPECTED = {"keep_alive_timeout_s": 12.0, "listen_backlog": 99, "prompt_cache_mb": 3.0, "store_backlog_mb": 5.0}
+
+
+def test_the_cli_serve_command_passes_each_setting(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import openenv_harness.recorder.server as server
+    from openenv_harness.cli.app import app
+
+    seen: list[RecorderConfig] = []
+    monkeypatch.setattr(server, "serve", lambda config, **kw: seen.append(config))
+    result = CliRunner().invoke(app, ["serve", "--store", str(tmp_path / "r.db"), *FLAGS])
+    assert result.exit_code == 0, result.output
+    (config,) = seen
+    assert {k: getattr(config, k) for k in EXPECTED} == EXPECTED
