@@ -3,10 +3,10 @@
 The same recorder, the same flow: each CLI's calls reach vLLM's chat route, and what is recorded is
 what vLLM sampled -- prompt ids, sampled ids, logprobs, checked against vLLM's own replies as the
 capture proxy saw them. Sampling is pinned as for Pi and OpenCode (greedy, seeded, tool calls
-required: this 0.5B model answers in a JSON code block otherwise; 256 tokens at most). What each CLI
-sends back of the model's turn is its own: every non-root transition carries its class and a named
-cause. Claude Code's prompt is ~12k tokens (its tools' schemas): a minute of CPU prefill a call, which
-the recorder's stream keepalives carry past the CLI's five-minute idle limit.
+required: this 0.5B model answers in a JSON code block otherwise; 256 tokens at most, 64 for Claude
+Code). What each CLI sends back of the model's turn is its own: every non-root transition carries its
+class and a named cause. Claude Code's prompt is ~12k tokens (its tools' schemas): a minute of CPU
+prefill a call, which the recorder's stream keepalives carry past the CLI's five-minute idle limit.
 """
 
 from __future__ import annotations
@@ -25,6 +25,9 @@ from openenv_harness.rollout.report import run_rollout
 pytestmark = [pytest.mark.real_engine, pytest.mark.cli, pytest.mark.slow]
 
 DIALECTS = {"codex": "responses", "claude-code": "anthropic"}
+#: Claude Code's calls run to the cap whatever it is (its tool arguments are long; the cut is part of what is
+#: tested), and decoding is what a loaded CPU slows most (vLLM's threads are bound to the cores): 64 for it.
+MAX_TOKENS = {"codex": REAL_ENGINE_SAMPLING["max_tokens"], "claude-code": 64}
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +44,7 @@ def dialect_rollouts(vllm, tmp_path_factory) -> dict[str, Any]:
             factory = HarnessSessionFactory(harness=harness, recorder_url=stack.recorder.url, admin_token=ADMIN,
                                             model=MODEL, tasks={"fix-add": BUILTIN_TASKS["fix-add"]},
                                             budgets={"max_agent_calls": AGENT_CALLS, "max_wall_clock_s": 400},
-                                            sampling=dict(REAL_ENGINE_SAMPLING))
+                                            sampling={**REAL_ENGINE_SAMPLING, "max_tokens": MAX_TOKENS[harness]})
             report, session = run_rollout(factory, "fix-add", timeout_s=450)
             assert session is not None, report.error
             records = stack.admin.records(session.session_id)
