@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import threading
 from pathlib import Path
 
 import pytest
@@ -18,6 +17,7 @@ from openenv_harness.recorder.store.backlog import AppendBacklog
 from openenv_harness.recorder.store.journal import encode_record
 
 from test_journal import _rec
+from writer_stall import stall_writer
 
 PROMPT = 4000  # ids: a frame of ~16 KB, so a few frames pass a bound far below the 64-record one
 
@@ -30,15 +30,7 @@ async def test_appends_past_the_byte_bound_wait_for_the_indexer_and_resume_when_
     bound = int(_frame_bytes(0) * 2.5)  # two frames fit; the third is over
     store = SQLiteStore(tmp_path / "r.db", max_backlog_bytes=bound)
     store.open()
-    gate, stalled = threading.Event(), threading.Event()
-    real = store._op_append
-
-    def slow(conn, item):
-        stalled.set()
-        gate.wait(30)
-        return real(conn, item)
-
-    store._op_append = slow  # type: ignore[method-assign]
+    gate, stalled = stall_writer(store)
     try:
         await asyncio.wait_for(store.append(_rec(0, prompt_len=PROMPT)), 10)  # 1 frame: within the bound
         assert await asyncio.to_thread(stalled.wait, 10), "the writer took the first record and stalled"

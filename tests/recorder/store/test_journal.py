@@ -17,6 +17,8 @@ import pytest
 from openenv_harness.recorder.store import PendingRecord, SQLiteStore
 from openenv_harness.recorder.store.journal import Journal, JournalError, decode_record, encode_record
 
+from writer_stall import stall_writer
+
 
 def _rec(index: int, *, prompt_len: int = 300, session: str = "s") -> PendingRecord:
     prompt = array("I", [(index * 7919 + i) % 50000 for i in range(prompt_len)])
@@ -195,15 +197,7 @@ async def test_appends_wait_while_the_writer_is_far_behind(tmp_path: Path, monke
     monkeypatch.setattr(store_sqlite, "_MAX_BACKLOG", 4)
     store = SQLiteStore(tmp_path / "r.db")
     store.open()
-    gate, stalled = threading.Event(), threading.Event()
-    real = store._op_append
-
-    def slow(conn, item):
-        stalled.set()
-        gate.wait(30)
-        return real(conn, item)
-
-    store._op_append = slow  # type: ignore[method-assign]
+    gate, stalled = stall_writer(store)
     try:
         first = asyncio.create_task(store.append(_rec(0)))
         assert await asyncio.to_thread(stalled.wait, 10), "the writer took the first record and stalled"
