@@ -12,7 +12,14 @@ reconciler (``_chain_to_sequences``: fork at threshold 0, and its realign gate a
 Columns: rows (training sequences), sampled tokens trainable (of all sampled), trainable share of
 all row tokens (prompt + response, what a trainer pays for).
 
-    OPENENV_HARNESS_NODE_PREFIX=... PYTHONPATH=$PWD python benchmarks/bench_prompt_mode_causes.py [--docs]
+One cause no script on the reference engine shows: the real Qwen2.5 on the real vLLM samples the
+``<tool_call>`` tag as text pieces under ``tool_choice: "required"`` and the template re-renders it
+as the special id. ``--real-engine-port N`` runs that cause's rows instead (real Pi, the fix-add
+task, the real-engine tier's greedy sampling, 3 agent calls) against a real vLLM already serving on
+port N with ``--enable-scale-out`` (``python -m openenv_harness.engine serve --port N``).
+
+    OPENENV_HARNESS_NODE_PREFIX=... PYTHONPATH=$PWD python benchmarks/bench_prompt_mode_causes.py [--only TEXT]
+    OPENENV_HARNESS_NODE_PREFIX=... PYTHONPATH=$PWD python benchmarks/bench_prompt_mode_causes.py --real-engine-port 8012
 """
 
 from __future__ import annotations
@@ -35,7 +42,8 @@ from openenv_harness.assembly import compare_strategies  # noqa: E402
 from openenv_harness.harnesses.base import HarnessOptions  # noqa: E402
 from openenv_harness.harnesses.install import ensure_installed  # noqa: E402
 from openenv_harness.recorder import RecorderConfig, RecorderServer  # noqa: E402
-from openenv_harness.rollout import HarnessSessionFactory  # noqa: E402
+from openenv_harness.cli.stack import REAL_ENGINE_SAMPLING  # noqa: E402
+from openenv_harness.rollout import BUILTIN_TASKS, HarnessSessionFactory  # noqa: E402
 from openenv_harness.testing.engine import EngineConfig, EngineServer, Fault, Script, ToolCallSpec, Turn  # noqa: E402
 
 ADMIN = "admin-token-for-benchmarks-0123456789"
@@ -52,7 +60,7 @@ OVERFLOW = ("This model's maximum context length is 2048 tokens. However, your p
 class Case:
     cause: str
     harness: str
-    script: Script
+    script: Script | None
     engine: dict[str, Any] = field(default_factory=dict)
     factory: dict[str, Any] = field(default_factory=dict)
     fault: Fault | None = None
@@ -79,13 +87,43 @@ def cases() -> list[Case]:
     ]
 
 
+#: the cause only the real model on the real vLLM shows (no script: the model samples it)
+REAL_TAG_AS_TEXT = Case("a tag sampled as text, re-rendered as special ids (real Qwen2.5 on real vLLM)", "pi", None)
+REAL_AGENT_CALLS = 3
+
+
 def _template(name: str) -> Path:
     import trl
 
     return Path(trl.__file__).parent / "chat_templates" / name
 
 
+def _session_records(sessions: HarnessSessionFactory, task: str, timeout_s: float) -> tuple[list[dict], TrainingTrace]:
+    session = sessions.create(task)
+    try:
+        session.wait_for_completion(timeout_s=timeout_s)
+        records = session.client.records(session.session_id)
+        trace = TrainingTrace.model_validate(session.client.training_trace_json(session.session_id))
+    finally:
+        session.close()
+    return records, trace
+
+
+def real_rollout(port: int, mode: str) -> tuple[list[dict], TrainingTrace]:
+    """One real Pi rollout through the recorder in front of the real vLLM on ``port``."""
+    from openenv_harness.engine.model import QWEN25_CODER_05B
+
+    with tempfile.TemporaryDirectory() as tmp, RecorderServer(RecorderConfig(
+            store_path=f"{tmp}/r.db", engine_url=f"http://127.0.0.1:{port}", admin_token=ADMIN)) as recorder:
+        sessions = HarnessSessionFactory(harness="pi", recorder_url=recorder.url, admin_token=ADMIN,
+                                         model=QWEN25_CODER_05B.served_name, tasks={"fix-add": BUILTIN_TASKS["fix-add"]},
+                                         budgets={"max_agent_calls": REAL_AGENT_CALLS, "max_wall_clock_s": 400},
+                                         sampling=dict(REAL_ENGINE_SAMPLING), prompt_mode=mode)
+        return _session_records(sessions, "fix-add", 450)
+
+
 def rollout(case: Case, mode: str) -> tuple[list[dict], TrainingTrace]:
+    assert case.script is not None
     config = EngineConfig(chat_template=_template(case.template), **case.engine)
     with tempfile.TemporaryDirectory() as tmp, EngineServer(config) as server:
         server.set_script(MODEL, case.script)
@@ -95,14 +133,7 @@ def rollout(case: Case, mode: str) -> tuple[list[dict], TrainingTrace]:
                                            admin_token=ADMIN)) as recorder:
             sessions = HarnessSessionFactory(harness=case.harness, recorder_url=recorder.url, admin_token=ADMIN,
                                              model=MODEL, prompt_mode=mode, **case.factory)
-            session = sessions.create("write-greeting")
-            try:
-                session.wait_for_completion(timeout_s=180)
-                records = session.client.records(session.session_id)
-                trace = TrainingTrace.model_validate(session.client.training_trace_json(session.session_id))
-            finally:
-                session.close()
-    return records, trace
+            return _session_records(sessions, "write-greeting", 180)
 
 
 def measure(records: list[dict], trace: TrainingTrace) -> dict[str, Any]:
@@ -150,14 +181,20 @@ def table(results: list[tuple[Case, str, dict[str, Any]]]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--only", help="run the cases whose cause contains this text")
+    parser.add_argument("--real-engine-port", type=int, help="run the real-engine cause (a tag sampled as text) "
+                        "against the real vLLM serving on this port, instead of the scripted causes")
     args = parser.parse_args()
     ensure_installed(["pi", "opencode"])
     results = []
-    for case in cases():
+    selected = [REAL_TAG_AS_TEXT] if args.real_engine_port else cases()
+    for case in selected:
         if args.only and args.only not in case.cause:
             continue
         for mode in ("full_history", "incremental"):
-            records, trace = rollout(case, mode)
+            if case.script is None:
+                records, trace = real_rollout(args.real_engine_port, mode)
+            else:
+                records, trace = rollout(case, mode)
             m = measure(records, trace)
             results.append((case, mode, m))
             print(f"{case.cause} / {case.harness} / {mode}: {m['calls']} agent calls, "

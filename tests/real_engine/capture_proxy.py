@@ -42,6 +42,7 @@ class Exchange:
 @dataclass
 class CaptureProxy:
     upstream: str
+    hidden: frozenset[str] = frozenset()
     exchanges: list[Exchange] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _server: ThreadedServer | None = None
@@ -51,6 +52,11 @@ class CaptureProxy:
 
         async def forward(request: Request) -> Response:
             body = await request.body()
+            if request.url.path in self.hidden:
+                refusal = orjson.dumps({"detail": "Not Found"})
+                with self._lock:
+                    self.exchanges.append(Exchange(request.method, request.url.path, body, 404, refusal))
+                return Response(refusal, status_code=404, media_type="application/json")
             headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP}
             reply = await client.request(request.method, request.url.path, params=request.query_params,
                                          content=body, headers=headers)
@@ -75,8 +81,11 @@ class CaptureProxy:
             self._server.stop()
 
     def chat_exchanges(self) -> list[Exchange]:
+        return self.exchanges_on("/v1/chat/completions")
+
+    def exchanges_on(self, path: str) -> list[Exchange]:
         with self._lock:
-            return [e for e in self.exchanges if e.path == "/v1/chat/completions"]
+            return [e for e in self.exchanges if e.path == path]
 
     def clear(self) -> None:
         with self._lock:
