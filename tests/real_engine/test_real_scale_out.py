@@ -6,6 +6,7 @@ import httpx
 import pytest
 
 from openenv_harness.engine import VLLMServer
+from openenv_harness.recorder.id_sampling import as_generate_response
 from openenv_harness.testing.engine import EngineServer
 from openenv_harness.testing.engine.scale_out_probe import run_probe, shape
 
@@ -24,3 +25,11 @@ def test_render_generate_derender_and_id_prompts_have_vllms_shapes(vllm: VLLMSer
     # what the recorder relies on: the render's ids are what generate sampled from
     assert real["generate"]["usage"]["prompt_tokens"] == len(real["render"]["token_ids"])
     assert real["completion"]["choices"][0]["prompt_token_ids"] == real["render"]["token_ids"]
+    # what the recorder's id sampling reads from an id-prompt completion, on both engines alike
+    for engine in (real, ours):
+        choice = engine["completion"]["choices"][0]
+        assert choice["logprobs"]["tokens"] == [f"token_id:{t}" for t in choice["token_ids"]]
+        generated = as_generate_response(engine["completion"])
+        assert generated is not None and generated["choices"][0]["token_ids"] == choice["token_ids"]
+        assert [e["logprob"] for e in generated["choices"][0]["logprobs"]["content"]] == \
+            choice["logprobs"]["token_logprobs"]

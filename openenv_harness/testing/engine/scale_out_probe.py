@@ -12,6 +12,8 @@ from typing import Any
 
 import httpx
 
+from openenv_harness.recorder.id_sampling import completion_body
+
 PROBE_TOOLS = [{"type": "function", "function": {
     "name": "bash", "description": "Run a shell command.",
     "parameters": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}}]
@@ -46,8 +48,9 @@ def run_probe(client: httpx.Client, model: str, max_tokens: int = 4) -> dict[str
     derendered = client.post("/v1/chat/completions/derender",
                              json={"generate_response": g, "prompt_token_ids": r["token_ids"], "chat_request": chat})
     derendered.raise_for_status()
-    completed = client.post("/v1/completions", json={"model": model, "prompt": r["token_ids"], "max_tokens": 2,
-                                                     "logprobs": 0, "return_token_ids": True})
+    # the body the recorder's id sampling sends (ids back, tokens spelled token_id:N), 2 tokens long
+    completed = client.post("/v1/completions",
+                            json=completion_body(r["token_ids"], {**r["sampling_params"], "max_tokens": 2}, model))
     completed.raise_for_status()
     bad = client.post("/inference/v1/generate", json={"token_ids": []})
     return {"render": r, "generate": g, "derender": derendered.json(), "completion": completed.json(),
