@@ -10,6 +10,10 @@ generate request: 400 means the route is there, 403/404/405 that it is not) and 
 ``/v1/completions`` takes sampling fields by name, not a ``SamplingParams``; the render's parameters
 are mapped field by field. A parameter it cannot express would sample differently, so the call
 falls back to full history instead (``sampling_not_expressible``) -- never a silently different sample.
+
+On the real vLLM 0.32 the completion reply gives all of it (``prompt_token_ids`` echoed, ``token_ids``,
+``token_id:N`` tokens with their logprobs; ``tests/real_engine/test_real_id_prompts.py``) but not
+generate's per-token ``weight_versions``: records sampled there carry no ``metadata.weight_versions``.
 """
 
 from __future__ import annotations
