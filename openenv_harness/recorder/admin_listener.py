@@ -1,0 +1,89 @@
+"""The admin listener: session create and close on a port of their own, off the chat loop.
+
+Why: every admin route on the main port runs on the event loop that serves the agents' calls, and
+each ``await`` on its path waits a full pass of that loop -- at 64 busy sessions a create took
+150-250 ms (docs/benchmarks.md, "Admin calls under load"), while a trainer starts a group of
+rollouts at once. Here a second uvicorn server runs on its own thread and event loop
+(``RecorderConfig.admin_port``), with the same routes' code and the same admin token:
+
+- create runs here whole: the registry's maps take a lock (``SessionRegistry``), the journal write
+  is under the store's append lock, and the indexer sends at once from a loop not its home one.
+  Only a template probe (a stale probe, a trainer fingerprint to confirm) is the engine's business
+  and hops to the chat loop (``RecorderContext.on_chat_loop``).
+- close runs here when the session has no call in flight (a trainer's usual case: it closes
+  rollouts that finished); a session with calls in flight hops to the chat loop, which cancels and
+  waits for them as before (``SessionRegistry.close``).
+- reading one session's summary is served too (it is a dict read); every other route stays on the
+  main port only, which keeps all of them as they were.
+
+The interpreter lock is shared: this thread runs when the chat thread lets go of it, at its next
+blocking call or after ``sys.getswitchinterval()`` -- measured, not assumed (the benchmark page).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Depends, FastAPI, Request
+from starlette.responses import Response
+
+from openenv_harness.recorder import admin
+from openenv_harness.recorder.context import RecorderContext
+from openenv_harness.recorder.error_handlers import install_error_handlers
+from openenv_harness.recorder.errors import error_response
+
+#: (method, path, endpoint) served here: the same functions as the main port's routes
+SERVED = (
+    ("POST", "/sessions", admin.create_session),
+    ("GET", "/sessions/{session_id}", admin.get_session),
+    ("POST", "/sessions/{session_id}/close", admin.close_session),
+    ("GET", "/listener", admin.listener),
+)
+
+
+async def _elsewhere(request: Request) -> Response:
+    return error_response(404, f"the admin listener serves session create, read and close only: send "
+                          f"{request.method} {request.url.path} to the recorder's main port", code="not_found")
+
+
+def admin_listener_app(ctx: RecorderContext, chat_port: int) -> FastAPI:
+    """The listener's ASGI app. ``chat_port``: the main port, for the base URLs it hands out."""
+    app = FastAPI(title="openenv-harness recorder admin listener", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.ctx = ctx
+    app.state.chat_port = chat_port
+    router = APIRouter(prefix="/admin", dependencies=[Depends(admin.require_admin)])
+    for method, path, endpoint in SERVED:
+        router.add_api_route(path, endpoint, methods=[method],
+                             status_code=201 if endpoint is admin.create_session else 200)
+    app.include_router(router)
+    app.add_route("/{path:path}", _elsewhere, methods=["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD"])
+    install_error_handlers(app, ctx.config)
+    return app
+
+
+class AdminListener:
+    """The listener's server on its own daemon thread (``server.ThreadedServer``), bound next to the
+    main port; started and stopped by the recorder's lifespan."""
+
+    def __init__(self, ctx: RecorderContext, *, host: str, port: int, chat_port: int) -> None:
+        from openenv_harness.recorder.server import ThreadedServer  # server.py builds the app that starts this
+
+        self.host = host
+        self._server: Any = ThreadedServer(admin_listener_app(ctx, chat_port), host=host, port=port or None,
+                                           http="httptools")
+
+    @property
+    def port(self) -> int:
+        return int(self._server.port)
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    def start(self) -> "AdminListener":
+        self._server.start()
+        return self
+
+    def stop(self) -> None:
+        self._server.stop()
