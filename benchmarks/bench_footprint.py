@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import secrets
 import shutil
 import subprocess
@@ -236,16 +237,33 @@ async def _admin_probe(url: str, admin: str, until: float, every_s: float) -> di
     return out
 
 
-def admin_part(tree: Path, a: argparse.Namespace, logs: Path) -> dict[str, Any]:
+def _load_average() -> float:
+    return os.getloadavg()[0]
+
+
+def admin_part(tree: Path, a: argparse.Namespace, logs: Path, *, listener: bool = False) -> dict[str, Any]:
+    """``listener``: the recorder runs with ``--admin-port`` and the probe creates and closes there
+    (the chat load and everything else unchanged); otherwise through the main port, as before."""
     admin = secrets.token_hex(16)
     with tempfile.TemporaryDirectory(prefix="oeh-footprint-") as tmp, \
             procs.engine_proc("chain", a.prompt, logs) as engine:
-        proxy = recorder(tree, engine.url, Path(tmp) / "store.db", admin, logs).start(timeout_s=120)
+        proc = recorder(tree, engine.url, Path(tmp) / "store.db", admin, logs)
+        switch = os.environ.get("OEH_BENCH_SWITCH_INTERVAL_S")
+        if switch:  # A/B of the interpreter's switch interval in the recorder (how long a waiting thread waits)
+            assert proc.argv[1:3] == ["-m", "openenv_harness.recorder"], proc.argv
+            proc.argv[1:3] = ["-c", f"import sys, runpy; sys.setswitchinterval({float(switch)!r}); "
+                              "sys.argv[0] = 'recorder'; runpy.run_module('openenv_harness.recorder', run_name='__main__')"]
+        admin_port = procs.free_port() if listener else None
+        if admin_port is not None:
+            proc.argv += ["--admin-port", str(admin_port)]
+        proxy = proc.start(timeout_s=120)
+        probe_url = f"http://127.0.0.1:{admin_port}" if admin_port is not None else proxy.url
+        load_before = _load_average()
         try:
             argv = _loadgen_argv(proxy.url, admin, a.prompt, a.sessions, 20, a.admin_s)
             lg = subprocess.Popen(argv, cwd=procs.ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
             time.sleep(2.0)  # the load is up
-            probe = asyncio.run(_admin_probe(proxy.url, admin, time.perf_counter() + a.admin_s - 3.0, 0.02))
+            probe = asyncio.run(_admin_probe(probe_url, admin, time.perf_counter() + a.admin_s - 3.0, 0.02))
             out, err = lg.communicate(timeout=a.admin_s + 600)
             if lg.returncode != 0:
                 raise RuntimeError(f"loadgen failed: {err.decode()[-2000:]}")
@@ -254,7 +272,8 @@ def admin_part(tree: Path, a: argparse.Namespace, logs: Path) -> dict[str, Any]:
             proxy.stop()
     load.pop("session_ids", None)
     pct = lambda xs, q: loadgen.percentile(sorted(xs), q)  # noqa: E731
-    return {"load": load, **{f"{k}_p50_ms": pct(v, 50) for k, v in probe.items()},
+    return {"load": load, "listener": listener, "switch_interval_s": float(switch) if switch else None, "load_average": [load_before, _load_average()],
+            **{f"{k}_p50_ms": pct(v, 50) for k, v in probe.items()},
             **{f"{k}_p99_ms": pct(v, 99) for k, v in probe.items()},
             **{f"{k}_max_ms": max(v) for k, v in probe.items()}, "probes": len(probe["create"])}
 
@@ -294,6 +313,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--read-turns", type=int, default=100)
     p.add_argument("--admin-s", type=float, default=20.0)
     p.add_argument("--admin-reps", type=int, default=2, help="admin cells per version, alternated")
+    p.add_argument("--admin-listener", action="store_true",
+                   help="admin part: this tree also with --admin-port, the probe on that port (alternated with the main port)")
     p.add_argument("--settle-s", type=float, default=3.0)
     p.add_argument("--chain-s", type=float, default=15.0)
     p.add_argument("--chain-reps", type=int, default=3)
@@ -347,8 +368,10 @@ def main(argv: list[str] | None = None) -> None:
             for rep in range({"admin": a.admin_reps, "chain": a.chain_reps}.get(part, 1)):
                 for name, tree in trees.items():  # alternated: baseline, this, baseline, this, ...
                     if part == "admin":
-                        runs = results["parts"].get("admin", {}).get(name, []) if rep else []
-                        keep(part, name, [*runs, admin_part(tree, a, logs)])
+                        for listener in ([rep % 2 == 1, rep % 2 == 0] if a.admin_listener and name == "this" else [False]):
+                            key = f"{name}+listener" if listener else name
+                            runs = results["parts"].get("admin", {}).get(key, [])
+                            keep(part, key, [*runs, admin_part(tree, a, logs, listener=listener)])
                     else:
                         run_part(part, name, tree)
     finally:
@@ -368,7 +391,8 @@ def render_section(results: dict[str, Any]) -> str:
     """The page's "Steady-state footprint" section from one results file (``--docs`` writes it)."""
     parts = results["parts"]
     names = [n for n in ("baseline", "this") if any(n in v for v in parts.values())]
-    label = {"baseline": f"before (`{(results.get('baseline') or '')[:7]}`)", "this": f"this tree (`{results['commit']}`)"}
+    label = {"baseline": f"before (`{(results.get('baseline') or '')[:7]}`)", "this": f"this tree (`{results['commit']}`)",
+             "this+listener": f"this tree, admin listener (`{results['commit']}`)"}
     out = ["## Steady-state footprint", "",
            f"`{results['command']}` -- each part runs the code before these changes and this tree alternately, "
            "each with a fresh lean engine and recorder (CLI defaults). Sizes in MB of 2^20 bytes.", ""]
@@ -436,14 +460,15 @@ def render_section(results: dict[str, Any]) -> str:
     if "admin" in parts:
         out += ["**Admin calls under load** (a client creates and closes a session every 20 ms while 64 sessions "
                 "run flat out, chain mode from 8k ids).", "",
-                "| version | run | create p50 / p99 / max ms | close p50 / p99 / max ms | probes | chat p50 / p99 ms | chat calls/s |",
-                "|---|---|---|---|---|---|---|"]
+                "| version | run | create p50 / p99 / max ms | close p50 / p99 / max ms | probes | chat p50 / p99 ms | chat calls/s | load |",
+                "|---|---|---|---|---|---|---|---|"]
         for key, runs in parts["admin"].items():
             for i, v in enumerate(runs if isinstance(runs, list) else [runs], 1):
                 out.append(f"| {label.get(key, key)} | {i} | {v['create_p50_ms']:.1f} / {v['create_p99_ms']:.1f} / "
                            f"{v['create_max_ms']:.1f} | {v['close_p50_ms']:.1f} / {v['close_p99_ms']:.1f} / "
                            f"{v['close_max_ms']:.1f} | {v['probes']} | {v['load']['p50_ms']:.1f} / "
-                           f"{v['load']['p99_ms']:.1f} | {v['load']['throughput']:.0f} |")
+                           f"{v['load']['p99_ms']:.1f} | {v['load']['throughput']:.0f} | "
+                           + (" → ".join(f"{x:.1f}" for x in v["load_average"]) if "load_average" in v else "-") + " |")
         out.append("")
     return "\n".join(out)
 
