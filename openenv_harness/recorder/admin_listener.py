@@ -13,8 +13,9 @@ rollouts at once. Here a second uvicorn server runs on its own thread and event 
 - close runs here when the session has no call in flight (a trainer's usual case: it closes
   rollouts that finished); a session with calls in flight hops to the chat loop, which cancels and
   waits for them as before (``SessionRegistry.close``).
-- reading one session's summary is served too (it is a dict read); every other route stays on the
-  main port only, which keeps all of them as they were.
+- reading one session's summary and ``/admin/health`` are served too (reads of dicts and counters;
+  the store's statistics use its per-thread SQLite reader); every other route stays on the main
+  port only, which keeps all of them as they were.
 
 The interpreter lock is shared: this thread runs when the chat thread lets go of it, at its next
 blocking call or after ``sys.getswitchinterval()`` -- measured, not assumed (the benchmark page).
@@ -38,11 +39,14 @@ SERVED = (
     ("GET", "/sessions/{session_id}", admin.get_session),
     ("POST", "/sessions/{session_id}/close", admin.close_session),
     ("GET", "/listener", admin.listener),
+    # what a rollout factory asks before each create (placement, the engine's context window): reads
+    # of dicts, counters and the store's own per-thread SQLite reader
+    ("GET", "/health", admin.health),
 )
 
 
 async def _elsewhere(request: Request) -> Response:
-    return error_response(404, f"the admin listener serves session create, read and close only: send "
+    return error_response(404, f"the admin listener serves session create, read and close and health only: send "
                           f"{request.method} {request.url.path} to the recorder's main port", code="not_found")
 
 

@@ -35,7 +35,7 @@ def forget_admin_listeners() -> None:
 class RecorderClient:
     """``RecorderClient(url, admin_token)``; ``transport`` is injectable like any httpx client.
 
-    Session create, read and close go to the recorder's admin listener (``RecorderConfig.admin_port``)
+    Session create, read and close, and health, go to the recorder's admin listener (``RecorderConfig.admin_port``)
     when there is one: ``admin_url`` names it, else the main port's ``GET /admin/listener`` is asked
     once per recorder per process (``discover_admin=False``: never). Everything else, and every call
     to a recorder without one, goes to the main port. A listener that refuses the connection (the
@@ -96,7 +96,7 @@ class RecorderClient:
         return self._answer(self._http.request(method, path, **kw))
 
     def _lifecycle(self, method: str, path: str, **kw: Any) -> Any:
-        """A session create, read or close: on the admin listener when there is one."""
+        """A session create, read or close, or health: on the admin listener when there is one."""
         url = self.admin_url
         if url is None:
             return self._call(method, path, **kw)
@@ -177,7 +177,7 @@ class RecorderClient:
         return self._call("POST", "/admin/policy_version", json={"version": version})
 
     def health(self) -> dict[str, Any]:
-        return self._call("GET", "/admin/health")
+        return self._lifecycle("GET", "/admin/health")
 
     def metrics_text(self) -> str:
         resp = self._http.get("/metrics")

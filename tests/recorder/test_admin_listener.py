@@ -68,6 +68,10 @@ def test_create_read_and_close_through_the_listener(stack: Any) -> None:
         other = main.create_session()
         assert main.close_session(other["session_id"])["status"] == "closed"
         assert main.health()["admin_listener"]["admin_url"] == server.admin_url
+    with RecorderClient(server.url, ADMIN, admin_url=server.admin_url) as admin:  # health, as a factory asks it
+        health = admin.health()
+        assert health["status"] == "ok" and health["sessions"] == {"closed": 2}
+        assert health["store"]["failure"] is None and health["admin_listener"]["admin_url"] == server.admin_url
 
 
 def test_the_listener_asks_for_the_same_token_and_answers_alike(stack: Any) -> None:
@@ -132,8 +136,11 @@ def test_a_close_through_the_listener_cancels_a_call_past_the_grace(stack: Any) 
 
 def test_a_call_registered_while_the_listener_closes_its_session_is_refused(stack: Any,
                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    """The interleaving the chat path re-checks for: the call passed authentication, then the close
-    began on the listener's thread and saw no call in flight, then the call registered itself."""
+    """The interleaving across the two threads: the call passed authentication, then the close began
+    on the listener's thread and saw no call in flight, then the call registered itself. The close
+    must finish while the chat loop is held (it needs nothing from that loop), and the call is refused
+    unrecorded (``handle_chat`` checks ``closing`` again once the call is registered, and the flow
+    once more before the engine)."""
     engine, server = stack
     with RecorderClient(server.url, ADMIN, admin_url=server.admin_url) as admin:
         s = admin.create_session()
@@ -195,12 +202,13 @@ def test_the_client_finds_the_listener_and_falls_back_to_the_main_port(stack: An
         s = admin.create_session()
         admin.session(s["session_id"])
         admin.close_session(s["session_id"])
+        admin.health()
         admin.records(s["session_id"])
     listener, main = server.ctx.admin_listener.port, server.port
     assert seen.ports == [("/admin/listener", main), ("/admin/sessions", listener),
                           (f"/admin/sessions/{s['session_id']}", listener),
                           (f"/admin/sessions/{s['session_id']}/close", listener),
-                          (f"/admin/sessions/{s['session_id']}/records", main)]
+                          ("/admin/health", listener), (f"/admin/sessions/{s['session_id']}/records", main)]
     seen.ports.clear()
     with RecorderClient(server.url, ADMIN, transport=seen) as admin:  # learned once per process
         admin.create_session()
