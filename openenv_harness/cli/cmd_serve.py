@@ -30,6 +30,8 @@ def serve(
                                 "net.core.somaxconn)"),
     admin_port: int = typer.Option(None, "--admin-port", help="Also serve session create and close on this port, "
                                    "off the agents' event loop (0: any free port; same host and admin token)"),
+    admin_nice: int = typer.Option(-10, "--admin-nice", help="Nice steps for the admin listener's thread relative "
+                                   "to the recorder (negative = sooner; needs CAP_SYS_NICE, else the recorder's)"),
     prompt_cache_mb: float = typer.Option(
         64.0, help="Memory (MiB) for the prompts open sessions keep to read their next call's new ids fast"),
     store_backlog_mb: float = typer.Option(
@@ -56,6 +58,7 @@ def serve(
                             public_base_url=public_base_url, max_body_bytes=max_body_mb * 1024 * 1024,
                             pause_wait_s=pause_wait_s, index_priority=index_priority,
                             keep_alive_timeout_s=keep_alive_s, listen_backlog=backlog, admin_port=admin_port,
+                            admin_nice=admin_nice,
                             store_backlog_mb=store_backlog_mb, prompt_cache_mb=prompt_cache_mb)
     typer.echo(f"recorder on http://{host}:{port}  store={store}  engine={engine_url or '-'}")
 

@@ -18,11 +18,17 @@ rollouts at once. Here a second uvicorn server runs on its own thread and event 
   port only, which keeps all of them as they were.
 
 The interpreter lock is shared: this thread runs when the chat thread lets go of it, at its next
-blocking call or after ``sys.getswitchinterval()`` -- measured, not assumed (the benchmark page).
+blocking call or after ``sys.getswitchinterval()``; and it runs ``admin_nice`` steps ahead of the
+recorder's other threads where the system allows (``raise_thread``) -- measured, not assumed
+(docs/benchmarks.md).
 """
 
 from __future__ import annotations
 
+import logging
+import os
+import sys
+import threading
 from typing import Any
 
 from fastapi import APIRouter, Depends, FastAPI, Request
@@ -32,6 +38,8 @@ from openenv_harness.recorder import admin
 from openenv_harness.recorder.context import RecorderContext
 from openenv_harness.recorder.error_handlers import install_error_handlers
 from openenv_harness.recorder.errors import error_response
+
+log = logging.getLogger(__name__)
 
 #: (method, path, endpoint) served here: the same functions as the main port's routes
 SERVED = (
@@ -65,6 +73,27 @@ def admin_listener_app(ctx: RecorderContext, chat_port: int) -> FastAPI:
     return app
 
 
+def raise_thread(thread: threading.Thread | None, steps: int) -> int | None:
+    """Move ``thread`` ``steps`` nice steps from this process's priority (Linux: each thread has its
+    own); its new nice value, or None where the system does not allow it (raising needs
+    ``CAP_SYS_NICE`` or ``RLIMIT_NICE``) -- the listener then runs at the recorder's priority.
+
+    Why: on cores kept busy by the agents, the engine and the recorder's chat thread, a thread that
+    wakes for an admin call waits for a CPU first; ahead of them it runs at once, then waits only for
+    the interpreter. It sleeps in its event loop otherwise, so it takes nothing from the chat path.
+    """
+    tid = getattr(thread, "native_id", None)
+    if not steps or tid is None or not hasattr(os, "setpriority") or sys.platform != "linux":
+        return None
+    target = max(-20, min(19, os.getpriority(os.PRIO_PROCESS, 0) + steps))
+    try:
+        os.setpriority(os.PRIO_PROCESS, tid, target)
+    except OSError as exc:
+        log.info("recorder: the admin listener runs at the recorder's priority (%s)", exc)
+        return None
+    return target
+
+
 class AdminListener:
     """The listener's server on its own daemon thread (``server.ThreadedServer``), bound next to the
     main port; started and stopped by the recorder's lifespan."""
@@ -73,6 +102,9 @@ class AdminListener:
         from openenv_harness.recorder.server import ThreadedServer  # server.py builds the app that starts this
 
         self.host = host
+        self._nice = ctx.config.admin_nice
+        #: the thread's nice value once started (None: left at the recorder's)
+        self.nice: int | None = None
         self._server: Any = ThreadedServer(admin_listener_app(ctx, chat_port), host=host, port=port or None,
                                            http="httptools")
 
@@ -87,6 +119,7 @@ class AdminListener:
 
     def start(self) -> "AdminListener":
         self._server.start()
+        self.nice = raise_thread(self._server._thread, self._nice)
         return self
 
     def stop(self) -> None:

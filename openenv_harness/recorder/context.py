@@ -61,6 +61,11 @@ class RecorderConfig(BaseModel):
         "event loop (admin_listener.py), so that they do not wait behind the agents' calls on the main port's "
         "loop; same host and admin token as the main port, which keeps every admin route. 0: any free port; "
         "None: none. GET /admin/listener on the main port names it, and RecorderClient uses it when it does")
+    admin_nice: int = Field(
+        -10, ge=-39, le=39, description="Nice steps for the admin listener's thread relative to the recorder "
+        "(Linux; negative = sooner): it wakes only for admin calls, and ahead of the agents' work it answers "
+        "them without waiting for a CPU. Needs CAP_SYS_NICE or RLIMIT_NICE to raise it; without, it runs at "
+        "the recorder's priority. 0: leave it")
     upstream_timeout_s: float = Field(600.0, gt=0)
     affinity_header: str | None = Field(
         "X-Session-ID", pattern=r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$",
