@@ -4,6 +4,8 @@ or cancels it on the chat loop; creates through both ports never collide; the cl
 
 from __future__ import annotations
 
+import os
+import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -230,3 +232,16 @@ def test_without_an_admin_port_the_client_uses_the_main_port(tmp_path: Path, eng
         assert admin.create_session()["session_id"]
         assert seen.ports == [("/admin/listener", server.port), ("/admin/sessions", server.port)]
     forget_admin_listeners()
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="per-thread nice values are Linux's")
+def test_the_listener_thread_runs_at_its_own_priority(tmp_path: Path, engine: EngineServer) -> None:
+    """Lowering a thread's priority is always allowed, so +5 shows the setting reaches the thread."""
+    config = RecorderConfig(store_path=str(tmp_path / "r.db"), engine_url=engine.url, admin_token=ADMIN,
+                            admin_port=0, admin_nice=5)
+    with RecorderServer(config) as server:
+        listener = server.ctx.admin_listener
+        tid = listener._server._thread.native_id
+        own = os.getpriority(os.PRIO_PROCESS, 0)
+        assert listener.nice == min(19, own + 5) == os.getpriority(os.PRIO_PROCESS, tid)
+        assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == own  # only that thread moved
