@@ -38,6 +38,7 @@ from openenv_harness.recorder import admin
 from openenv_harness.recorder.context import RecorderContext
 from openenv_harness.recorder.error_handlers import install_error_handlers
 from openenv_harness.recorder.errors import error_response
+from openenv_harness.recorder.request_limits import RequestLimits, check_scope
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +57,21 @@ SERVED = (
 async def _elsewhere(request: Request) -> Response:
     return error_response(404, f"the admin listener serves session create, read and close and health only: send "
                           f"{request.method} {request.url.path} to the recorder's main port", code="not_found")
+
+
+class _HeadLimits:
+    """The main port's bounds on a request's head (``request_limits.py``), before any route or auth."""
+
+    def __init__(self, app: FastAPI, limits: RequestLimits) -> None:
+        self.app, self.limits, self.state = app, limits, app.state
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            refusal = check_scope(scope, self.limits)
+            if refusal is not None:
+                await refusal.to_response()(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 def admin_listener_app(ctx: RecorderContext, chat_port: int) -> FastAPI:
@@ -105,8 +121,8 @@ class AdminListener:
         self._nice = ctx.config.admin_nice
         #: the thread's nice value once started (None: left at the recorder's)
         self.nice: int | None = None
-        self._server: Any = ThreadedServer(admin_listener_app(ctx, chat_port), host=host, port=port or None,
-                                           http="httptools")
+        app = _HeadLimits(admin_listener_app(ctx, chat_port), RequestLimits.of(ctx.config))
+        self._server: Any = ThreadedServer(app, host=host, port=port or None, http="httptools")
 
     @property
     def port(self) -> int:

@@ -94,6 +94,9 @@ def test_the_listener_asks_for_the_same_token_and_answers_alike(stack: Any) -> N
 
 def test_the_listener_serves_only_session_lifecycle(stack: Any) -> None:
     _, server = stack
+    huge = {"authorization": f"Bearer {ADMIN}", "x-pad": "p" * (server.config.max_header_bytes + 1)}
+    answers = [httpx.post(f"{root}/admin/sessions", json={}, headers=huge, timeout=30) for root in (server.url, server.admin_url)]
+    assert [a.status_code for a in answers] == [431, 431] and server.ctx.sessions.all() == []
     r = httpx.post(f"{server.admin_url}/admin/engine/pause", headers=_bearer(ADMIN), timeout=30)
     assert r.status_code == 404 and "main port" in r.json()["error"]["message"]
     assert not server.ctx.fence.state()["paused"]
