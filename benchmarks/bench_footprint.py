@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import secrets
 import shutil
 import subprocess
@@ -236,16 +237,42 @@ async def _admin_probe(url: str, admin: str, until: float, every_s: float) -> di
     return out
 
 
-def admin_part(tree: Path, a: argparse.Namespace, logs: Path) -> dict[str, Any]:
+def _load_average() -> float:
+    return os.getloadavg()[0]
+
+
+def admin_part(tree: Path, a: argparse.Namespace, logs: Path, *, listener: bool = False,
+               switch_s: str | None = None) -> dict[str, Any]:
+    """``listener``: the recorder runs with ``--admin-port`` and the probe creates and closes there
+    (the chat load and everything else unchanged); otherwise through the main port, as before.
+    ``switch_s``: the recorder's ``sys.setswitchinterval`` (None: Python's default, 5 ms)."""
     admin = secrets.token_hex(16)
     with tempfile.TemporaryDirectory(prefix="oeh-footprint-") as tmp, \
             procs.engine_proc("chain", a.prompt, logs) as engine:
-        proxy = recorder(tree, engine.url, Path(tmp) / "store.db", admin, logs).start(timeout_s=120)
+        proc = recorder(tree, engine.url, Path(tmp) / "store.db", admin, logs)
+        switch = switch_s or os.environ.get("OEH_BENCH_SWITCH_INTERVAL_S")
+        if switch:  # A/B of the interpreter's switch interval in the recorder (how long a waiting thread waits)
+            assert proc.argv[1:3] == ["-m", "openenv_harness.recorder"], proc.argv
+            proc.argv[1:3] = ["-c", f"import sys, runpy; sys.setswitchinterval({float(switch)!r}); "
+                              "sys.argv[0] = 'recorder'; runpy.run_module('openenv_harness.recorder', run_name='__main__')"]
+        admin_port = procs.free_port() if listener else None
+        if admin_port is not None:
+            proc.argv += ["--admin-port", str(admin_port)]
+        proxy = proc.start(timeout_s=120)
+        probe_url = f"http://127.0.0.1:{admin_port}" if admin_port is not None else proxy.url
+        load_before = _load_average()
         try:
             argv = _loadgen_argv(proxy.url, admin, a.prompt, a.sessions, 20, a.admin_s)
             lg = subprocess.Popen(argv, cwd=procs.ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
             time.sleep(2.0)  # the load is up
-            probe = asyncio.run(_admin_probe(proxy.url, admin, time.perf_counter() + a.admin_s - 3.0, 0.02))
+            own = os.getpriority(os.PRIO_PROCESS, 0)
+            if a.probe_nice:  # the trainer on cores of its own: its wake-ups are not part of the recorder's answer
+                os.setpriority(os.PRIO_PROCESS, 0, own + a.probe_nice)  # this thread only; the children started before
+            try:
+                probe = asyncio.run(_admin_probe(probe_url, admin, time.perf_counter() + a.admin_s - 3.0, 0.02))
+            finally:
+                if a.probe_nice:
+                    os.setpriority(os.PRIO_PROCESS, 0, own)
             out, err = lg.communicate(timeout=a.admin_s + 600)
             if lg.returncode != 0:
                 raise RuntimeError(f"loadgen failed: {err.decode()[-2000:]}")
@@ -254,7 +281,8 @@ def admin_part(tree: Path, a: argparse.Namespace, logs: Path) -> dict[str, Any]:
             proxy.stop()
     load.pop("session_ids", None)
     pct = lambda xs, q: loadgen.percentile(sorted(xs), q)  # noqa: E731
-    return {"load": load, **{f"{k}_p50_ms": pct(v, 50) for k, v in probe.items()},
+    return {"load": load, "listener": listener, "probe_nice": a.probe_nice, "switch_interval_s": float(switch) if switch else None, "load_average": [load_before, _load_average()],
+            **{f"{k}_p50_ms": pct(v, 50) for k, v in probe.items()},
             **{f"{k}_p99_ms": pct(v, 99) for k, v in probe.items()},
             **{f"{k}_max_ms": max(v) for k, v in probe.items()}, "probes": len(probe["create"])}
 
@@ -294,6 +322,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--read-turns", type=int, default=100)
     p.add_argument("--admin-s", type=float, default=20.0)
     p.add_argument("--admin-reps", type=int, default=2, help="admin cells per version, alternated")
+    p.add_argument("--switch-intervals", default=None,
+                   help="admin part: the recorder's sys.setswitchinterval values to alternate, seconds (e.g. 0.005,0.001)")
+    p.add_argument("--probe-nice", type=int, default=0,
+                   help="admin part: nice steps for the probing client's thread (e.g. -10: a trainer on cores of its own)")
+    p.add_argument("--admin-listener", action="store_true",
+                   help="admin part: this tree also with --admin-port, the probe on that port (alternated with the main port)")
     p.add_argument("--settle-s", type=float, default=3.0)
     p.add_argument("--chain-s", type=float, default=15.0)
     p.add_argument("--chain-reps", type=int, default=3)
@@ -347,8 +381,13 @@ def main(argv: list[str] | None = None) -> None:
             for rep in range({"admin": a.admin_reps, "chain": a.chain_reps}.get(part, 1)):
                 for name, tree in trees.items():  # alternated: baseline, this, baseline, this, ...
                     if part == "admin":
-                        runs = results["parts"].get("admin", {}).get(name, []) if rep else []
-                        keep(part, name, [*runs, admin_part(tree, a, logs)])
+                        modes = [rep % 2 == 1, rep % 2 == 0] if a.admin_listener and name == "this" else [False]
+                        switches = a.switch_intervals.split(",") if a.switch_intervals and name == "this" else [None]
+                        for switch in (switches if rep % 2 == 0 else switches[::-1]):
+                            for listener in modes:
+                                key = (f"{name}+listener" if listener else name) + (f"@{switch}" if switch else "")
+                                runs = results["parts"].get("admin", {}).get(key, [])
+                                keep(part, key, [*runs, admin_part(tree, a, logs, listener=listener, switch_s=switch)])
                     else:
                         run_part(part, name, tree)
     finally:
@@ -364,8 +403,32 @@ def _ratio(s: dict[str, int]) -> float:
     return (s["db"] + s["wal"] + s["journal"]) / s["logical"] if s["logical"] else float("inf")
 
 
-def render_section(results: dict[str, Any]) -> str:
-    """The page's "Steady-state footprint" section from one results file (``--docs`` writes it)."""
+def admin_table(results: dict[str, Any], *, own_command: bool = False) -> list[str]:
+    """The "Admin calls under load" table (and, for a run of its own, its command)."""
+    label = {"baseline": f"before (`{(results.get('baseline') or '')[:7]}`)", "this": f"main port (`{results['commit']}`)",
+             "this+listener": f"admin listener (`{results['commit']}`)"}
+    if not own_command:
+        label["this"] = f"this tree (`{results['commit']}`)"
+    out = ["**Admin calls under load** (a client creates and closes a session every 20 ms while 64 sessions "
+           "run flat out, chain mode from 8k ids" + (f"; `{results['command']}`, cells alternated, load = the "
+           "1-minute load average before → after each cell" if own_command else "") + ").", "",
+           "| version | run | create p50 / p99 / max ms | close p50 / p99 / max ms | probes | chat p50 / p99 ms | chat calls/s | load |",
+           "|---|---|---|---|---|---|---|---|"]
+    for key, runs in results["parts"]["admin"].items():
+        base, _, switch = key.partition("@")
+        name = label.get(base, base) + (f", switch interval {float(switch) * 1000:g} ms" if switch else "")
+        for i, v in enumerate(runs if isinstance(runs, list) else [runs], 1):
+            out.append(f"| {name} | {i} | {v['create_p50_ms']:.1f} / {v['create_p99_ms']:.1f} / "
+                       f"{v['create_max_ms']:.1f} | {v['close_p50_ms']:.1f} / {v['close_p99_ms']:.1f} / "
+                       f"{v['close_max_ms']:.1f} | {v['probes']} | {v['load']['p50_ms']:.1f} / "
+                       f"{v['load']['p99_ms']:.1f} | {v['load']['throughput']:.0f} | "
+                       + (" → ".join(f"{x:.1f}" for x in v["load_average"]) if "load_average" in v else "-") + " |")
+    return out + [""]
+
+
+def render_section(results: dict[str, Any], admin: dict[str, Any] | None = None) -> str:
+    """The page's "Steady-state footprint" section from one results file (``--docs`` writes it);
+    ``admin``: a run of the admin part of its own, whose table replaces the one in ``results``."""
     parts = results["parts"]
     names = [n for n in ("baseline", "this") if any(n in v for v in parts.values())]
     label = {"baseline": f"before (`{(results.get('baseline') or '')[:7]}`)", "this": f"this tree (`{results['commit']}`)"}
@@ -433,30 +496,25 @@ def render_section(results: dict[str, Any]) -> str:
                     f"{c['p50_ms']:.2f} / {c['p99_ms']:.2f} ({c['throughput']:.0f})" for c in cells
                     if c["prompt"] == prompt) + " |")
         out.append("")
-    if "admin" in parts:
-        out += ["**Admin calls under load** (a client creates and closes a session every 20 ms while 64 sessions "
-                "run flat out, chain mode from 8k ids).", "",
-                "| version | run | create p50 / p99 / max ms | close p50 / p99 / max ms | probes | chat p50 / p99 ms | chat calls/s |",
-                "|---|---|---|---|---|---|---|"]
-        for key, runs in parts["admin"].items():
-            for i, v in enumerate(runs if isinstance(runs, list) else [runs], 1):
-                out.append(f"| {label.get(key, key)} | {i} | {v['create_p50_ms']:.1f} / {v['create_p99_ms']:.1f} / "
-                           f"{v['create_max_ms']:.1f} | {v['close_p50_ms']:.1f} / {v['close_p99_ms']:.1f} / "
-                           f"{v['close_max_ms']:.1f} | {v['probes']} | {v['load']['p50_ms']:.1f} / "
-                           f"{v['load']['p99_ms']:.1f} | {v['load']['throughput']:.0f} |")
-        out.append("")
+    if admin is not None:  # its own run (``--admin-listener``): its own command and commit
+        out += admin_table(admin, own_command=True)
+    elif "admin" in parts:
+        out += admin_table(results)
     return "\n".join(out)
 
 
 NOTES = procs.BENCH / "footprint_notes.md"
 RESULTS = procs.BENCH / "results" / "footprint.json"
+#: ``--parts admin --admin-listener --out`` this: the admin table comes from it when it exists
+ADMIN_RESULTS = procs.BENCH / "results" / "footprint_admin.json"
 
 
 def page_section(results_path: Path = RESULTS) -> str | None:
     """The section with its notes, or None when no footprint run was kept (``docs_page.py`` asks)."""
     if not results_path.exists():
         return None
-    section = render_section(orjson.loads(results_path.read_bytes()))
+    admin = orjson.loads(ADMIN_RESULTS.read_bytes()) if ADMIN_RESULTS.exists() else None
+    section = render_section(orjson.loads(results_path.read_bytes()), admin)
     if NOTES.exists():
         section += "\n" + NOTES.read_text().strip() + "\n"
     return section

@@ -28,6 +28,10 @@ def serve(
                                        "longer than clients keep theirs (aiohttp 15 s, Node's fetch ~4 s)"),
     backlog: int = typer.Option(2048, "--backlog", help="Connections the listen socket queues (capped by "
                                 "net.core.somaxconn)"),
+    admin_port: int = typer.Option(None, "--admin-port", help="Also serve session create and close on this port, "
+                                   "off the agents' event loop (0: any free port; same host and admin token)"),
+    admin_nice: int = typer.Option(-10, "--admin-nice", help="Nice steps for the admin listener's thread relative "
+                                   "to the recorder (negative = sooner; needs CAP_SYS_NICE, else the recorder's)"),
     prompt_cache_mb: float = typer.Option(
         64.0, help="Memory (MiB) for the prompts open sessions keep to read their next call's new ids fast"),
     store_backlog_mb: float = typer.Option(
@@ -53,7 +57,8 @@ def serve(
                             engine_api_key=os.environ.get("OEH_ENGINE_API_KEY") or None,
                             public_base_url=public_base_url, max_body_bytes=max_body_mb * 1024 * 1024,
                             pause_wait_s=pause_wait_s, index_priority=index_priority,
-                            keep_alive_timeout_s=keep_alive_s, listen_backlog=backlog,
+                            keep_alive_timeout_s=keep_alive_s, listen_backlog=backlog, admin_port=admin_port,
+                            admin_nice=admin_nice,
                             store_backlog_mb=store_backlog_mb, prompt_cache_mb=prompt_cache_mb)
     typer.echo(f"recorder on http://{host}:{port}  store={store}  engine={engine_url or '-'}")
 

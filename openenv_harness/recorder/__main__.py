@@ -30,6 +30,11 @@ def main(argv: list[str] | None = None) -> None:
                    help="how long an idle agent connection stays open (longer than clients keep theirs)")
     p.add_argument("--backlog", type=int, default=RecorderConfig.model_fields["listen_backlog"].default,
                    help="connections the listen socket queues (capped by net.core.somaxconn)")
+    p.add_argument("--admin-port", type=int, default=None,
+                   help="also serve session create and close on this port, off the agents' event loop (0: any free port)")
+    p.add_argument("--admin-nice", type=int, default=RecorderConfig.model_fields["admin_nice"].default,
+                   help="nice steps for the admin listener's thread relative to the recorder (negative = sooner; "
+                        "needs CAP_SYS_NICE, else it runs at the recorder's priority)")
     p.add_argument("--prompt-cache-mb", type=float, default=RecorderConfig.model_fields["prompt_cache_mb"].default,
                    help="memory (MiB) for the prompts open sessions keep to read their next call's new ids fast")
     p.add_argument("--store-backlog-mb", type=float, default=16.0,
@@ -43,7 +48,8 @@ def main(argv: list[str] | None = None) -> None:
         public_base_url=a.public_base_url, probe_template=not a.no_probe,
         pause_wait_s=a.pause_wait_s, index_priority=a.index_priority, store_backlog_mb=a.store_backlog_mb,
         prompt_cache_mb=a.prompt_cache_mb,
-        keep_alive_timeout_s=a.keep_alive_s, listen_backlog=a.backlog,
+        keep_alive_timeout_s=a.keep_alive_s, listen_backlog=a.backlog, admin_port=a.admin_port,
+        admin_nice=a.admin_nice,
     )
     if not a.admin_token:
         from openenv_harness.recorder.auth import new_admin_token

@@ -65,7 +65,11 @@ def _session_or_404(ctx: RecorderContext, session_id: str) -> LiveSession:
 
 
 def base_url_for(ctx: RecorderContext, request: Request, session_id: str) -> str:
-    root = ctx.config.public_base_url or str(request.base_url).rstrip("/")
+    """Where the session's agent sends its calls: ``public_base_url``, else the main port as the
+    caller addressed this recorder (on the admin listener: the same host, the main port's number)."""
+    chat_port = getattr(request.app.state, "chat_port", None)
+    base = request.base_url if chat_port is None else request.base_url.replace(port=chat_port)
+    root = ctx.config.public_base_url or str(base).rstrip("/")
     return f"{root.rstrip('/')}/rollout/{session_id}/v1"
 
 
@@ -88,8 +92,23 @@ async def health(request: Request) -> Response:
     store = ctx.store.stats()
     failed = ctx.store.failure() is not None
     return _json({"status": "store_unavailable" if failed else "ok", "sessions": by_status,
-                  "fence": ctx.fence.state(), "engine": ctx.engine_info, "store": store},
+                  "fence": ctx.fence.state(), "engine": ctx.engine_info, "store": store,
+                  "admin_listener": admin_listener_info(ctx)},
                  status=503 if failed else 200)
+
+
+def admin_listener_info(ctx: RecorderContext) -> dict[str, Any]:
+    """The admin listener's port and URL as this recorder binds it (None when it has none)."""
+    listener = ctx.admin_listener
+    if listener is None:
+        return {"admin_port": None, "admin_url": None}
+    return {"admin_port": listener.port, "admin_url": listener.url}
+
+
+@router.get("/listener")
+async def listener(request: Request) -> Response:
+    """Where session create and close are served off the chat loop (``RecorderClient`` asks once)."""
+    return _json(admin_listener_info(_ctx(request)))
 
 
 @router.post("/store/recover")
@@ -149,15 +168,25 @@ async def create_session(spec: SessionSpec, request: Request) -> Response:
         session, secret = ctx.sessions.new(spec)
     except SessionError as exc:
         raise HTTPException(status_code=exc.status, detail=exc.message) from None
+    try:
+        return await _create(ctx, request, spec, session, secret)
+    finally:
+        if ctx.sessions.get(session.id) is not session:  # refused: its id is free again
+            ctx.sessions.abandon(session)
+
+
+async def _create(ctx: RecorderContext, request: Request, spec: SessionSpec, session: LiveSession,
+                  secret: str) -> Response:
     upstream = ctx.upstream_for(spec.upstream)
     if upstream is None:
         raise HTTPException(status_code=422, detail=f"unknown upstream {spec.upstream!r}")
     default = spec.upstream in (None, "default")
     if default:
-        await ctx.engine_watch.ensure_fresh(upstream)
+        if ctx.engine_watch.stale_reason() is not None:  # a probe talks to the engine: on the chat loop
+            await ctx.on_chat_loop(ctx.engine_watch.ensure_fresh(upstream))
         if spec.trainer_template_fingerprint is not None:
             # compare with what is served now, not with what was served when last probed
-            await ctx.engine_watch.confirm_fingerprint(upstream)
+            await ctx.on_chat_loop(ctx.engine_watch.confirm_fingerprint(upstream))
     info = ctx.engine_info if default else {}
     session.engine_version = info.get("version")
     session.template_fingerprint = info.get("template_fingerprint")

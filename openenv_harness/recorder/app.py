@@ -6,13 +6,13 @@ the flow reads raw bytes with orjson); the control plane uses FastAPI for typed 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from typing import Any, AsyncIterator
 
 import orjson
-from fastapi import FastAPI, HTTPException, Request
-from fastapi.exceptions import RequestValidationError
+from fastapi import FastAPI, Request
 from starlette.responses import Response
 
 from openenv_harness.recorder import admin
@@ -22,14 +22,14 @@ from openenv_harness.recorder.dialects import ANTHROPIC, CHAT_SUFFIX, RESPONSES,
 from openenv_harness.recorder.dialects.anthropic import anthropic_models
 from openenv_harness.recorder.dialects.count_tokens import count_tokens_route
 from openenv_harness.recorder.engine_watch import EngineWatch
-from openenv_harness.recorder.errors import AgentError, body_too_large, error_response
+from openenv_harness.recorder.error_handlers import install_error_handlers
+from openenv_harness.recorder.errors import AgentError, body_too_large
 from openenv_harness.recorder.fence import Fence
 from openenv_harness.recorder.flow import authenticate, handle_chat
 from openenv_harness.recorder.metrics import RecorderMetrics
 from openenv_harness.recorder.request_limits import RequestLimits, check_scope
 from openenv_harness.recorder.sessions import SessionRegistry
 from openenv_harness.recorder.store.base import RecordStore
-from openenv_harness.recorder.store.indexer import IndexerFailed
 from openenv_harness.recorder.store.sqlite import SQLiteStore
 from openenv_harness.recorder.upstream.base import Upstream, UpstreamFailure
 from openenv_harness.recorder.replicas import ReplicaFence
@@ -176,6 +176,18 @@ class RecorderApp:
         return await handle_chat(ctx, session_id, headers, b"".join(chunks), dialect)
 
 
+def _start_admin_listener(ctx: RecorderContext) -> None:
+    """Start ``RecorderConfig.admin_port``'s listener next to the main one (``admin_listener.py``)."""
+    from openenv_harness.recorder.admin_listener import AdminListener
+
+    if ctx.listen is None:
+        raise RuntimeError("admin_port needs the recorder's own server (server.serve or RecorderServer): it binds "
+                           "the admin listener next to the main port")
+    host, chat_port = ctx.listen
+    ctx.admin_listener = AdminListener(ctx, host=host, port=ctx.config.admin_port or 0, chat_port=chat_port).start()
+    log.info("recorder: admin listener on %s (session create and close)", ctx.admin_listener.url)
+
+
 def create_recorder_app(
     config: RecorderConfig,
     *,
@@ -211,6 +223,7 @@ def create_recorder_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        ctx.sessions.loop = asyncio.get_running_loop()  # the chat loop
         ctx.store.open()
         loaded = ctx.sessions.load()
         if loaded:
@@ -218,9 +231,14 @@ def create_recorder_app(
         for upstream in ctx.upstreams.values():
             await upstream.start()
         await ctx.engine_watch.ensure_fresh(ctx.upstream_for(None))
+        if config.admin_port is not None:
+            await asyncio.to_thread(_start_admin_listener, ctx)
         try:
             yield
         finally:
+            if ctx.admin_listener is not None:  # before the store closes: it may be writing a session
+                await asyncio.to_thread(ctx.admin_listener.stop)
+                ctx.admin_listener = None
             for upstream in ctx.upstreams.values():
                 await upstream.aclose()
             if ctx.replicas is not None:
@@ -243,35 +261,6 @@ def create_recorder_app(
     app.include_router(admin.metrics_router)
     app.include_router(viewer_router)
 
-    @app.exception_handler(HTTPException)
-    async def http_error(request: Request, exc: HTTPException) -> Response:
-        kind = "authentication_error" if exc.status_code == 401 else "invalid_request_error"
-        return error_response(exc.status_code, str(exc.detail), type=kind)
-
-    @app.exception_handler(404)
-    async def not_found(request: Request, exc: Exception) -> Response:
-        detail = getattr(exc, "detail", None)
-        if isinstance(detail, str) and detail != "Not Found":  # a route's own 404 ("no session ...")
-            return error_response(404, detail, code="not_found")
-        return error_response(404, f"no route {request.method} {request.url.path}", code="not_found")
-
-    @app.exception_handler(IndexerFailed)
-    async def store_failed(request: Request, exc: IndexerFailed) -> Response:
-        # a control-plane write (a session created or closed) while the store cannot take it
-        return error_response(503, f"the record store cannot accept writes ({exc}); retry shortly",
-                              type="server_error", code="store_unavailable",
-                              headers={"retry-after": str(config.retry_after_s)})
-
-    @app.exception_handler(RequestValidationError)
-    async def invalid_request(request: Request, exc: RequestValidationError) -> Response:
-        parts = []
-        for err in exc.errors()[:5]:
-            where = ".".join(str(x) for x in err.get("loc", ()) if x != "body")
-            parts.append(f"{where}: {err.get('msg')}" if where else str(err.get("msg")))
-        return error_response(422, "invalid request: " + "; ".join(parts), code="validation_error")
-
-    @app.exception_handler(405)
-    async def not_allowed(request: Request, exc: Exception) -> Response:
-        return error_response(405, f"method {request.method} not allowed on {request.url.path}", code="method_not_allowed")
+    install_error_handlers(app, config)
 
     return RecorderApp(app)

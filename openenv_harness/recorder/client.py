@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import httpx
@@ -19,19 +20,71 @@ class RecorderAPIError(RuntimeError):
 WAIT_PAUSE_TIMEOUT_S = 630.0
 
 
+#: main port URL -> its admin listener's URL (None: it has none), learned once per process: clients
+#: are made per rollout, and each asking the main port again would wait behind the agents' calls
+_ADVERTISED: dict[str, str | None] = {}
+_ADVERTISED_LOCK = threading.Lock()
+
+
+def forget_admin_listeners() -> None:
+    """Drop what was learned about recorders' admin listeners (a recorder restarted elsewhere)."""
+    with _ADVERTISED_LOCK:
+        _ADVERTISED.clear()
+
+
 class RecorderClient:
-    """``RecorderClient(url, admin_token)``; ``transport`` is injectable like any httpx client."""
+    """``RecorderClient(url, admin_token)``; ``transport`` is injectable like any httpx client.
+
+    Session create, read and close, and health, go to the recorder's admin listener (``RecorderConfig.admin_port``)
+    when there is one: ``admin_url`` names it, else the main port's ``GET /admin/listener`` is asked
+    once per recorder per process (``discover_admin=False``: never). Everything else, and every call
+    to a recorder without one, goes to the main port. A listener that refuses the connection (the
+    recorder restarted without it) is forgotten and the call goes to the main port.
+    """
 
     def __init__(self, base_url: str, admin_token: str, *, timeout_s: float = 60.0,
-                 transport: httpx.BaseTransport | None = None) -> None:
+                 transport: httpx.BaseTransport | None = None, admin_url: str | None = None,
+                 discover_admin: bool = True) -> None:
         self.base_url = base_url.rstrip("/")
-        self._http = httpx.Client(
-            base_url=self.base_url, headers={"authorization": f"Bearer {admin_token}"},
-            timeout=timeout_s, transport=transport,
-        )
+        self._token, self._timeout_s, self._transport = admin_token, timeout_s, transport
+        self._http = self._client(self.base_url)
+        self._admin_url = admin_url.rstrip("/") if admin_url else None
+        self._discover = discover_admin and admin_url is None
+        self._admin: httpx.Client | None = None
+
+    def _client(self, url: str) -> httpx.Client:
+        return httpx.Client(base_url=url, headers={"authorization": f"Bearer {self._token}"},
+                            timeout=self._timeout_s, transport=self._transport)
+
+    @property
+    def admin_url(self) -> str | None:
+        """The admin listener this client sends session create, read and close to (None: the main port)."""
+        if self._discover:
+            self._discover = False
+            self._admin_url = self._advertised()
+        return self._admin_url
+
+    def _advertised(self) -> str | None:
+        with _ADVERTISED_LOCK:
+            if self.base_url in _ADVERTISED:
+                return _ADVERTISED[self.base_url]
+        try:
+            resp = self._http.get("/admin/listener")
+            if resp.status_code not in (200, 404):  # 404: a recorder from before the admin listener
+                return None  # not learned (a wrong token, a failing recorder): asked again by the next client
+            port = resp.json().get("admin_port") if resp.status_code == 200 else None
+        except (httpx.HTTPError, ValueError, AttributeError):
+            return None
+        # the main port's host as this client reaches it (the listener binds the same address)
+        url = str(httpx.URL(self.base_url).copy_with(port=int(port), path="")).rstrip("/") if port else None
+        with _ADVERTISED_LOCK:
+            _ADVERTISED[self.base_url] = url
+        return url
 
     def close(self) -> None:
         self._http.close()
+        if self._admin is not None:
+            self._admin.close()
 
     def __enter__(self) -> "RecorderClient":
         return self
@@ -40,7 +93,27 @@ class RecorderClient:
         self.close()
 
     def _call(self, method: str, path: str, **kw: Any) -> Any:
-        resp = self._http.request(method, path, **kw)
+        return self._answer(self._http.request(method, path, **kw))
+
+    def _lifecycle(self, method: str, path: str, **kw: Any) -> Any:
+        """A session create, read or close, or health: on the admin listener when there is one."""
+        url = self.admin_url
+        if url is None:
+            return self._call(method, path, **kw)
+        if self._admin is None:
+            self._admin = self._client(url)
+        try:
+            resp = self._admin.request(method, path, **kw)
+        except httpx.ConnectError:  # nothing was sent: the main port serves it, and later calls
+            with _ADVERTISED_LOCK:
+                if _ADVERTISED.get(self.base_url) == url:
+                    del _ADVERTISED[self.base_url]
+            self._admin_url = None
+            return self._call(method, path, **kw)
+        return self._answer(resp)
+
+    @staticmethod
+    def _answer(resp: httpx.Response) -> Any:
         if resp.status_code >= 400:
             try:
                 detail = resp.json().get("error", {}).get("message") or resp.text
@@ -51,10 +124,10 @@ class RecorderClient:
 
     def create_session(self, **spec: Any) -> dict[str, Any]:
         """Returns ``{session_id, secret, base_url, template_status, ...}``."""
-        return self._call("POST", "/admin/sessions", json=spec)
+        return self._lifecycle("POST", "/admin/sessions", json=spec)
 
     def session(self, session_id: str) -> dict[str, Any]:
-        return self._call("GET", f"/admin/sessions/{session_id}")
+        return self._lifecycle("GET", f"/admin/sessions/{session_id}")
 
     def sessions(self) -> list[dict[str, Any]]:
         return self._call("GET", "/admin/sessions")
@@ -63,7 +136,7 @@ class RecorderClient:
         """Close a session; once this returns its records are final (``grace_s``: how long calls in
         flight may finish first, the recorder's ``close_grace_s`` by default)."""
         params = {"grace_s": grace_s} if grace_s is not None else None
-        return self._call("POST", f"/admin/sessions/{session_id}/close", params=params)
+        return self._lifecycle("POST", f"/admin/sessions/{session_id}/close", params=params)
 
     def records(self, session_id: str, *, include: str = "all", after_seq: int = 0) -> list[dict[str, Any]]:
         return self._call("GET", f"/admin/sessions/{session_id}/records",
@@ -104,7 +177,7 @@ class RecorderClient:
         return self._call("POST", "/admin/policy_version", json={"version": version})
 
     def health(self) -> dict[str, Any]:
-        return self._call("GET", "/admin/health")
+        return self._lifecycle("GET", "/admin/health")
 
     def metrics_text(self) -> str:
         resp = self._http.get("/metrics")

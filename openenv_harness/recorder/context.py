@@ -5,8 +5,9 @@ The ASGI app, the admin routes and every flow receive this context; tests build 
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Awaitable, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -18,6 +19,8 @@ from openenv_harness.recorder.sessions import SessionRegistry
 from openenv_harness.recorder.store.base import RecordStore
 from openenv_harness.recorder.upstream.base import Upstream
 from openenv_harness.recorder.upstream.span_budget import SpanBudget
+
+T = TypeVar("T")
 
 
 class RecorderConfig(BaseModel):
@@ -53,6 +56,16 @@ class RecorderConfig(BaseModel):
     listen_backlog: int = Field(
         2048, ge=1, description="Connections the listen socket queues before the recorder accepts them (the "
         "kernel caps it at net.core.somaxconn); many sandboxes connecting at once need room here")
+    admin_port: int | None = Field(
+        None, ge=0, le=65535, description="A second listener for session create and close, on its own thread and "
+        "event loop (admin_listener.py), so that they do not wait behind the agents' calls on the main port's "
+        "loop; same host and admin token as the main port, which keeps every admin route. 0: any free port; "
+        "None: none. GET /admin/listener on the main port names it, and RecorderClient uses it when it does")
+    admin_nice: int = Field(
+        -10, ge=-39, le=39, description="Nice steps for the admin listener's thread relative to the recorder "
+        "(Linux; negative = sooner): it wakes only for admin calls, and ahead of the agents' work it answers "
+        "them without waiting for a CPU. Needs CAP_SYS_NICE or RLIMIT_NICE to raise it; without, it runs at "
+        "the recorder's priority. 0: leave it")
     upstream_timeout_s: float = Field(600.0, gt=0)
     affinity_header: str | None = Field(
         "X-Session-ID", pattern=r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$",
@@ -128,5 +141,18 @@ class RecorderContext:
     #: one bound on the prompt spans every session's ``PromptIdsReader`` keeps (``span_budget.py``)
     span_budget: SpanBudget = field(default_factory=SpanBudget)
 
+    #: the main listener's (host, port), set by the server that runs it (``server.py``)
+    listen: tuple[str, int] | None = None
+    #: the admin listener (``admin_listener.AdminListener``) while it runs
+    admin_listener: Any = None
+
     def upstream_for(self, name: str | None) -> Upstream | None:
         return self.upstreams.get(name or "default")
+
+    async def on_chat_loop(self, work: "Awaitable[T]") -> T:
+        """Await ``work`` on the chat loop: directly when already there, else handed over and waited
+        for (the engine's connections and the template probe's lock belong to that loop)."""
+        home = self.sessions.loop
+        if home is None or home is asyncio.get_running_loop():
+            return await work
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(work, home))  # type: ignore[arg-type]

@@ -324,6 +324,10 @@ async def handle_chat(ctx: RecorderContext, path_session: str | None, headers: M
         return dialect.error(exc) if dialect is not None else exc.to_response()
     flow = Flow(ctx=ctx, session=session, headers=headers, raw=raw, dialect=dialect)
     session.call_started(flow)
+    if session.closing:  # a close began on the admin listener's thread between the check above and now
+        session.call_ended(flow)
+        error = session_closed(session)
+        return dialect.error(error) if dialect is not None else error.to_response()
     grace = ctx.config.stream_keepalive_s
     if grace <= 0 or b'"stream"' not in raw:  # only a call that may stream can carry keepalives
         flow.task = asyncio.current_task()

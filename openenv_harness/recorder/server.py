@@ -120,6 +120,7 @@ class RecorderServer(ThreadedServer):
     ) -> None:
         app = create_recorder_app(config, upstreams=upstreams)
         super().__init__(app, host=host, port=port)
+        app.state.ctx.listen = (host, self.port)
         self.config = config
 
     @property
@@ -130,6 +131,12 @@ class RecorderServer(ThreadedServer):
     def admin_token(self) -> str:
         return self.ctx.admin_token
 
+    @property
+    def admin_url(self) -> str | None:
+        """The admin listener's URL (``RecorderConfig.admin_port``), None without one."""
+        listener = self.ctx.admin_listener
+        return None if listener is None else listener.url
+
 
 def serve(config: RecorderConfig, *, host: str = "127.0.0.1", port: int = 8765, log_level: str = "info",
           announce: Callable[[RecorderContext], None] | None = None) -> None:
@@ -137,6 +144,7 @@ def serve(config: RecorderConfig, *, host: str = "127.0.0.1", port: int = 8765, 
     called with the new recorder's context before it starts serving (the command prints a one-time
     viewer login link from it)."""
     app = create_recorder_app(config)
+    app.state.ctx.listen = (host, port)
     # the recorder's own lines (the template certification at start, engine changes) beside uvicorn's
     ours = logging.getLogger("openenv_harness")
     if not ours.handlers:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import re
 import secrets
+import threading
 import time
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
@@ -268,12 +269,24 @@ class SessionError(Exception):
 
 
 class SessionRegistry:
-    """All sessions of this recorder, by id and by secret digest."""
+    """All sessions of this recorder, by id and by secret digest.
+
+    Two threads use it: the chat loop's (agent calls, the main port's admin routes) and the admin
+    listener's (``admin_listener.py``: session create and close on a port of their own). ``_lock``
+    makes each change of the maps and each start of a close one step for both; lookups (``get``,
+    ``by_digest``) are single dict reads, atomic in CPython, and stay lock-free on the chat path.
+    """
 
     def __init__(self, store: RecordStore) -> None:
         self._store = store
         self._by_id: dict[str, LiveSession] = {}
         self._by_digest: dict[str, LiveSession] = {}
+        #: ids handed out by ``new`` and not yet added (or abandoned): a second create of one gets 409
+        self._reserved: set[str] = set()
+        self._lock = threading.Lock()
+        #: the chat loop (set when the recorder starts): a session's calls, and the asyncio primitives
+        #: a close waits on, live there; a close from another loop hops to it when it must wait
+        self.loop: asyncio.AbstractEventLoop | None = None
 
     def load(self) -> int:
         """Re-create live sessions from the store (after a restart). Returns how many."""
@@ -306,19 +319,31 @@ class SessionRegistry:
         return len(self._by_id)
 
     def _index(self, session: LiveSession) -> None:
-        self._by_id[session.id] = session
-        self._by_digest[session.secret_digest] = session
+        with self._lock:
+            self._by_id[session.id] = session
+            self._by_digest[session.secret_digest] = session
+            self._reserved.discard(session.id)
+
+    def _reserve(self, session_id: str) -> bool:
+        with self._lock:
+            if session_id in self._by_id or session_id in self._reserved:
+                return False
+            self._reserved.add(session_id)
+            return True
 
     def new(self, spec: SessionSpec) -> tuple[LiveSession, str]:
-        """Create (not yet persisted) a session and its secret."""
+        """Create (not yet persisted) a session and its secret; its id is reserved until ``add`` or
+        ``abandon``, so two creates of one id never both succeed, from one listener or two."""
         if spec.session_id is not None:
             if not _SESSION_ID.match(spec.session_id):
                 raise SessionError(422, "session_id must be 1-96 characters of [A-Za-z0-9_.-]")
-            if spec.session_id in self._by_id:
+            if not self._reserve(spec.session_id):
                 raise SessionError(409, f"session {spec.session_id!r} already exists")
             session_id = spec.session_id
         else:
             session_id = "s-" + secrets.token_hex(8)
+            while not self._reserve(session_id):  # 64 random bits: a repeat is not expected
+                session_id = "s-" + secrets.token_hex(8)
         if spec.affinity_key is None:
             # opaque and fresh: not the session id, which a trainer may reuse across runs
             spec = spec.model_copy(update={"affinity_key": "t-" + secrets.token_hex(12)})
@@ -326,8 +351,17 @@ class SessionRegistry:
         session = LiveSession(id=session_id, secret_digest=secret_digest(secret), spec=spec, created_at=time.time())
         return session, secret
 
+    def abandon(self, session: LiveSession) -> None:
+        """A session ``new`` made that will not be added (its create failed): free its id."""
+        with self._lock:
+            self._reserved.discard(session.id)
+
     async def add(self, session: LiveSession) -> None:
-        await self._store.put_session(session.to_row())
+        try:
+            await self._store.put_session(session.to_row())
+        except BaseException:
+            self.abandon(session)
+            raise
         self._index(session)
 
     async def persist(self, session: LiveSession) -> None:
@@ -340,7 +374,8 @@ class SessionRegistry:
         return self._by_digest.get(digest)
 
     def all(self) -> list[LiveSession]:
-        return list(self._by_id.values())
+        with self._lock:
+            return list(self._by_id.values())
 
     async def stop(self, session: LiveSession, reason: str) -> None:
         """A budget was hit: further calls are refused, the session stays readable."""
@@ -363,31 +398,77 @@ class SessionRegistry:
         4. The store is sealed for the session -- an append is refused from here on -- and only then
            is the session marked closed and its caches dropped.
         A second close waits for the first.
+
+        From another thread's loop (the admin listener): a session with no call in flight is sealed
+        and persisted right there -- a call admitted from then on sees ``closing`` (``flow.handle_chat``
+        checks it again after registering the call) -- and only the wake-ups go to the chat loop; a
+        session with calls in flight, or a close already under way, hops to the chat loop and waits.
         """
+        home = self.loop
+        here = asyncio.get_running_loop()
+        if home is None or home is here:
+            await self._close_here(session, grace_s)
+            return
         if session.status == "closed":
             return
-        if session._close_done is not None:
+        with self._lock:
+            began = session._close_done is None
+            if began:
+                session._close_done = home.create_future()  # resolved on the chat loop, where waiters are
+        if began and not session.calls:  # read after closing was set: a call registered later refuses itself
+            try:
+                await self._finish(session)
+            finally:
+                home.call_soon_threadsafe(self._closed, session)
+            return
+        work = self._drain_and_finish(session, grace_s) if began else self._close_here(session, grace_s)
+        await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(work, home))
+
+    async def _close_here(self, session: LiveSession, grace_s: float) -> None:
+        if session.status == "closed":
+            return
+        with self._lock:
+            began = session._close_done is None
+            if began:
+                session._close_done = asyncio.get_running_loop().create_future()
+        if not began:
+            assert session._close_done is not None
             await asyncio.shield(session._close_done)
             return
-        session._close_done = asyncio.get_running_loop().create_future()
+        await self._drain_and_finish(session, grace_s)
+
+    async def _drain_and_finish(self, session: LiveSession, grace_s: float) -> None:
+        """Steps 2-4 on the chat loop, where the session's calls and their primitives live."""
         try:
             if not await session.calls_done(grace_s):
                 for flow in list(session.calls.values()):
                     flow.cancel_for_close()
                 await session.calls_done(CANCELLED_CALLS_WAIT_S)  # they record and answer at once
-            self._store.seal(session.id)
-            session.status = "closed"
-            session.closed_at = time.time()
-            # a closed session serves no more calls: its bounded caches go (memory follows live sessions)
-            session.fidelity = None
-            session.prompt_ids = None
-            session.recent_digests.clear()
-            session.provenance_cache = None
-            session.dialect_memory = None
-            session.turn_views.clear()
-            session.compaction_summaries.clear()
-            await self.persist(session)
-            await self._store.forget(session.id)
-            session.notify()
+            await self._finish(session)
         finally:
+            self._closed(session)
+
+    async def _finish(self, session: LiveSession) -> None:
+        """Step 4: seal, mark closed, drop the caches, persist. Thread-agnostic: the store's writes
+        are under its own locks, and no call of the session runs any more."""
+        self._store.seal(session.id)
+        session.status = "closed"
+        session.closed_at = time.time()
+        # a closed session serves no more calls: its bounded caches go (memory follows live sessions)
+        session.fidelity = None
+        session.prompt_ids = None
+        session.recent_digests.clear()
+        session.provenance_cache = None
+        session.dialect_memory = None
+        session.turn_views.clear()
+        session.compaction_summaries.clear()
+        await self.persist(session)
+        await self._store.forget(session.id)
+
+    @staticmethod
+    def _closed(session: LiveSession) -> None:
+        """On the chat loop: wake the session's waiters and any second close."""
+        session.notify()
+        assert session._close_done is not None
+        if not session._close_done.done():
             session._close_done.set_result(None)

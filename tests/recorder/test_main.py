@@ -10,8 +10,10 @@ import pytest
 
 from openenv_harness.recorder import RecorderConfig
 
-FLAGS = ["--keep-alive-s", "12", "--backlog", "99", "--prompt-cache-mb", "3", "--store-backlog-mb", "5"]
-EXPECTED = {"keep_alive_timeout_s": 12.0, "listen_backlog": 99, "prompt_cache_mb": 3.0, "store_backlog_mb": 5.0}
+FLAGS = ["--keep-alive-s", "12", "--backlog", "99", "--prompt-cache-mb", "3", "--store-backlog-mb", "5",
+         "--admin-port", "8799", "--admin-nice", "-3"]
+EXPECTED = {"keep_alive_timeout_s": 12.0, "listen_backlog": 99, "prompt_cache_mb": 3.0, "store_backlog_mb": 5.0,
+            "admin_port": 8799, "admin_nice": -3}
 
 
 def _capture(monkeypatch: pytest.MonkeyPatch, module: Any) -> list[RecorderConfig]:

@@ -201,6 +201,11 @@ class ProcessIndexer:
             self._appends_pending += name == "append"
             self._outbox.append(message)
             loop = None if waited else _running_loop()
+            home = self.store.home_loop
+            if loop is not None and home is not None and loop is not home:
+                # another thread's loop (the admin listener): a flush left to it would hold the chat
+                # loop's later sends too, and that loop may stop before it turns again
+                loop = None
             if loop is None:  # someone waits for it, or no event loop will turn: now
                 self._flush_locked()
             elif len(self._outbox) == 1:  # otherwise a flush is already due

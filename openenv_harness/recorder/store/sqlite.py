@@ -136,6 +136,9 @@ class SQLiteStore(RecordStore):
         self._recent: OrderedDict[str, _Tail] = OrderedDict()
         self._records_written = 0
         self._closed = False
+        #: the event loop that opened the store (the recorder's chat loop): the indexer defers its sends
+        #: to a turn of that loop only; another thread's loop (the admin listener) sends at once
+        self.home_loop: asyncio.AbstractEventLoop | None = None
         #: WAL size past which the checkpointer resets the log (``_checkpoint_loop``)
         self.wal_limit_bytes = wal_limit_bytes
         self.journal = Journal(self.path + ".records-log", fsync=self.synchronous != "NORMAL",
@@ -156,6 +159,10 @@ class SQLiteStore(RecordStore):
     # -- lifecycle -----------------------------------------------------------------------------
 
     def open(self) -> None:
+        try:
+            self.home_loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self.home_loop = None
         if self.path not in {":memory:", ""}:
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
         conn = self._connect()
