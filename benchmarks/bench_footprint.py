@@ -392,7 +392,7 @@ def render_section(results: dict[str, Any]) -> str:
             for n in names:
                 smp = series[n][min(i, len(series[n]) - 1)]
                 row += [f"{(smp['db'] + smp['wal'] + smp['journal']) / MB:.1f} ({smp['db'] / MB:.1f} / {smp['wal'] / MB:.1f}"
-                        f" / {smp['journal'] / MB:.1f})", f"{smp['logical'] / MB:.1f}", f"{_ratio(smp):.2f}×"]
+                        f" / {smp['journal'] / MB:.1f})", f"{smp['logical'] / MB:.1f}", f"{_ratio(smp):.2f}×" if smp["logical"] else "– (nothing indexed)"]
             out.append("| " + " | ".join(row) + " |")
         out.append("")
         for n in names:
@@ -406,7 +406,7 @@ def render_section(results: dict[str, Any]) -> str:
                        f"p50 / p99 {ld.get('p50_ms', float('nan')):.0f} / {ld.get('p99_ms', float('nan')):.0f} ms; "
                        f"worst ratio {max(from1, default=float('nan')):.2f}× from the first sample with 1 MB indexed, "
                        f"{max(big, default=float('nan')):.2f}× once 16 MB are "
-                       f"indexed ({max(anyr):.2f}× over every sample; {len(over)} of {len(d['samples'])} samples "
+                       f"indexed ({max(anyr):.2f}× over every sample with anything indexed; {len(over)} of {len(d['samples'])} samples "
                        f"over 3×{', the last at ' + format(over[-1]['t'], '.0f') + ' s' if over else ''}); peak WAL "
                        f"{max(s['wal'] for s in d['samples']) / MB:.1f} MB, peak journal "
                        f"{max(s['journal'] for s in d['samples']) / MB:.1f} MB; after a clean stop "

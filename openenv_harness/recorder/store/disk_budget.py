@@ -5,18 +5,18 @@ once past a size), the journal's unindexed frames (``backlog.py``: appends wait 
 and the journal's open segment (deleted once closed and indexed, so it grows to its rotation size
 before it can go). Each bound used to be fixed -- 8 MiB, 16 MiB and 4 MiB -- which is small beside a
 long run's content but several times the content of a run's first seconds: measured at 64 busy
-sessions from 8k ids (``docs/benchmarks.md``, "Steady-state footprint"), 13-29 MB on disk for 3-10
-MB of records (3-4.2x) in the first 20 s, the journal 6-16 MB and the WAL 5.4 MB of it.
+sessions from 8k ids (``docs/benchmarks.md``, "Steady-state footprint"), 14-34 MB on disk for 3-12
+MB of records in the first 20 s (up to 4.2x), the journal 2-16 MB and the WAL 5.4 MB of it.
 
 So each bound is a share of what the SQLite file holds, between a small floor and the configured
 bound: ``min(configured, max(floor, share x database bytes))``. Once the database is large enough
 (20 MB for the WAL and the segment, 16 MB for the backlog at the defaults) every bound is
 the configured one, as before -- the agents' calls wait on nothing new in a long run; only while the
-store is small does the byte bound hold appends back sooner. The shares add up to about 1.8x the
+store is small can the byte bound hold appends back sooner. The shares add up to about 1.8x the
 database (the journal's open segment counts twice: the closed one before it may not be deleted
 yet), and the parts rarely peak together, so with SQLite's file itself the store stays under 3x
-its content; the floors are what a
-store of a few MB cannot get under (one frame of a 32k-id prompt is ~0.3 MB).
+its content (2.6x at most, measured); the floors are what a store of a MB or less cannot get
+under (64 agents' first calls at 8k ids are ~6 MB of frames).
 
 The database's size only grows (records are never deleted), so the bounds only grow: a byte bound
 that grows lets waiting appends in at once (``AppendBacklog.set_max_bytes``).
@@ -26,14 +26,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-#: The WAL is reset once past this share of the database (floor 1 MiB: a checkpoint of less costs
-#: more in fsyncs than it saves).
+#: The WAL is reset once past this share of the database, at least 1 MiB (below it a small store's
+#: WAL would be reset on nearly every tick of the checkpointer, for little).
 WAL_SHARE, WAL_FLOOR = 0.4, 1 << 20
 #: Unindexed journal bytes past which appends wait: this share of the database, at least 1 MiB
 #: (a few first frames; a lone larger frame always goes in, ``backlog.py``). Measured from a fresh
 #: store at 64 busy sessions (15 s, 8k-19k ids; ``docs/benchmarks.md``): at half the database the
-#: agents made 110-133 calls/s against 148-169 with the fixed 16 MiB; at the whole database, 135 and
-#: 166 against 132 and 162 -- the waits are gone, and the ratio stays under 3x.
+#: agents made 106-133 calls/s against 117-169 with the fixed 16 MiB (five pairs); at the whole
+#: database 135-284 against 132-200 (four) -- within the machine's drift, and the ratio stays under 3x.
 BACKLOG_SHARE, BACKLOG_FLOOR = 1.0, 1 << 20
 #: The journal's segments rotate past this share of the database, at least 256 KiB.
 SEGMENT_SHARE, SEGMENT_FLOOR = 0.2, 256 << 10
