@@ -95,7 +95,8 @@ _HASH_CACHE_SESSIONS = 512
 #: The checkpointer copies the WAL into the database this often (seconds), off the writer thread.
 _CHECKPOINT_EVERY_S = 0.25
 #: WAL size past which a checkpoint resets the log (``_checkpoint_loop``): the store's disk footprint
-#: is then its content, the journal's open segment and at most about this much more.
+#: is then its content, the journal's open segment and at most about this much more (less while the
+#: database is small: ``disk_budget.py``).
 WAL_LIMIT_BYTES = 8 << 20
 #: How long a resetting checkpoint waits for readers (and holds the indexer back) before it retries later.
 _CHECKPOINT_WAIT_MS = 200
@@ -112,7 +113,9 @@ class SQLiteStore(RecordStore):
 
     ``indexer``: ``"thread"`` (default) or ``"process"`` -- where records are indexed into SQLite
     (``indexer.py``; the recorder uses a process). ``max_backlog_bytes``: unindexed journal bytes
-    past which an append waits for the indexer before journalling (``backlog.py``).
+    past which an append waits for the indexer before journalling (``backlog.py``). It,
+    ``wal_limit_bytes`` and ``journal_segment_bytes`` are the most each bound may be: while the
+    database is small they are a share of it (``disk_budget.py``).
     """
 
     def __init__(self, path: str | Path, *, synchronous: str = "NORMAL", indexer: str = "thread",
