@@ -443,21 +443,34 @@ def render_section(results: dict[str, Any], admin: dict[str, Any] | None = None)
                 "|---|" + "---|---|---|" * len(names)]
         series = {n: parts["disk"][n]["samples"] for n in names}
         longest = max(len(v) for v in series.values())
-        for i in sorted({*range(0, longest, max(1, longest // 14)), longest - 1}):
+        first = series[names[0]]
+        step = max(1.0, (first[-1]["t"] - 20.0) / 14) if first else 1.0
+        rows, last_t = [], -1e9  # every sample of the first 20 s (where fixed floors show), then ~15 rows
+        for i, smp in enumerate(first):
+            if smp["t"] <= 20.5 or smp["t"] - last_t >= step or i == len(first) - 1:
+                rows.append(i)
+                last_t = smp["t"]
+        for i in rows or range(longest):
             row = [f"{series[names[0]][min(i, len(series[names[0]]) - 1)]['t']:.0f}"]
             for n in names:
                 smp = series[n][min(i, len(series[n]) - 1)]
                 row += [f"{(smp['db'] + smp['wal'] + smp['journal']) / MB:.1f} ({smp['db'] / MB:.1f} / {smp['wal'] / MB:.1f}"
-                        f" / {smp['journal'] / MB:.1f})", f"{smp['logical'] / MB:.1f}", f"{_ratio(smp):.2f}×"]
+                        f" / {smp['journal'] / MB:.1f})", f"{smp['logical'] / MB:.1f}", f"{_ratio(smp):.2f}×" if smp["logical"] else "– (nothing indexed)"]
             out.append("| " + " | ".join(row) + " |")
         out.append("")
         for n in names:
             d = parts["disk"][n]
             big = [_ratio(s) for s in d["samples"] if s["logical"] >= 16 * MB]
             anyr = [_ratio(s) for s in d["samples"] if s["logical"]]
-            a = d["after_stop"]
-            out.append(f"- {label[n]}: {d['load']['calls']:,} calls; worst ratio {max(big, default=float('nan')):.2f}× once 16 MB are "
-                       f"indexed ({max(anyr):.2f}× over every sample); peak WAL "
+            from1 = [_ratio(s) for s in d["samples"] if s["logical"] >= 1 * MB]
+            over = [s for s in d["samples"] if s["logical"] and _ratio(s) > 3.0]
+            a, ld = d["after_stop"], d["load"]
+            out.append(f"- {label[n]}: {ld['calls']:,} calls, {ld.get('throughput', float('nan')):.0f} calls/s, "
+                       f"p50 / p99 {ld.get('p50_ms', float('nan')):.0f} / {ld.get('p99_ms', float('nan')):.0f} ms; "
+                       f"worst ratio {max(from1, default=float('nan')):.2f}× from the first sample with 1 MB indexed, "
+                       f"{max(big, default=float('nan')):.2f}× once 16 MB are "
+                       f"indexed ({max(anyr):.2f}× over every sample with anything indexed; {len(over)} of {len(d['samples'])} samples "
+                       f"over 3×{', the last at ' + format(over[-1]['t'], '.0f') + ' s' if over else ''}); peak WAL "
                        f"{max(s['wal'] for s in d['samples']) / MB:.1f} MB, peak journal "
                        f"{max(s['journal'] for s in d['samples']) / MB:.1f} MB; after a clean stop "
                        f"{(a['db'] + a['wal'] + a['journal']) / MB:.1f} MB for {a['logical'] / MB:.1f} MB logical.")

@@ -97,7 +97,8 @@ class RecorderConfig(BaseModel):
     store_backlog_mb: float = Field(
         16.0, gt=0, description="Unindexed journal (MiB) past which a call waits for the indexer before its record is "
         "journalled (its reply still follows the durable write): bounds the store's disk footprint above its "
-        "content when indexing falls behind, at the agents' latency (store/backlog.py)")
+        "content when indexing falls behind, at the agents' latency (store/backlog.py); the most it may be: while "
+        "the database is smaller than it, the bound is the database's size, at least 1 MiB (store/disk_budget.py)")
     pause_wait_s: float = Field(30.0, ge=0, description="How long a call waits for a paused engine before 503")
     retry_after_s: int = Field(2, ge=1, description="Retry-After sent with recorder-made 503s")
     close_grace_s: float = Field(10.0, ge=0, description="How long closing a session lets its calls in flight "

@@ -92,6 +92,18 @@ class AppendBacklog:
             admitted = self._admit_locked()
         _resolve_all(admitted)
 
+    def set_max_bytes(self, max_bytes: int) -> None:
+        """Move the byte bound (``disk_budget.py`` grows it with the database); appends that now fit
+        are let in at once."""
+        if max_bytes <= 0:
+            raise ValueError("backlog bounds must be positive")
+        with self._lock:
+            if max_bytes == self.max_bytes:
+                return
+            self.max_bytes = max_bytes
+            admitted = self._admit_locked()
+        _resolve_all(admitted)
+
     def _fits(self, nbytes: int) -> bool:
         return self._bytes == 0 or self._bytes + nbytes <= self.max_bytes  # a lone oversized frame goes in
 

@@ -32,6 +32,7 @@ import orjson
 
 from openenv_harness.recorder.store import blocks
 from openenv_harness.recorder.store.backlog import MAX_BACKLOG_BYTES, AppendBacklog
+from openenv_harness.recorder.store.disk_budget import DiskBudget
 from openenv_harness.recorder.store.base import PendingRecord, RecordStore, SessionRow, SessionSealed
 from openenv_harness.recorder.store.index_priority import PRIORITIES
 from openenv_harness.recorder.store.indexer import MAX_BACKLOG as _MAX_BACKLOG
@@ -94,7 +95,8 @@ _HASH_CACHE_SESSIONS = 512
 #: The checkpointer copies the WAL into the database this often (seconds), off the writer thread.
 _CHECKPOINT_EVERY_S = 0.25
 #: WAL size past which a checkpoint resets the log (``_checkpoint_loop``): the store's disk footprint
-#: is then its content, the journal's open segment and at most about this much more.
+#: is then its content, the journal's open segment and at most about this much more (less while the
+#: database is small: ``disk_budget.py``).
 WAL_LIMIT_BYTES = 8 << 20
 #: How long a resetting checkpoint waits for readers (and holds the indexer back) before it retries later.
 _CHECKPOINT_WAIT_MS = 200
@@ -111,7 +113,9 @@ class SQLiteStore(RecordStore):
 
     ``indexer``: ``"thread"`` (default) or ``"process"`` -- where records are indexed into SQLite
     (``indexer.py``; the recorder uses a process). ``max_backlog_bytes``: unindexed journal bytes
-    past which an append waits for the indexer before journalling (``backlog.py``).
+    past which an append waits for the indexer before journalling (``backlog.py``). It,
+    ``wal_limit_bytes`` and ``journal_segment_bytes`` are the most each bound may be: while the
+    database is small they are a share of it (``disk_budget.py``).
     """
 
     def __init__(self, path: str | Path, *, synchronous: str = "NORMAL", indexer: str = "thread",
@@ -178,6 +182,9 @@ class SQLiteStore(RecordStore):
             self._wconn = None
             self.journal.close(remove=False)  # lets go of the journal's lock
             raise
+        # the configured bounds are the most each may be; while the database is small they are less
+        self.disk_budget = DiskBudget(self.wal_limit_bytes, self.backlog.max_bytes, self.journal.segment_bytes)
+        self._follow_budget()
         self._stop_checkpoints = threading.Event()
         self._indexer = make_indexer(self.indexer_kind, self)
         self._indexer.start()
@@ -219,7 +226,9 @@ class SQLiteStore(RecordStore):
         checkpoint is a TRUNCATE: it holds the indexer's next transaction back while it copies what
         is left (off the reply path: agents wait only on the journal) and empties the file. It waits
         for readers on older snapshots at most ``_CHECKPOINT_WAIT_MS``; if one is still reading, the
-        copy done so far stays and the reset is tried again on the next tick.
+        copy done so far stays and the reset is tried again on the next tick. The bounds (this one,
+        the journal's segment and its byte backlog) follow the database's size (``disk_budget.py``),
+        read here on every tick.
         """
         conn = self._connect()
         conn.execute(f"PRAGMA busy_timeout={_CHECKPOINT_WAIT_MS}")
@@ -227,12 +236,19 @@ class SQLiteStore(RecordStore):
         try:
             while not self._stop_checkpoints.wait(_CHECKPOINT_EVERY_S):
                 try:
-                    mode = "TRUNCATE" if _file_size(wal) > self.wal_limit_bytes else "PASSIVE"
+                    mode = "TRUNCATE" if _file_size(wal) > self._follow_budget() else "PASSIVE"
                     conn.execute(f"PRAGMA wal_checkpoint({mode})").fetchall()
                 except sqlite3.Error:
                     log.warning("WAL checkpoint failed; will retry", exc_info=True)
         finally:
             conn.close()
+
+    def _follow_budget(self) -> int:
+        """Set the journal's and the backlog's bounds for the database's size now; returns the WAL's."""
+        bounds = self.disk_budget.at(_file_size(Path(self.path)))
+        self.journal.segment_bytes = bounds.segment_bytes  # read at the next append (rotation)
+        self.backlog.set_max_bytes(bounds.backlog_bytes)
+        return bounds.wal_bytes
 
     def _connect(self) -> sqlite3.Connection:
         conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=30)
