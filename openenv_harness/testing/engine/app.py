@@ -12,6 +12,7 @@ recorder forwarded), reset everything, and read the engine's tokenizer/template 
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
@@ -38,12 +39,23 @@ from openenv_harness.testing.engine.wire import dumps
 
 
 class EngineApp(FastAPI):
-    """FastAPI, plus access to the connection's transport so faults can really drop connections.
+    """FastAPI, plus access to the connection's transport so faults can really drop connections,
+    plus lean POST routes.
 
     The outermost ``send`` an ASGI server hands over is bound to its per-request cycle object;
     uvicorn's (h11 and httptools alike) carries the asyncio transport. Elsewhere (in-process
     transports) there is none, and a drop fault becomes a 500 reply instead.
+
+    Lean routes (``lean_routes``: path -> handler) are POSTs answered straight from here, without
+    FastAPI's and Starlette's middleware, routing and endpoint machinery: the scale-out routes an
+    incremental call waits on three of in a row, where that machinery cost more than the handlers
+    (``docs/benchmarks.md``). The same handlers are also FastAPI routes, which answer any other
+    method (a 405, like vLLM) and in-process transports the same way.
     """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.lean_routes: dict[str, Callable[[Request], Awaitable[Response]]] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
@@ -54,7 +66,21 @@ class EngineApp(FastAPI):
             if key and scope["path"].startswith("/v1") and (b"authorization", f"Bearer {key}".encode()) not in scope["headers"]:
                 await error_response(401, "Unauthorized")(scope, receive, send)  # what vLLM --api-key answers
                 return
+            handler = self.lean_routes.get(scope["path"]) if scope["method"] == "POST" else None
+            if handler is not None:
+                await _answer_lean(handler, scope, receive, send)
+                return
         await super().__call__(scope, receive, send)
+
+
+async def _answer_lean(handler: Callable[[Request], Awaitable[Response]], scope: Scope, receive: Receive,
+                       send: Send) -> None:
+    """One lean route's request: the handler's response, or the 500 the app's exception handler gives."""
+    try:
+        response = await handler(Request(scope, receive))
+    except Exception as exc:  # noqa: BLE001 -- as ``_internal_error``: the client gets vLLM's error shape
+        response = error_response(500, f"{type(exc).__name__}: {exc}")
+    await response(scope, receive, send)
 
 
 class ScriptRegistration(BaseModel):
