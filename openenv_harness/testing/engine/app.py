@@ -75,12 +75,48 @@ class EngineApp(FastAPI):
 
 async def _answer_lean(handler: Callable[[Request], Awaitable[Response]], scope: Scope, receive: Receive,
                        send: Send) -> None:
-    """One lean route's request: the handler's response, or the 500 the app's exception handler gives."""
+    """One lean route's request: the handler's response, or the 500 the app's exception handler gives;
+    its head and body leave in one socket write where the server's request cycle allows it."""
     try:
         response = await handler(Request(scope, receive))
     except Exception as exc:  # noqa: BLE001 -- as ``_internal_error``: the client gets vLLM's error shape
         response = error_response(500, f"{type(exc).__name__}: {exc}")
-    await response(scope, receive, send)
+    cycle = getattr(send, "__self__", None)
+    transport = getattr(cycle, "transport", None)
+    if transport is None or not hasattr(transport, "write"):
+        await response(scope, receive, send)
+        return
+    held = _OneWrite(transport)
+    cycle.transport = held  # type: ignore[union-attr]
+    try:
+        await response(scope, receive, send)
+    finally:
+        cycle.transport = transport  # type: ignore[union-attr]
+        held.flush()
+
+
+class _OneWrite:
+    """A transport that holds what uvicorn's request cycle writes (the status and headers, then the
+    body: two writes, so two loopback sends, each waking the client) and sends it as one write."""
+
+    def __init__(self, transport: Any) -> None:
+        self._transport = transport
+        self._parts: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        self._parts.append(bytes(data))
+
+    def flush(self) -> None:
+        if self._parts:
+            data, self._parts = b"".join(self._parts), []
+            self._transport.write(data)
+
+    def close(self) -> None:
+        self.flush()
+        self._transport.close()
+
+    def __getattr__(self, name: str) -> Any:  # is_closing, get_extra_info, ...: the real transport's
+        return getattr(self._transport, name)
 
 
 class ScriptRegistration(BaseModel):
