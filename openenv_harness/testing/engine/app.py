@@ -17,7 +17,7 @@ from typing import Any
 
 import orjson
 from fastapi import FastAPI, Request
-from fastapi.responses import Response
+from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.types import Receive, Scope, Send
 
@@ -47,10 +47,10 @@ class EngineApp(FastAPI):
     transports) there is none, and a drop fault becomes a 500 reply instead.
 
     Lean routes (``lean_routes``: path -> handler) are POSTs answered straight from here, without
-    FastAPI's and Starlette's middleware, routing and endpoint machinery: the scale-out routes an
-    incremental call waits on three of in a row, where that machinery cost more than the handlers
-    (``docs/benchmarks.md``). The same handlers are also FastAPI routes, which answer any other
-    method (a 405, like vLLM) and in-process transports the same way.
+    FastAPI's and Starlette's middleware, routing and endpoint machinery: the chat route and the
+    scale-out routes an incremental call waits on three of in a row, where that machinery cost about
+    as much as the handlers (``docs/benchmarks.md``). The same handlers are also FastAPI routes, which
+    answer any other method (a 405, like vLLM) the same way.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -83,7 +83,7 @@ async def _answer_lean(handler: Callable[[Request], Awaitable[Response]], scope:
         response = error_response(500, f"{type(exc).__name__}: {exc}")
     cycle = getattr(send, "__self__", None)
     transport = getattr(cycle, "transport", None)
-    if transport is None or not hasattr(transport, "write"):
+    if transport is None or not hasattr(transport, "write") or isinstance(response, StreamingResponse):
         await response(scope, receive, send)
         return
     held = _OneWrite(transport)
@@ -109,7 +109,8 @@ class _OneWrite:
     def flush(self) -> None:
         if self._parts:
             data, self._parts = b"".join(self._parts), []
-            self._transport.write(data)
+            if not self._transport.is_closing():  # a dropped connection (a fault) takes no more bytes
+                self._transport.write(data)
 
     def close(self) -> None:
         self.flush()
@@ -182,6 +183,8 @@ def create_engine_app(config: EngineConfig | None = None) -> FastAPI:
     @app.post("/v1/chat/completions")
     async def _chat(request: Request) -> Response:
         return await chat_completions(state, request)
+
+    app.lean_routes["/v1/chat/completions"] = _chat
 
     @app.get("/v1/models")
     async def _models() -> Response:
