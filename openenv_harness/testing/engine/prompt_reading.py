@@ -61,10 +61,9 @@ class PromptReader:
 
     def __init__(self, tokenizer: ReferenceTokenizer) -> None:
         self.tokenizer = tokenizer
-        atomic = tokenizer._atomic_by_text
         byte_level = isinstance(tokenizer.tokenizer.decoder, decoders.ByteLevel)
-        self._im_start = atomic.get(IM_START) if byte_level else None
-        self._think_open, self._think_close = atomic.get(THINK_OPEN), atomic.get(THINK_CLOSE)
+        self._im_start = tokenizer.atomic_id(IM_START) if byte_level else None
+        self._think_open, self._think_close = tokenizer.atomic_id(THINK_OPEN), tokenizer.atomic_id(THINK_CLOSE)
         self._memo: dict[tuple[int, ...], _TurnReading] = {}
 
     def turn_body(self, ids: list[int]) -> dict[str, Any]:

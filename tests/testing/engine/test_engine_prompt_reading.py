@@ -54,8 +54,22 @@ def _prompts(state: EngineState, rng: random.Random) -> list[list[int]]:
 
 
 def test_turn_by_turn_reading_equals_the_whole_decode_and_survives_its_memo() -> None:
-    state = EngineState(EngineConfig())
+    _assert_reading_equals_the_whole_decode(EngineState(EngineConfig()), think_ids=True)
+
+
+def test_the_same_holds_for_the_real_qwen_tokenizer() -> None:
+    from openenv_harness.engine import engine_home, prepared_model_dir
+
+    folder = prepared_model_dir(engine_home())
+    assert folder is not None, "the real model is not installed: run ./dev setup"
+    # Qwen2.5 has no <think> token: its open think blocks are found in the decoded prompt
+    _assert_reading_equals_the_whole_decode(EngineState(EngineConfig(tokenizer=folder)), think_ids=False)
+
+
+def _assert_reading_equals_the_whole_decode(state: EngineState, think_ids: bool) -> None:
     reader = PromptReader(state.tokenizer)
+    assert reader._im_start is not None  # turns are read one by one
+    assert (reader._think_open is not None) == think_ids
     prompts = _prompts(state, random.Random(17))
     for _ in range(2):  # the second pass reads every turn from the memo
         for ids in prompts:
