@@ -11,7 +11,8 @@ on loopback (one interpreter would make every extra engine round trip contend fo
   for a fixed time per mode, modes alternated the same way; chat calls completed per second.
 
     PYTHONPATH=$PWD python benchmarks/bench_prompt_mode.py [--rounds 8] [--concurrency 16 64] [--duration 8]
-        [--baseline-tree DIR]   # also DIR's recorder (e.g. a git worktree of an earlier commit), alternated
+        [--baseline-tree DIR]   # also DIR's engine and recorder (e.g. a git worktree of an earlier
+                                # commit), measured as MODE@base and alternated with the rest
 """
 
 from __future__ import annotations
@@ -39,10 +40,14 @@ TURNS = 12
 MODES = ("direct", "full_history", "incremental")
 
 
-def engine_proc(logs: Path) -> Proc:
+def engine_proc(logs: Path, cwd: Path | None = None) -> Proc:
+    """The reference engine; from ``cwd``'s code when given (``python -m`` puts the cwd first)."""
     port = free_port()
     argv = [PYTHON, "-m", "openenv_harness.testing.engine", "--port", str(port)]
-    return Proc("engine", argv, port, "/health", logs / f"engine-{port}.log")
+    proc = Proc("engine", argv, port, "/health", logs / f"engine-{port}.log")
+    if cwd is not None:
+        proc.cwd = cwd
+    return proc
 
 
 async def _rollout(http: httpx.AsyncClient, url: str, headers: dict[str, str], times: list[float]) -> int:
@@ -80,7 +85,7 @@ async def _target(http: httpx.AsyncClient, mode: str, engine: str, recorder: str
     return s["base_url"], {"authorization": f"Bearer {s['secret']}"}
 
 
-async def _latency(engine: Proc, recorders: dict[str, Proc], rounds: int, modes: tuple[str, ...]
+async def _latency(engines: dict[str, Proc], recorders: dict[str, Proc], rounds: int, modes: tuple[str, ...]
                    ) -> tuple[dict[str, list[float]], dict[str, dict[str, float]]]:
     """Per-call latencies per mode, and the CPU seconds the engine and the recorder (with its index
     process) spent on each mode's calls (one call at a time, so the attribution is clean)."""
@@ -92,8 +97,9 @@ async def _latency(engine: Proc, recorders: dict[str, Proc], rounds: int, modes:
             order = modes[i % len(modes):] + modes[:i % len(modes)]
             for mode in order:
                 times: list[float] = []
+                which = mode.partition("@")[2]
+                engine, recorder = engines[which], recorders[which]
                 url, headers = await _target(http, mode, engine.url, urls)
-                recorder = recorders[mode.partition("@")[2]]
                 before = tree_cpu_seconds(engine.pid), tree_cpu_seconds(recorder.pid)
                 await _rollout(http, url, headers, times)
                 if i:
@@ -142,8 +148,8 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, nargs="*", default=[16, 64])
     parser.add_argument("--duration", type=float, default=8.0, help="seconds per mode and concurrency")
     parser.add_argument("--throughput-rounds", type=int, default=2)
-    parser.add_argument("--baseline-tree", type=Path, help="a checkout of other code: its recorder runs beside "
-                        "this one and its modes are measured as MODE@base, alternated with the rest")
+    parser.add_argument("--baseline-tree", type=Path, help="a checkout of other code: its engine and recorder run "
+                        "beside these and its modes are measured as MODE@base, alternated with the rest")
     args = parser.parse_args()
     modes = MODES + (("full_history@base", "incremental@base") if args.baseline_tree else ())
     with tempfile.TemporaryDirectory() as tmp:
@@ -151,14 +157,18 @@ def main() -> None:
         load_before = loadavg()
         with contextlib.ExitStack() as stack:
             engine = stack.enter_context(engine_proc(logs))
+            engines = {"": engine}
             recorders = {"": stack.enter_context(recorder_proc(engine.url, logs / "r.db", ADMIN, logs))}
             if args.baseline_tree:
-                base = recorder_proc(engine.url, logs / "base.db", ADMIN, logs)
-                base.cwd = args.baseline_tree.resolve()
+                tree = args.baseline_tree.resolve()
+                engines["base"] = stack.enter_context(engine_proc(logs, cwd=tree))
+                base = recorder_proc(engines["base"].url, logs / "base.db", ADMIN, logs)
+                base.cwd = tree
                 recorders["base"] = stack.enter_context(base)
             urls = {k: p.url for k, p in recorders.items()}
-            asyncio.run(_script(engine.url))
-            latency, cpu = asyncio.run(_latency(engine, recorders, args.rounds, modes))
+            for e in engines.values():
+                asyncio.run(_script(e.url))
+            latency, cpu = asyncio.run(_latency(engines, recorders, args.rounds, modes))
             throughput: dict[tuple[str, int], list[float]] = {}
             failures: dict[tuple[str, int], int] = {}
             for n in args.concurrency:

@@ -12,11 +12,12 @@ recorder forwarded), reset everything, and read the engine's tokenizer/template 
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
 from fastapi import FastAPI, Request
-from fastapi.responses import Response
+from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.types import Receive, Scope, Send
 
@@ -38,12 +39,23 @@ from openenv_harness.testing.engine.wire import dumps
 
 
 class EngineApp(FastAPI):
-    """FastAPI, plus access to the connection's transport so faults can really drop connections.
+    """FastAPI, plus access to the connection's transport so faults can really drop connections,
+    plus lean POST routes.
 
     The outermost ``send`` an ASGI server hands over is bound to its per-request cycle object;
     uvicorn's (h11 and httptools alike) carries the asyncio transport. Elsewhere (in-process
     transports) there is none, and a drop fault becomes a 500 reply instead.
+
+    Lean routes (``lean_routes``: path -> handler) are POSTs answered straight from here, without
+    FastAPI's and Starlette's middleware, routing and endpoint machinery: the chat route and the
+    scale-out routes an incremental call waits on three of in a row, where that machinery cost about
+    as much as the handlers (``docs/benchmarks.md``). The same handlers are also FastAPI routes, which
+    answer any other method (a 405, like vLLM) the same way.
     """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.lean_routes: dict[str, Callable[[Request], Awaitable[Response]]] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
@@ -54,7 +66,58 @@ class EngineApp(FastAPI):
             if key and scope["path"].startswith("/v1") and (b"authorization", f"Bearer {key}".encode()) not in scope["headers"]:
                 await error_response(401, "Unauthorized")(scope, receive, send)  # what vLLM --api-key answers
                 return
+            handler = self.lean_routes.get(scope["path"]) if scope["method"] == "POST" else None
+            if handler is not None:
+                await _answer_lean(handler, scope, receive, send)
+                return
         await super().__call__(scope, receive, send)
+
+
+async def _answer_lean(handler: Callable[[Request], Awaitable[Response]], scope: Scope, receive: Receive,
+                       send: Send) -> None:
+    """One lean route's request: the handler's response, or the 500 the app's exception handler gives;
+    its head and body leave in one socket write where the server's request cycle allows it."""
+    try:
+        response = await handler(Request(scope, receive))
+    except Exception as exc:  # noqa: BLE001 -- as ``_internal_error``: the client gets vLLM's error shape
+        response = error_response(500, f"{type(exc).__name__}: {exc}")
+    cycle = getattr(send, "__self__", None)
+    transport = getattr(cycle, "transport", None)
+    if transport is None or not hasattr(transport, "write") or isinstance(response, StreamingResponse):
+        await response(scope, receive, send)
+        return
+    held = _OneWrite(transport)
+    cycle.transport = held  # type: ignore[union-attr]
+    try:
+        await response(scope, receive, send)
+    finally:
+        cycle.transport = transport  # type: ignore[union-attr]
+        held.flush()
+
+
+class _OneWrite:
+    """A transport that holds what uvicorn's request cycle writes (the status and headers, then the
+    body: two writes, so two loopback sends, each waking the client) and sends it as one write."""
+
+    def __init__(self, transport: Any) -> None:
+        self._transport = transport
+        self._parts: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        self._parts.append(bytes(data))
+
+    def flush(self) -> None:
+        if self._parts:
+            data, self._parts = b"".join(self._parts), []
+            if not self._transport.is_closing():  # a dropped connection (a fault) takes no more bytes
+                self._transport.write(data)
+
+    def close(self) -> None:
+        self.flush()
+        self._transport.close()
+
+    def __getattr__(self, name: str) -> Any:  # is_closing, get_extra_info, ...: the real transport's
+        return getattr(self._transport, name)
 
 
 class ScriptRegistration(BaseModel):
@@ -120,6 +183,8 @@ def create_engine_app(config: EngineConfig | None = None) -> FastAPI:
     @app.post("/v1/chat/completions")
     async def _chat(request: Request) -> Response:
         return await chat_completions(state, request)
+
+    app.lean_routes["/v1/chat/completions"] = _chat
 
     @app.get("/v1/models")
     async def _models() -> Response:

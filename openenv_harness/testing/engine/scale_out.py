@@ -8,14 +8,14 @@ reply with its own parsers (``POST /v1/chat/completions/derender``). vLLM 0.32 s
 (checked by ``tests/real_engine/test_real_scale_out.py``).
 
 Sampling from ids has no messages to pick a scripted turn from, so this test double reads the
-roles back out of the decoded prompt (``<|im_start|>role`` headers): the same turn index and the
-same aux rule (no tool list rendered) as ``policy.choose_turn`` applies to a chat request.
+roles back out of the prompt (``<|im_start|>role`` headers, ``prompt_reading.py``: turn by turn, each
+turn decoded once): the same turn index and the same aux rule (no tool list rendered) as
+``policy.choose_turn`` applies to a chat request.
 """
 
 from __future__ import annotations
 
 import asyncio
-import re
 import time
 from typing import Any
 
@@ -31,12 +31,8 @@ from openenv_harness.testing.engine.parser import parse_output
 from openenv_harness.testing.engine.policy import Sample, choose_turn, sample_turn
 from openenv_harness.testing.engine.prompt import render_prompt
 from openenv_harness.testing.engine.state import EngineState
-from openenv_harness.testing.engine.tokenizer import THINK_CLOSE, THINK_OPEN
 from openenv_harness.testing.engine.wire import dumps, new_id, output_text
 
-_ROLE_HEADER = re.compile(r"<\|im_start\|>(\w+)\n")
-_TOOLS_MARK = "\n<tools>\n"
-_TOOL_RESPONSE = "<tool_response>"
 
 
 class GenerateRequest(BaseModel):
@@ -102,16 +98,6 @@ def _sampling_params(config: EngineConfig, chat: ChatRequest, prompt_len: int) -
     return params
 
 
-def _turn_body(text: str) -> dict[str, Any]:
-    """A chat-like view of a decoded prompt, enough for ``choose_turn``: roles and whether tools are on.
-    Qwen templates render a tool result as a ``user`` turn holding ``<tool_response>``: a tool turn."""
-    roles = ["tool" if m.group(1) == "user" and text.startswith(_TOOL_RESPONSE, m.end()) else m.group(1)
-             for m in _ROLE_HEADER.finditer(text)]
-    if roles and roles[-1] == "assistant" and text.endswith("<|im_start|>assistant\n"):
-        roles = roles[:-1]  # the generation prompt
-    return {"messages": [{"role": r} for r in roles], "tools": [{}] if _TOOLS_MARK in text else None}
-
-
 async def _paced(state: EngineState, count: int) -> tuple[int, bool]:
     """Emit ``count`` tokens through the fence (a pause can land mid-generation); (emitted, aborted)."""
     fence, config = state.fence, state.config
@@ -143,7 +129,7 @@ async def _sample_ids(state: EngineState, request: Request, path: str, body: Any
     entry = state.record(session=session, model=model, path=path, headers=dict(request.headers), body=body)
     keys = state.keys_for(session, model)
     script_key, script = state.script_for(keys)
-    choice = choose_turn(_turn_body(state.tokenizer.decode(prompt_ids)), script)
+    choice = choose_turn(state.prompt_reader.turn_body(prompt_ids), script)
     entry.update(turn_index=choice.index, turn_kind=choice.kind)
     fault = state.faults.take(keys, choice.index, choice.kind == "aux")
     if fault is not None and fault.latency_s:
@@ -235,11 +221,9 @@ def _derendered_message(state: EngineState, ids: list[int], chat: dict[str, Any]
                         prompt_ids: list[int]) -> tuple[dict, str]:
     config = state.config
     tools_on = bool(chat.get("tools")) and chat.get("tool_choice") != "none"
-    prompt = state.tokenizer.decode(prompt_ids) if prompt_ids else ""
-    tail = prompt[prompt.rfind(THINK_OPEN):] if THINK_OPEN in prompt else ""
     parsed = parse_output(output_text(state.tokenizer, ids), tools_on, tool_parser=config.tool_call_parser,
                           reasoning=config.reasoning_parser is not None,
-                          open_think=bool(tail) and THINK_CLOSE not in tail)
+                          open_think=state.prompt_reader.think_open(prompt_ids))
     message: dict[str, Any] = {"role": "assistant", "content": parsed.content, "refusal": None,
                                "annotations": None, "audio": None, "function_call": None}
     if parsed.tool_calls:
@@ -331,14 +315,20 @@ async def id_completion(state: EngineState, request: Request) -> Response:
 
 def add_scale_out_routes(app: FastAPI, state: EngineState) -> None:
     """Register the routes (what ``--enable-scale-out`` adds, plus id prompts on /v1/completions);
-    ``generate_route=False`` leaves out /inference/v1/generate."""
+    ``generate_route=False`` leaves out /inference/v1/generate. Each is also a lean route of the
+    app (``app.EngineApp``) where it has them: answered without FastAPI's request machinery."""
     def bind(handler: Any) -> Any:
         async def route(request: Request) -> Response:
             return await handler(state, request)
         return route
 
-    app.add_api_route("/v1/chat/completions/render", bind(render), methods=["POST"])
+    lean: dict[str, Any] | None = getattr(app, "lean_routes", None)
+    routes = {"/v1/chat/completions/render": render, "/v1/chat/completions/derender": derender,
+              "/v1/completions": id_completion}
     if state.config.generate_route:
-        app.add_api_route("/inference/v1/generate", bind(generate), methods=["POST"])
-    app.add_api_route("/v1/chat/completions/derender", bind(derender), methods=["POST"])
-    app.add_api_route("/v1/completions", bind(id_completion), methods=["POST"])
+        routes["/inference/v1/generate"] = generate
+    for path, handler in routes.items():
+        route = bind(handler)
+        app.add_api_route(path, route, methods=["POST"])
+        if lean is not None:
+            lean[path] = route

@@ -18,6 +18,7 @@ from openenv_harness.testing.engine.faults import Fault, FaultBook
 from openenv_harness.testing.engine.fence import Fence
 from openenv_harness.testing.engine.policy import Script
 from openenv_harness.testing.engine.template import ChatTemplate, load_chat_template
+from openenv_harness.testing.engine.prompt_reading import PromptReader
 from openenv_harness.testing.engine.tokenizer import ReferenceTokenizer, hf_tokenizer, reference_tokenizer
 
 DEFAULT_KEY = "*"
@@ -38,6 +39,8 @@ class EngineState:
                                 f"{self.tokenizer.fingerprint()}".encode()).hexdigest()
         #: vLLM's form: ``vllm-<version>-<8 hex of its config hash>``
         self.system_fingerprint = f"vllm-{config.version}-{digest[:8]}"
+        #: reads roles and open think blocks back out of id prompts (the scale-out routes)
+        self.prompt_reader = PromptReader(self.tokenizer)
         self.fence = Fence()
         self.faults = FaultBook()
         self._scripts: dict[str, Script] = {}

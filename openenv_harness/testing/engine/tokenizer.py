@@ -153,6 +153,10 @@ class ReferenceTokenizer:
     def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
 
+    def atomic_id(self, text: str) -> int | None:
+        """The id of a special or added token spelled ``text`` (always encoded whole), if it is one."""
+        return self._atomic_by_text.get(text)
+
     def token_id(self, token: str) -> int:
         found = self.tokenizer.token_to_id(token)
         if found is None:

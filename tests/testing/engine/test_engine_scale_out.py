@@ -88,3 +88,19 @@ def test_generate_picks_the_chat_routes_turn_under_a_template_that_renders_tool_
         d = c.post("/v1/chat/completions/derender",
                    json={"generate_response": g, "prompt_token_ids": r["token_ids"], "chat_request": chat}).json()
     assert d["choices"][0]["message"]["content"] == "Done."  # the second turn, as the chat route would pick
+
+
+def test_the_lean_routes_answer_errors_other_methods_and_closing_connections_like_fastapi(engine: EngineServer) -> None:
+    """The scale-out routes skip FastAPI's machinery (``app.EngineApp.lean_routes``): its answers stay."""
+    with httpx.Client(base_url=engine.url) as c:
+        assert c.get("/v1/chat/completions/render").status_code == 405  # other methods: FastAPI's 405
+        bad = c.post("/inference/v1/generate", content=b"{not json")
+        assert bad.status_code == 400 and "Invalid JSON body" in bad.json()["error"]["message"]
+        broken = c.post("/v1/chat/completions/derender", json={
+            "generate_response": {"choices": [{"token_ids": ["x"]}]}, "chat_request": CHAT})
+        assert broken.status_code == 500 and broken.json()["error"]["message"].startswith("ValueError")
+        for _ in range(3):  # one connection, kept alive across answers
+            assert c.post("/v1/chat/completions/render", json=CHAT).status_code == 200
+    closing = httpx.post(engine.url + "/v1/chat/completions/render", json=CHAT, headers={"connection": "close"})
+    assert closing.status_code == 200 and closing.headers["connection"] == "close"
+    assert closing.json()["token_ids"]
