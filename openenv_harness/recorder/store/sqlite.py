@@ -33,6 +33,7 @@ import orjson
 from openenv_harness.recorder.store import blocks
 from openenv_harness.recorder.store.backlog import MAX_BACKLOG_BYTES, AppendBacklog
 from openenv_harness.recorder.store.disk_budget import DiskBudget
+from openenv_harness.recorder.store.read_gate import ReadGate
 from openenv_harness.recorder.store.base import PendingRecord, RecordStore, SessionRow, SessionSealed
 from openenv_harness.recorder.store.index_priority import PRIORITIES
 from openenv_harness.recorder.store.indexer import MAX_BACKLOG as _MAX_BACKLOG
@@ -100,6 +101,8 @@ _CHECKPOINT_EVERY_S = 0.25
 WAL_LIMIT_BYTES = 8 << 20
 #: How long a resetting checkpoint waits for readers (and holds the indexer back) before it retries later.
 _CHECKPOINT_WAIT_MS = 200
+#: How long a WAL reset waits, with new readers held back, for this process's readers inside to finish.
+_RESET_READERS_WAIT_S = 1.0
 #: Streamed reads (``iter_records``): records per page, resolved records kept as bases, blobs cached.
 _STREAM_PAGE = 16
 _STREAM_BASES = 8
@@ -136,6 +139,8 @@ class SQLiteStore(RecordStore):
         self._indexer: ThreadIndexer | ProcessIndexer | None = None
         self._wconn: sqlite3.Connection | None = None
         self._local = threading.local()
+        #: readers pass it; a WAL reset that readers kept failing closes it for a moment (``read_gate.py``)
+        self._read_gate = ReadGate()
         # session id -> what its latest record stored (delta base for the next one; a cache, not state)
         self._recent: OrderedDict[str, _Tail] = OrderedDict()
         self._records_written = 0
@@ -226,7 +231,9 @@ class SQLiteStore(RecordStore):
         checkpoint is a TRUNCATE: it holds the indexer's next transaction back while it copies what
         is left (off the reply path: agents wait only on the journal) and empties the file. It waits
         for readers on older snapshots at most ``_CHECKPOINT_WAIT_MS``; if one is still reading, the
-        copy done so far stays and the reset is tried again on the next tick. The bounds (this one,
+        copy done so far stays and the reset is tried again at once, then on the next tick. This
+        process's new readers are held back while it runs (``read_gate.py``): readers that follow one
+        another without a pause defeated it tick after tick. The bounds (this one,
         the journal's segment and its byte backlog) follow the database's size (``disk_budget.py``),
         read here on every tick.
         """
@@ -236,12 +243,25 @@ class SQLiteStore(RecordStore):
         try:
             while not self._stop_checkpoints.wait(_CHECKPOINT_EVERY_S):
                 try:
-                    mode = "TRUNCATE" if _file_size(wal) > self._follow_budget() else "PASSIVE"
-                    conn.execute(f"PRAGMA wal_checkpoint({mode})").fetchall()
+                    if _file_size(wal) > self._follow_budget():
+                        self._reset_wal(conn)
+                    else:
+                        conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
                 except sqlite3.Error:
                     log.warning("WAL checkpoint failed; will retry", exc_info=True)
         finally:
             conn.close()
+
+    def _reset_wal(self, conn: sqlite3.Connection) -> bool:
+        """A TRUNCATE checkpoint with this process's readers held back; tried twice in a row, since
+        a log past its bound grows by the whole write rate while it waits for the next tick. True
+        when it did not finish (SQLite reports the log busy: a reader outlasted the wait, or the
+        index process's transaction did)."""
+        with self._read_gate.alone(_RESET_READERS_WAIT_S):
+            for _ in range(2):
+                if not conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0]:
+                    return False
+        return True
 
     def _follow_budget(self) -> int:
         """Set the journal's and the backlog's bounds for the database's size now; returns the WAL's."""
@@ -560,7 +580,10 @@ class SQLiteStore(RecordStore):
 
     def load_sessions(self) -> list[SessionRow]:
         self.caught_up_sync()
-        conn = self._reader()
+        with self._read_gate.reading():
+            return self._load_sessions(self._reader())
+
+    def _load_sessions(self, conn: sqlite3.Connection) -> list[SessionRow]:
         next_index = dict(
             conn.execute("SELECT session_id, MAX(call_index) + 1 FROM records GROUP BY session_id").fetchall()
         )
@@ -611,7 +634,11 @@ class SQLiteStore(RecordStore):
     )
 
     def _read_records(self, session_id: str, after_seq: int, digest: str | None = None) -> list[dict[str, Any]]:
-        conn = self._reader()
+        with self._read_gate.reading():
+            return self._read_records_in(self._reader(), session_id, after_seq, digest)
+
+    def _read_records_in(self, conn: sqlite3.Connection, session_id: str, after_seq: int,
+                         digest: str | None) -> list[dict[str, Any]]:
         sql = f"SELECT {self._COLUMNS} FROM records WHERE session_id = ? AND seq > ?"
         params: list[Any] = [session_id, after_seq]
         if digest is not None:
@@ -641,9 +668,11 @@ class SQLiteStore(RecordStore):
             sql = f"SELECT {self._COLUMNS} FROM records WHERE session_id = ? AND seq > ? ORDER BY seq LIMIT ?"
             last = after_seq
             while True:
-                rows = conn.execute(sql, (session_id, last, _STREAM_PAGE)).fetchall()
-                for row in rows:
-                    yield self._decode_row(conn, row, cache, lists)
+                with self._read_gate.reading():  # a page at a time: the gate is never held across a yield
+                    rows = conn.execute(sql, (session_id, last, _STREAM_PAGE)).fetchall()
+                    page = [self._decode_row(conn, row, cache, lists) for row in rows]
+                for row, record in zip(rows, page):
+                    yield record
                     last = row[0]
                 if len(rows) < _STREAM_PAGE:
                     return

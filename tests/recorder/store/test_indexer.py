@@ -114,7 +114,8 @@ def test_the_index_process_ends_with_its_recorder(tmp_path: Path) -> None:
         from openenv_harness.recorder.store import SQLiteStore
         store = SQLiteStore({str(tmp_path / "r.db")!r}, indexer="process")
         store.open()
-        print(store._indexer.pid, flush=True)
+        store.caught_up_sync()  # the index process is up and serving (a starting one at nice +10
+        print(store._indexer.pid, flush=True)  # takes long to import on a loaded machine)
         time.sleep(60)
     """)
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
@@ -123,7 +124,7 @@ def test_the_index_process_ends_with_its_recorder(tmp_path: Path) -> None:
         assert _alive(child)
         proc.kill()
         proc.wait(timeout=10)
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 60  # it needs a turn of a core to see the end of its pipe
         while _alive(child) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert not _alive(child), "the index process outlived its recorder"
