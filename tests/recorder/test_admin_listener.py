@@ -102,15 +102,21 @@ def test_the_listener_serves_only_session_lifecycle(stack: Any) -> None:
     assert not server.ctx.fence.state()["paused"]
 
 
+def _call_in_flight(engine: Any, server: Any, admin: RecorderClient, latency_s: float) -> tuple[str, Any, dict]:
+    """A session whose second call waits ``latency_s`` at the engine: (its id, the caller's thread, its reply)."""
+    s = admin.create_session()
+    sid = s["session_id"]
+    engine.set_script(sid, tool_script(3))
+    messages = _second_turn(s)
+    engine.add_fault(sid, Fault(latency_s=latency_s, on_turn=1))
+    thread, out = _in_flight(server, s, messages)
+    return sid, thread, out
+
+
 def test_a_close_through_the_listener_waits_for_a_call_in_flight(stack: Any) -> None:
     engine, server = stack
     with RecorderClient(server.url, ADMIN, admin_url=server.admin_url) as admin:
-        s = admin.create_session()
-        sid = s["session_id"]
-        engine.set_script(sid, tool_script(3))
-        messages = _second_turn(s)
-        engine.add_fault(sid, Fault(latency_s=1.0, on_turn=1))
-        thread, out = _in_flight(server, s, messages)
+        sid, thread, out = _call_in_flight(engine, server, admin, 1.0)
         assert admin.close_session(sid, grace_s=60)["status"] == "closed"
         records = admin.records(sid)
         assert [r["metadata"]["status"] for r in records] == ["ok", "ok"]  # recorded before the close answered
@@ -121,12 +127,7 @@ def test_a_close_through_the_listener_waits_for_a_call_in_flight(stack: Any) -> 
 def test_a_close_through_the_listener_cancels_a_call_past_the_grace(stack: Any) -> None:
     engine, server = stack
     with RecorderClient(server.url, ADMIN, admin_url=server.admin_url) as admin:
-        s = admin.create_session()
-        sid = s["session_id"]
-        engine.set_script(sid, tool_script(3))
-        messages = _second_turn(s)
-        engine.add_fault(sid, Fault(latency_s=30.0, on_turn=1))
-        thread, out = _in_flight(server, s, messages)
+        sid, thread, out = _call_in_flight(engine, server, admin, 30.0)
         admin.close_session(sid, grace_s=0)
         records = admin.records(sid)
         assert [r["metadata"]["status"] for r in records] == ["ok", "failed"]
