@@ -43,6 +43,10 @@ if TYPE_CHECKING:
     from openenv_harness.recorder.flow import Flow
 
 RENDER, DERENDER = "/v1/chat/completions/render", "/v1/chat/completions/derender"
+#: Prompt ids sent to derender: vLLM reads only the prompt's last few ids there (to seed detokenizing
+#: the first sampled token) and takes the prompt's length as ``prompt_tokens``; the whole prompt cost
+#: both sides a serialization and a parse of every id (~0.5 MB of JSON at 64k ids).
+DERENDER_PROMPT_TAIL = 64
 MAX_CHECKPOINTS = 8
 MAX_MEMO_MESSAGES = 1024
 #: reasons that are not uncertainty: a strict session still proceeds (a new chain, as in full history)
@@ -208,8 +212,8 @@ class Incremental:
         if generated.status != 200 or generated.json is None:
             flow.prompt_mode["failed_at"] = sampler.route
             return generated  # an engine error mid-way: relayed and recorded by the forward step
-        derender_body = {"generate_response": generated.json, "prompt_token_ids": prompt,
-                         "chat_request": flow.upstream_body}
+        derender_body = {"generate_response": generated.json, "prompt_token_ids": prompt[-DERENDER_PROMPT_TAIL:],
+                         "prompt_tokens": len(prompt), "chat_request": flow.upstream_body}
         derendered = await upstream.post_for_session(DERENDER, derender_body, session_id=session,
                                                      affinity=flow.session.affinity_key)
         if derendered.status != 200 or derendered.json is None:

@@ -7,6 +7,7 @@ import pytest
 
 from openenv_harness.engine import VLLMServer
 from openenv_harness.recorder.id_sampling import as_generate_response
+from openenv_harness.recorder.prompt_mode import DERENDER_PROMPT_TAIL
 from openenv_harness.testing.engine import EngineServer
 from openenv_harness.testing.engine.scale_out_probe import run_probe, shape
 
@@ -22,6 +23,14 @@ def test_render_generate_derender_and_id_prompts_have_vllms_shapes(vllm: VLLMSer
         assert shape(ours[route]) == shape(real[route]), route
     assert ours["bad_generate_status"] == real["bad_generate_status"] == 400
     assert set(ours["bad_generate"]["error"]) == set(real["bad_generate"]["error"])
+    # derender reads only the prompt's tail (what the recorder sends): the same reply as with the whole
+    # prompt, the prompt's length taken for usage -- on both engines
+    for engine in (real, ours):
+        assert len(engine["render"]["token_ids"]) > DERENDER_PROMPT_TAIL, "the tail must be a real cut"
+        tail, whole = engine["derender"]["choices"][0], engine["derender_whole"]["choices"][0]
+        assert _sans_call_ids(tail["message"]) == _sans_call_ids(whole["message"])
+        assert tail["finish_reason"] == whole["finish_reason"]
+        assert engine["derender"]["usage"]["prompt_tokens"] == len(engine["render"]["token_ids"])
     # what the recorder relies on: the render's ids are what generate sampled from
     assert real["generate"]["usage"]["prompt_tokens"] == len(real["render"]["token_ids"])
     assert real["completion"]["choices"][0]["prompt_token_ids"] == real["render"]["token_ids"]
@@ -33,3 +42,9 @@ def test_render_generate_derender_and_id_prompts_have_vllms_shapes(vllm: VLLMSer
         assert generated is not None and generated["choices"][0]["token_ids"] == choice["token_ids"]
         assert [e["logprob"] for e in generated["choices"][0]["logprobs"]["content"]] == \
             choice["logprobs"]["token_logprobs"]
+
+
+def _sans_call_ids(message: dict) -> dict:
+    """A derendered message without its tool calls' ids (fresh random ones on every answer)."""
+    calls = [{k: v for k, v in c.items() if k != "id"} for c in message.get("tool_calls") or []]
+    return {**message, "tool_calls": calls}

@@ -52,7 +52,10 @@ class DerenderRequest(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     generate_response: dict[str, Any]
+    #: vLLM reads only the last few (to seed detokenizing); callers may send just a tail
     prompt_token_ids: list[int] = Field(default_factory=list)
+    #: for usage, as vLLM: the caller knows the prompt's length from the render step
+    prompt_tokens: int | None = None
     chat_request: dict[str, Any]
 
 
@@ -263,8 +266,8 @@ async def derender(state: EngineState, request: Request) -> Response:
         "choices": [{"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish,
                      "stop_reason": None, "token_ids": None, "routed_experts": None}],
         "service_tier": None, "system_fingerprint": None,
-        "usage": {"prompt_tokens": 0, "total_tokens": n, "completion_tokens": n, "prompt_tokens_details": None,
-                  "completion_tokens_details": None},
+        "usage": {"prompt_tokens": parsed.prompt_tokens or 0, "total_tokens": (parsed.prompt_tokens or 0) + n,
+                  "completion_tokens": n, "prompt_tokens_details": None, "completion_tokens_details": None},
         "prompt_logprobs": None, "prompt_token_ids": None, "prompt_text": None, "kv_transfer_params": None,
         "ec_transfer_params": None, "metrics": None,
     })

@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 
 from openenv_harness.recorder.id_sampling import completion_body
+from openenv_harness.recorder.prompt_mode import DERENDER_PROMPT_TAIL
 
 PROBE_TOOLS = [{"type": "function", "function": {
     "name": "bash", "description": "Run a shell command.",
@@ -45,13 +46,19 @@ def run_probe(client: httpx.Client, model: str, max_tokens: int = 4) -> dict[str
                                                              "sampling_params": r["sampling_params"]})
     generated.raise_for_status()
     g = generated.json()
+    # as the recorder's incremental mode asks (the prompt's tail and its length), and with the whole prompt
     derendered = client.post("/v1/chat/completions/derender",
-                             json={"generate_response": g, "prompt_token_ids": r["token_ids"], "chat_request": chat})
+                             json={"generate_response": g, "prompt_token_ids": r["token_ids"][-DERENDER_PROMPT_TAIL:],
+                                   "prompt_tokens": len(r["token_ids"]), "chat_request": chat})
     derendered.raise_for_status()
+    whole = client.post("/v1/chat/completions/derender",
+                        json={"generate_response": g, "prompt_token_ids": r["token_ids"], "chat_request": chat})
+    whole.raise_for_status()
     # the body the recorder's id sampling sends (ids back, tokens spelled token_id:N), 2 tokens long
     completed = client.post("/v1/completions",
                             json=completion_body(r["token_ids"], {**r["sampling_params"], "max_tokens": 2}, model))
     completed.raise_for_status()
     bad = client.post("/inference/v1/generate", json={"token_ids": []})
-    return {"render": r, "generate": g, "derender": derendered.json(), "completion": completed.json(),
+    return {"render": r, "generate": g, "derender": derendered.json(), "derender_whole": whole.json(),
+            "completion": completed.json(),
             "bad_generate_status": bad.status_code, "bad_generate": bad.json()}
