@@ -242,21 +242,35 @@ def _load_average() -> float:
 
 
 def admin_part(tree: Path, a: argparse.Namespace, logs: Path, *, listener: bool = False,
-               switch_s: str | None = None) -> dict[str, Any]:
+               switch_s: str | None = None, null_admin: str | None = None) -> dict[str, Any]:
     """``listener``: the recorder runs with ``--admin-port`` and the probe creates and closes there
     (the chat load and everything else unchanged); otherwise through the main port, as before.
-    ``switch_s``: the recorder's ``sys.setswitchinterval`` (None: Python's default, 5 ms)."""
+    ``switch_s``: the recorder's ``sys.setswitchinterval`` (None: Python's default, 5 ms).
+    ``null_admin``: the probe goes to ``null_admin.py`` instead, which answers with constants --
+    ``"thread"``: on a thread of the recorder's interpreter, ``"process"``: in a process of its own,
+    both at the listener's default ``admin_nice`` -- the floor under any admin server there."""
     admin = secrets.token_hex(16)
+    side: subprocess.Popen | None = None
     with tempfile.TemporaryDirectory(prefix="oeh-footprint-") as tmp, \
             procs.engine_proc("chain", a.prompt, logs) as engine:
         proc = recorder(tree, engine.url, Path(tmp) / "store.db", admin, logs)
         switch = switch_s or os.environ.get("OEH_BENCH_SWITCH_INTERVAL_S")
+        prelude = []
         if switch:  # A/B of the interpreter's switch interval in the recorder (how long a waiting thread waits)
+            prelude.append(f"sys.setswitchinterval({float(switch)!r})")
+        admin_port = procs.free_port() if listener or null_admin else None
+        if null_admin == "thread":
+            prelude.append(f"sys.path.insert(0, {str(procs.BENCH)!r}); import null_admin; "
+                           f"null_admin.start_in_thread({admin_port}, {NULL_ADMIN_NICE})")
+        elif null_admin == "process":
+            side = subprocess.Popen([procs.PYTHON, str(procs.BENCH / "null_admin.py"), str(admin_port),
+                                     str(NULL_ADMIN_NICE)], stdout=subprocess.PIPE)
+            assert side.stdout is not None and side.stdout.readline()  # it says when it serves
+        if prelude:
             assert proc.argv[1:3] == ["-m", "openenv_harness.recorder"], proc.argv
-            proc.argv[1:3] = ["-c", f"import sys, runpy; sys.setswitchinterval({float(switch)!r}); "
+            proc.argv[1:3] = ["-c", "import sys, runpy; " + "; ".join(prelude) + "; "
                               "sys.argv[0] = 'recorder'; runpy.run_module('openenv_harness.recorder', run_name='__main__')"]
-        admin_port = procs.free_port() if listener else None
-        if admin_port is not None:
+        if listener:
             proc.argv += ["--admin-port", str(admin_port)]
         proxy = proc.start(timeout_s=120)
         probe_url = f"http://127.0.0.1:{admin_port}" if admin_port is not None else proxy.url
@@ -279,12 +293,19 @@ def admin_part(tree: Path, a: argparse.Namespace, logs: Path, *, listener: bool 
             load = orjson.loads(out.decode().strip().splitlines()[-1])
         finally:
             proxy.stop()
+            if side is not None:
+                side.kill()
+                side.wait()
     load.pop("session_ids", None)
     pct = lambda xs, q: loadgen.percentile(sorted(xs), q)  # noqa: E731
-    return {"load": load, "listener": listener, "probe_nice": a.probe_nice, "switch_interval_s": float(switch) if switch else None, "load_average": [load_before, _load_average()],
+    return {"load": load, "listener": listener, "null_admin": null_admin, "probe_nice": a.probe_nice, "switch_interval_s": float(switch) if switch else None, "load_average": [load_before, _load_average()],
             **{f"{k}_p50_ms": pct(v, 50) for k, v in probe.items()},
             **{f"{k}_p99_ms": pct(v, 99) for k, v in probe.items()},
             **{f"{k}_max_ms": max(v) for k, v in probe.items()}, "probes": len(probe["create"])}
+
+
+#: the null admin server's nice steps: the recorder's default ``admin_nice`` for its listener
+NULL_ADMIN_NICE = -10
 
 
 # -- one session's chain latency ---------------------------------------------------------------------------
@@ -328,6 +349,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="admin part: nice steps for the probing client's thread (e.g. -10: a trainer on cores of its own)")
     p.add_argument("--admin-listener", action="store_true",
                    help="admin part: this tree also with --admin-port, the probe on that port (alternated with the main port)")
+    p.add_argument("--admin-floor", action="store_true",
+                   help="admin part: also null admin servers (null_admin.py: constant answers) on a thread of the "
+                        "recorder's interpreter and in a process of their own, alternated with the other cells")
     p.add_argument("--settle-s", type=float, default=3.0)
     p.add_argument("--chain-s", type=float, default=15.0)
     p.add_argument("--chain-reps", type=int, default=3)
@@ -381,13 +405,20 @@ def main(argv: list[str] | None = None) -> None:
             for rep in range({"admin": a.admin_reps, "chain": a.chain_reps}.get(part, 1)):
                 for name, tree in trees.items():  # alternated: baseline, this, baseline, this, ...
                     if part == "admin":
-                        modes = [rep % 2 == 1, rep % 2 == 0] if a.admin_listener and name == "this" else [False]
+                        # (listener, null admin) per cell; the order turns around every other rep
+                        modes: list[tuple[bool, str | None]] = [(False, None)]
+                        if name == "this" and a.admin_listener:
+                            modes.append((True, None))
+                        if name == "this" and a.admin_floor:
+                            modes += [(False, "thread"), (False, "process")]
                         switches = a.switch_intervals.split(",") if a.switch_intervals and name == "this" else [None]
                         for switch in (switches if rep % 2 == 0 else switches[::-1]):
-                            for listener in modes:
-                                key = (f"{name}+listener" if listener else name) + (f"@{switch}" if switch else "")
+                            for listener, null in (modes if rep % 2 == 0 else modes[::-1]):
+                                key = (f"{name}+listener" if listener else f"{name}+null-{null}" if null else name) \
+                                    + (f"@{switch}" if switch else "")
                                 runs = results["parts"].get("admin", {}).get(key, [])
-                                keep(part, key, [*runs, admin_part(tree, a, logs, listener=listener, switch_s=switch)])
+                                keep(part, key, [*runs, admin_part(tree, a, logs, listener=listener, switch_s=switch,
+                                                                   null_admin=null)])
                     else:
                         run_part(part, name, tree)
     finally:
@@ -406,7 +437,9 @@ def _ratio(s: dict[str, int]) -> float:
 def admin_table(results: dict[str, Any], *, own_command: bool = False) -> list[str]:
     """The "Admin calls under load" table (and, for a run of its own, its command)."""
     label = {"baseline": f"before (`{(results.get('baseline') or '')[:7]}`)", "this": f"main port (`{results['commit']}`)",
-             "this+listener": f"admin listener (`{results['commit']}`)"}
+             "this+listener": f"admin listener (`{results['commit']}`)",
+             "this+null-thread": "null admin server, a thread of the recorder's interpreter",
+             "this+null-process": "null admin server, a process of its own"}
     if not own_command:
         label["this"] = f"this tree (`{results['commit']}`)"
     out = ["**Admin calls under load** (a client creates and closes a session every 20 ms while 64 sessions "
