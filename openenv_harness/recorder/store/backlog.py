@@ -1,7 +1,7 @@
 """How far the indexer may fall behind the journal before appends wait: in bytes and in records.
 
 Why bytes: every journal frame holds a whole prompt and request, while SQLite keeps only a
-record's new ids (``sqlite.py``: prompts are deltas). So the unindexed backlog is what puts the
+record's new ids (``deltas.py``: prompts are deltas). So the unindexed backlog is what puts the
 store's disk footprint above its content: a bound of 64 records alone let 64 frames of 60k-id
 prompts (~45 MB) sit in the journal while a starved index process caught up -- more than the
 content of a long run's first minutes. With the byte bound the journal's unindexed frames stay

@@ -2,7 +2,7 @@
 
 Every call of an agent's conversation repeats the whole history, so storing each call whole costs
 O(turns^2). Prompts are therefore stored as "an earlier record's prompt up to N tokens + the new
-tokens" (see ``sqlite.py``), and messages are stored once each under the hash of their JSON, a
+tokens" (see ``deltas.py``), and messages are stored once each under the hash of their JSON, a
 request keeping only the list of message hashes (itself delta-encoded against the previous record).
 Reconstruction is exact: bytes in, the same bytes out.
 """
