@@ -213,7 +213,7 @@ class Incremental:
             flow.prompt_mode["failed_at"] = sampler.route
             return generated  # an engine error mid-way: relayed and recorded by the forward step
         derender_body = {"generate_response": generated.json, "prompt_token_ids": prompt[-DERENDER_PROMPT_TAIL:],
-                         "prompt_tokens": len(prompt), "chat_request": flow.upstream_body}
+                         "prompt_tokens": len(prompt), "chat_request": derender_chat_request(flow.upstream_body)}
         derendered = await upstream.post_for_session(DERENDER, derender_body, session_id=session,
                                                      affinity=flow.session.affinity_key)
         if derendered.status != 200 or derendered.json is None:
@@ -223,6 +223,23 @@ class Incremental:
         while len(state.parents) > 64:  # left by calls that failed after the engine answered
             del state.parents[next(iter(state.parents))]
         return _compose(derendered.json, generated.json, prompt)
+
+
+def derender_chat_request(body: dict[str, Any]) -> dict[str, Any]:
+    """The chat request derender is given: every field but the history, and of the history only the
+    assistant turns that made tool calls.
+
+    Why: derender parses the sampled ids with the engine's tool and reasoning parsers, which read the
+    request's settings (tools, tool_choice, include_reasoning, return_token_ids, the chat-template
+    kwargs and what builds them) and, of its messages, only how many tool calls the history made
+    (vLLM 0.32: a tool-call id scheme numbers new calls after them); nothing else reads them, and
+    ``messages`` need only be a list. The whole history cost both sides a serialization and a parse
+    (and vLLM a validation of every message) on every continued call."""
+    calls = [m for m in body.get("messages") or [] if isinstance(m, dict) and m.get("role") == "assistant"
+             and m.get("tool_calls")]
+    out = {k: v for k, v in body.items() if k != "messages"}
+    out["messages"] = calls
+    return out
 
 
 def _state(flow: "Flow") -> IncrementalState:
