@@ -106,6 +106,9 @@ if HttpToolsProtocol is not None:
             usable = (isinstance(app, EngineApp) and not config.root_path and config.limit_concurrency is None
                       and all(hasattr(self, name) for name in _ATTRIBUTES))
             self._app: EngineApp | None = app if usable else None
+            #: the header a /v1 request must carry (vLLM's --api-key), fixed for the app's life
+            self._auth = (b"authorization", f"Bearer {app.state.engine.config.api_key}".encode()) \
+                if self._app is not None and app.state.engine.config.api_key else None
             self._lean: _LeanRequest | None = None
 
         # -- parser callbacks: a lean request is collected here, anything else is uvicorn's ------------
@@ -149,8 +152,7 @@ if HttpToolsProtocol is not None:
             handler = app.lean_routes.get(path)
             if handler is None:
                 return None
-            key = app.state.engine.config.api_key
-            if key and path.startswith("/v1") and (b"authorization", f"Bearer {key}".encode()) not in self.headers:
+            if self._auth is not None and path.startswith("/v1") and self._auth not in self.headers:
                 return None  # the app's ASGI entry answers vLLM's 401
             version = parser.get_http_version()
             scope = self.scope  # as uvicorn fills it (on_message_begin, on_headers_complete)
