@@ -172,6 +172,9 @@ def test_generate_derender_and_id_completions_answer_alike(pair) -> None:
                   "return_token_ids": True, "logprobs": 0}
     (completed,) = _same(pair, [_request("/v1/completions", completion)])
     assert completed.startswith(b"HTTP/1.1 200 OK\r\n") and b'"text_completion"' in completed
+    (out_of_vocabulary,) = _same(pair, [_request("/inference/v1/generate", {
+        **generate, "token_ids": [*rendered["token_ids"], -3, 10**9]})])
+    assert out_of_vocabulary.startswith(b"HTTP/1.1 400 ") and b"out of vocabulary: [-3, 1000000000]" in out_of_vocabulary
     (streamed_generate,) = _same(pair, [_request("/inference/v1/generate", {**generate, "stream": True})])
     assert streamed_generate.startswith(b"HTTP/1.1 400 ")
     (handler_error,) = _same(pair, [_request("/v1/chat/completions/derender", {
