@@ -50,7 +50,9 @@ class EngineApp(FastAPI):
     FastAPI's and Starlette's middleware, routing and endpoint machinery: the chat route and the
     scale-out routes an incremental call waits on three of in a row, where that machinery cost about
     as much as the handlers (``docs/benchmarks.md``). The same handlers are also FastAPI routes, which
-    answer any other method (a 405, like vLLM) the same way.
+    answer any other method (a 405, like vLLM) the same way. Where the engine serves itself
+    (``EngineServer``, its own process) uvicorn's parser hands these requests to the handlers before
+    any ASGI cycle exists (``protocol.py``); this entry answers them under any other server.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
