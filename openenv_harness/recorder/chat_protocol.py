@@ -29,13 +29,13 @@ correctness.
 from __future__ import annotations
 
 import asyncio
-import http
 import logging
 import urllib.parse
 from typing import Any
 
 import httptools
 
+from openenv_harness.http1 import STATUS_LINES, chunk, response_head, status_line
 from openenv_harness.recorder.app import RecorderApp
 from openenv_harness.recorder.dialects import Dialect, agent_target
 from openenv_harness.recorder.errors import AgentError, body_too_large
@@ -115,17 +115,6 @@ class _ChatRequest:
             self.too_large, self.chunks = True, []
         else:
             self.chunks.append(chunk)
-
-
-def _status_line(status: int) -> bytes:
-    try:
-        phrase = http.HTTPStatus(status).phrase.encode()
-    except ValueError:
-        phrase = b""
-    return b"HTTP/1.1 %d %s\r\n" % (status, phrase)
-
-
-_STATUS_LINES = {status: _status_line(status) for status in range(100, 600)}
 
 
 if HttpToolsProtocol is not None:
@@ -416,34 +405,31 @@ if HttpToolsProtocol is not None:
         async def _write_stream(self, response: Any, events: Any, cycle: _Answering) -> None:
             """A reply committed before its call finished (``keepalive.py``): the head now, then each
             event as an HTTP/1.1 chunk as it comes; nothing more once the agent has hung up."""
-            out = [_STATUS_LINES.get(response.status_code) or _status_line(response.status_code)]
+            out = [STATUS_LINES.get(response.status_code) or status_line(response.status_code)]
             for name, value in (*self.server_state.default_headers, *response.raw_headers):
                 out += [name, b": ", value, b"\r\n"]
             out.append(b"transfer-encoding: chunked\r\n")
             if not cycle.keep_alive:
                 out.append(b"connection: close\r\n")
             self.transport.write(b"".join(out) + b"\r\n")
-            async for chunk in events:
+            async for event in events:
                 if cycle.disconnected or self.transport.is_closing():
                     continue  # drain: the call finishes and is recorded whether or not anyone listens
-                if chunk:
-                    self.transport.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+                if event:
+                    self.transport.write(chunk(event))
             if not (cycle.disconnected or self.transport.is_closing()):
-                self.transport.write(b"0\r\n\r\n")
+                self.transport.write(chunk(b"", last=True))
             cycle.response_complete = True
             if not cycle.keep_alive:
                 self.transport.close()
 
         def _write(self, response: Any, cycle: _Answering) -> None:
-            """The reply in one write; the connection closed after it unless kept alive."""
-            status, head, body = response.status_code, response.raw_headers, response.body
-            out = [_STATUS_LINES.get(status) or _status_line(status)]
-            for name, value in (*self.server_state.default_headers, *head):
-                out += [name, b": ", value, b"\r\n"]
-            if not cycle.keep_alive:
-                out.append(b"connection: close\r\n")
-            out += [b"\r\n", body]
-            self.transport.write(b"".join(out))
+            """The reply in one write, framed as uvicorn frames it (``openenv_harness.http1``); the
+            connection closed after it unless kept alive."""
+            status, body = response.status_code, response.body
+            head = response_head(status, (*self.server_state.default_headers, *response.raw_headers), cycle.keep_alive)
+            cycle.keep_alive = head.keep_alive
+            self.transport.write(head.data + (chunk(body, last=True) if head.chunked else body))
             if self.access_log:
                 self.access_logger.info('%s - "POST chat" %d', self.client and self.client[0], status)
             cycle.response_complete = True

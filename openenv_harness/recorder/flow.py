@@ -87,6 +87,9 @@ class Flow:
     cancelled_by_close: bool = False
     #: how the prompt mode served this call (incremental sessions): continued or fell back, and why
     prompt_mode: dict[str, Any] | None = None
+    #: what the prompt mode worked out for this call while in flight, which its commit reuses
+    #: (``prompt_mode._Call``: the history's digests, the checkpoint continued, the prompt composed)
+    prompt_mode_call: Any = None
 
     def cancel_for_close(self) -> None:
         """The session is closing and this call is still waiting (``SessionRegistry.close``)."""

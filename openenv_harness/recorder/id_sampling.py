@@ -22,8 +22,6 @@ import asyncio
 import weakref
 from typing import Any, Protocol
 
-import orjson
-
 from openenv_harness.recorder.upstream.base import Upstream, UpstreamReply
 
 GENERATE, COMPLETIONS = "/inference/v1/generate", "/v1/completions"
@@ -82,7 +80,7 @@ class IdCompletionRoute:
         if generated is None:
             return UpstreamReply(status=502, json=None, body=b"the engine's /v1/completions reply carries neither "
                                  b"token_ids nor token_id:N tokens: the sampled ids are unknown")
-        return UpstreamReply(status=200, json=generated, body=orjson.dumps(generated), headers=reply.headers)
+        return UpstreamReply(status=200, json=generated, headers=reply.headers)  # read from json, as generate's
 
 
 def completion_body(prompt: list[int], params: dict[str, Any], model: str | None) -> dict[str, Any]:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from array import array
 from itertools import compress, count
 from operator import ne
 from dataclasses import dataclass, field
@@ -67,14 +68,24 @@ class Checkpoint:
 
 
 @dataclass
+class _Call:
+    """What a call in flight worked out that its commit reuses (``Flow.prompt_mode_call``): its
+    history's digests and tools digest (``_find_parent``), and, once it continued, the checkpoint it
+    continued (replaced by the call's own once it is recorded: call numbers are given only then) and
+    its prompt."""
+
+    digests: list[str]
+    rendering: str
+    parent: Checkpoint | None = None
+    prompt: list[int] | None = None
+
+
+@dataclass
 class IncrementalState:
     """Per session: recent chain tips (sub-agents interleave) and whether the engine lacks the routes."""
 
     checkpoints: list[Checkpoint] = field(default_factory=list)
     routes_missing: str | None = None
-    #: in-flight call (``id`` of its flow) -> the checkpoint it continued, replaced by the call's own
-    #: once it is recorded (call numbers are given only then); bounded: calls that fail never commit
-    parents: dict[int, Checkpoint] = field(default_factory=dict)
     #: message (its JSON) -> its canonical digest: a call replays the previous call's messages, so
     #: only the new ones are canonicalized (a pure function's memo; bounded)
     digest_memo: dict[bytes, str] = field(default_factory=dict)
@@ -138,14 +149,16 @@ class Incremental:
         message = choices[0].get("message") or {}
         completion = list(ev.completion_ids or [])
         state = _state(flow)
-        messages = flow.body.get("messages") or []
+        call = flow.prompt_mode_call
+        if not isinstance(call, _Call):  # not worked out while in flight (a chain's start, an engine without the routes)
+            call = _Call(state.digests(flow.body.get("messages") or []), history_match.tools_digest(flow.body))
+        # a continued call's prompt is the list it composed (the evidence holds the same ids as an array)
+        prompt = call.prompt if call.prompt is not None else list(ev.prompt_ids or [])
         turn_end = _turn_end_ids(flow)
-        checkpoint = Checkpoint(ids=list(ev.prompt_ids or []) + completion,
-                                message_digests=state.digests(messages), reply=message,
-                                reply_digest=history_match.digest(message),
-                                rendering=history_match.tools_digest(flow.body),
+        checkpoint = Checkpoint(ids=prompt + completion, message_digests=call.digests, reply=message,
+                                reply_digest=history_match.digest(message), rendering=call.rendering,
                                 ends_turn=bool(turn_end) and bool(completion) and completion[-1] == turn_end[0])
-        parent = state.parents.pop(id(flow), None)
+        parent = call.parent
         # by identity: calls of other chains may have committed meanwhile
         state.checkpoints = [c for c in state.checkpoints if c is not parent][-(MAX_CHECKPOINTS - 1):]
         state.checkpoints.append(checkpoint)
@@ -185,7 +198,7 @@ class Incremental:
                 raise outcome
         assert isinstance(full, dict) and isinstance(rendered_suffix, tuple) and not isinstance(sampler, BaseException)
         suffix_ids, rerendered = rendered_suffix
-        full_ids = [int(t) for t in full["token_ids"]]
+        full_ids = _id_list(full["token_ids"], RENDER)
         if full_ids[len(full_ids) - len(suffix_ids):] != suffix_ids:
             raise Fallback("suffix_not_certified", "the new messages render differently after the real history "
                            "than after the probe prefix")
@@ -213,16 +226,36 @@ class Incremental:
             flow.prompt_mode["failed_at"] = sampler.route
             return generated  # an engine error mid-way: relayed and recorded by the forward step
         derender_body = {"generate_response": generated.json, "prompt_token_ids": prompt[-DERENDER_PROMPT_TAIL:],
-                         "prompt_tokens": len(prompt), "chat_request": flow.upstream_body}
+                         "prompt_tokens": len(prompt), "chat_request": derender_chat_request(flow.upstream_body)}
         derendered = await upstream.post_for_session(DERENDER, derender_body, session_id=session,
                                                      affinity=flow.session.affinity_key)
         if derendered.status != 200 or derendered.json is None:
             flow.prompt_mode["failed_at"] = DERENDER
             return derendered
-        state.parents[id(flow)] = checkpoint
-        while len(state.parents) > 64:  # left by calls that failed after the engine answered
-            del state.parents[next(iter(state.parents))]
+        call = flow.prompt_mode_call
+        assert isinstance(call, _Call)  # set by _find_parent
+        call.parent, call.prompt = checkpoint, prompt  # the commit replaces the parent by this call's own
+        # the prompt's ids are already checked ints (the checkpoint's, the certified trailer's, the
+        # suffix's): the evidence takes them as they are, as from a transport that read them (flow.py)
+        flow.prompt_ids = array("I", prompt)
         return _compose(derendered.json, generated.json, prompt)
+
+
+def derender_chat_request(body: dict[str, Any]) -> dict[str, Any]:
+    """The chat request derender is given: every field but the history, and of the history only the
+    assistant turns that made tool calls.
+
+    Why: derender parses the sampled ids with the engine's tool and reasoning parsers, which read the
+    request's settings (tools, tool_choice, include_reasoning, return_token_ids, the chat-template
+    kwargs and what builds them) and, of its messages, only how many tool calls the history made
+    (vLLM 0.32: a tool-call id scheme numbers new calls after them); nothing else reads them, and
+    ``messages`` need only be a list. The whole history cost both sides a serialization and a parse
+    (and vLLM a validation of every message) on every continued call."""
+    calls = [m for m in body.get("messages") or [] if isinstance(m, dict) and m.get("role") == "assistant"
+             and m.get("tool_calls")]
+    out = {k: v for k, v in body.items() if k != "messages"}
+    out["messages"] = calls
+    return out
 
 
 def _state(flow: "Flow") -> IncrementalState:
@@ -247,6 +280,7 @@ def _find_parent(flow: "Flow", state: IncrementalState, messages: list[Any]) -> 
         raise Fallback("chain_start", "no earlier sample in this session to continue")
     digests = state.digests(messages)
     rendering = history_match.tools_digest(flow.body)
+    flow.prompt_mode_call = _Call(digests, rendering)  # the call's commit reuses them
     for index in range(len(state.checkpoints) - 1, -1, -1):
         c = state.checkpoints[index]
         n = len(c.message_digests)
@@ -288,7 +322,7 @@ async def _suffix_ids(flow: "Flow", upstream: Upstream, state: IncrementalState,
     prefix = probe_prefixes.get(upstream, probe, turn_end)
     if prefix is None:
         rendered = await _render(upstream, state, probe, session, flow.session.affinity_key)
-        prefix = [int(t) for t in rendered["token_ids"]]
+        prefix = _id_list(rendered["token_ids"], RENDER)
         if prefix[-len(turn_end):] != turn_end:
             raise Fallback("junction_uncertified", "the probe's assistant turn does not end with the certified "
                            "turn-end ids")
@@ -296,12 +330,22 @@ async def _suffix_ids(flow: "Flow", upstream: Upstream, state: IncrementalState,
     generation = flow.body.get("add_generation_prompt", True)
     whole = await _render(upstream, state, {**base, "messages": [_PROBE_USER, assistant, *suffix],
                                             "add_generation_prompt": generation}, session, flow.session.affinity_key)
-    ids = [int(t) for t in whole["token_ids"]]
+    ids = _id_list(whole["token_ids"], RENDER)
     cut = probe_cut(prefix, ids, turn_end)
     if cut is None:
         raise Fallback("suffix_not_certified", "the probe prefix is not kept when the new messages follow it, "
                        "and its assistant turn's end cannot be found in the render")
     return ids[cut:], cut != len(prefix)
+
+
+def _id_list(values: Any, route: str) -> list[int]:
+    """An engine's list of token ids as plain ints (JSON booleans read as 0/1, as ``int`` reads
+    them), checked in C: anything that is not an id in [0, 2**32) falls back instead of reaching the
+    engine's sampler."""
+    try:
+        return array("I", values).tolist()
+    except (TypeError, OverflowError, ValueError):
+        raise Fallback("render_failed", f"{route} answered token ids that are not all ids") from None
 
 
 def probe_cut(prefix: list[int], whole: list[int], turn_end: list[int]) -> int | None:
@@ -359,7 +403,8 @@ def _compose(derendered: dict[str, Any], generated: dict[str, Any], prompt: list
                       "total_tokens": len(prompt) + len(ids)}
     if gen_choice.get("weight_versions") is not None:
         choice["weight_versions"] = gen_choice["weight_versions"]
-    return UpstreamReply(status=200, json=reply, body=orjson.dumps(reply))
+    # no body: a success is read from ``json`` (the raw body only serves relaying an engine's error)
+    return UpstreamReply(status=200, json=reply)
 
 
 def strategy_for(mode: str) -> FullHistory | Incremental:

@@ -23,8 +23,9 @@ def test_render_generate_derender_and_id_prompts_have_vllms_shapes(vllm: VLLMSer
         assert shape(ours[route]) == shape(real[route]), route
     assert ours["bad_generate_status"] == real["bad_generate_status"] == 400
     assert set(ours["bad_generate"]["error"]) == set(real["bad_generate"]["error"])
-    # derender reads only the prompt's tail (what the recorder sends): the same reply as with the whole
-    # prompt, the prompt's length taken for usage -- on both engines
+    # derender reads only the prompt's tail and, of the chat request's history, only its tool-call turns
+    # (what the recorder sends): the same reply as with the whole prompt and the whole request, the
+    # prompt's length taken for usage -- on both engines
     for engine in (real, ours):
         assert len(engine["render"]["token_ids"]) > DERENDER_PROMPT_TAIL, "the tail must be a real cut"
         tail, whole = engine["derender"]["choices"][0], engine["derender_whole"]["choices"][0]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import orjson
+
 from openenv_harness.recorder import RecorderClient, RecorderServer
 from openenv_harness.testing.engine import EngineServer
 
@@ -91,3 +93,43 @@ def test_a_template_that_rerenders_the_previous_turn_keeps_the_exact_checkpoint(
     for prev, rec in zip(records, records[1:]):
         chain = prev["prompt_token_ids"] + prev["completion_token_ids"]
         assert rec["prompt_token_ids"][:len(chain)] == chain
+
+
+
+def test_derender_gets_the_request_settings_and_only_the_historys_tool_call_turns(tmp_path) -> None:
+    """What derender reads of the chat request (``prompt_mode.derender_chat_request``): all of its
+    settings, and of its history only the assistant turns with tool calls (the count a tool-call id
+    scheme numbers new calls after); the rest of the history is not sent again. The engine's own
+    render and derender handlers are wrapped to see what arrives."""
+    from openenv_harness.recorder import RecorderConfig
+    from openenv_harness.testing.engine import SESSION_HEADER
+
+    from agentloop import ADMIN
+
+    seen: dict[str, list[dict]] = {"render": [], "derender": []}
+    with EngineServer() as engine:
+        for name in seen:
+            path = f"/v1/chat/completions/{name}"
+            handler = engine.app.lean_routes[path]
+
+            async def capture(request, handler=handler, name=name):  # type: ignore[no-untyped-def]
+                if request.headers.get(SESSION_HEADER):  # not the template certification's renders
+                    seen[name].append(orjson.loads(await request.body()))
+                return await handler(request)
+            engine.app.lean_routes[path] = capture
+        with RecorderServer(RecorderConfig(store_path=str(tmp_path / "r.db"), engine_url=engine.url,
+                                           admin_token=ADMIN)) as recorder, RecorderClient(recorder.url, ADMIN) as admin:
+            s = admin.create_session(prompt_mode="incremental")
+            engine.set_script(s["session_id"], tool_script(3))  # type: ignore[arg-type]
+            run_agent(s["base_url"], s["secret"], stream=False, echo="pi")
+            records = admin.records(s["session_id"])
+    assert [r["metadata"]["fidelity"]["class"] for r in records] == ["root"] + ["exact"] * 3
+    full = [b for b in seen["render"] if b["messages"][0].get("content") != "."]  # not the probe's renders
+    assert len(seen["derender"]) == len(full) == 3
+    for rendered, derender in zip(full, seen["derender"]):
+        chat = derender["chat_request"]
+        assert {k: v for k, v in chat.items() if k not in ("messages", "stream")} == \
+            {k: v for k, v in rendered.items() if k != "messages"}
+        assert chat["messages"] == [m for m in rendered["messages"]
+                                    if m["role"] == "assistant" and m.get("tool_calls")]
+        assert 0 < len(chat["messages"]) < len(rendered["messages"])

@@ -74,3 +74,16 @@ def test_the_probe_cut_finds_the_turn_end_where_the_template_rerendered_the_turn
     assert probe_cut(prefix, [1, 9, 10, 2, 3, 4], end) is None  # no turn end after the change
     # a change before the probe's assistant turn: the turn end found first is another turn's
     assert probe_cut([1, 9, 10, 2, 9, 10], [5, 9, 10, 2, 9, 10, 3], end) is None
+
+
+def test_an_engines_ids_are_read_as_ints_or_fall_back() -> None:
+    import pytest
+
+    from openenv_harness.recorder.prompt_mode import Fallback, _id_list
+
+    assert _id_list([3, 0, 2**32 - 1, True], "/r") == [3, 0, 2**32 - 1, 1]  # as int() reads a JSON true
+    assert all(type(t) is int for t in _id_list([True, False], "/r"))
+    for bad in ([1, 2.5], [1, "7"], [-1], [2**32], None, "12", [[1]]):
+        with pytest.raises(Fallback) as caught:
+            _id_list(bad, "/r")
+        assert caught.value.reason == "render_failed"

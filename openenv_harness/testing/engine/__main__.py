@@ -17,6 +17,7 @@ import uvicorn
 from openenv_harness.testing.engine.app import create_engine_app
 from openenv_harness.testing.engine.config import EngineConfig, GenerationConfig
 from openenv_harness.testing.engine.policy import Script
+from openenv_harness.testing.engine.protocol import engine_protocol_class
 from openenv_harness.testing.engine.server import bind_socket
 
 
@@ -74,7 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     sock = bind_socket(args.host, args.port)
     server = uvicorn.Server(uvicorn.Config(create_engine_app(config), log_level="warning", access_log=False,
-                                           lifespan="off", timeout_graceful_shutdown=1))
+                                           lifespan="off", timeout_graceful_shutdown=1,
+                                           http=engine_protocol_class() or "auto"))
 
     async def _announce_when_started() -> None:
         while not server.started:

@@ -50,7 +50,9 @@ class EngineApp(FastAPI):
     FastAPI's and Starlette's middleware, routing and endpoint machinery: the chat route and the
     scale-out routes an incremental call waits on three of in a row, where that machinery cost about
     as much as the handlers (``docs/benchmarks.md``). The same handlers are also FastAPI routes, which
-    answer any other method (a 405, like vLLM) the same way.
+    answer any other method (a 405, like vLLM) the same way. Where the engine serves itself
+    (``EngineServer``, its own process) uvicorn's parser hands these requests to the handlers before
+    any ASGI cycle exists (``protocol.py``); this entry answers them under any other server.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -77,10 +79,7 @@ async def _answer_lean(handler: Callable[[Request], Awaitable[Response]], scope:
                        send: Send) -> None:
     """One lean route's request: the handler's response, or the 500 the app's exception handler gives;
     its head and body leave in one socket write where the server's request cycle allows it."""
-    try:
-        response = await handler(Request(scope, receive))
-    except Exception as exc:  # noqa: BLE001 -- as ``_internal_error``: the client gets vLLM's error shape
-        response = error_response(500, f"{type(exc).__name__}: {exc}")
+    response = await lean_reply(handler, Request(scope, receive))
     cycle = getattr(send, "__self__", None)
     transport = getattr(cycle, "transport", None)
     if transport is None or not hasattr(transport, "write") or isinstance(response, StreamingResponse):
@@ -93,6 +92,15 @@ async def _answer_lean(handler: Callable[[Request], Awaitable[Response]], scope:
     finally:
         cycle.transport = transport  # type: ignore[union-attr]
         held.flush()
+
+
+async def lean_reply(handler: Callable[[Request], Awaitable[Response]], request: Request) -> Response:
+    """What a lean route answers: the handler's response, or the 500 the app's exception handler
+    gives (shared by the ASGI entry and the raw protocol, ``protocol.py``)."""
+    try:
+        return await handler(request)
+    except Exception as exc:  # noqa: BLE001 -- as ``_internal_error``: the client gets vLLM's error shape
+        return error_response(500, f"{type(exc).__name__}: {exc}")
 
 
 class _OneWrite:

@@ -121,8 +121,9 @@ async def _paced(state: EngineState, count: int) -> tuple[int, bool]:
 async def _sample_ids(state: EngineState, request: Request, path: str, body: Any, prompt_ids: list[int],
                       max_tokens: int | None) -> tuple[Sample, list[int], list[float], str] | Response:
     """Sample the scripted turn a prompt of ids gets; faults registered for that turn apply."""
-    bad = [t for t in prompt_ids if not 0 <= t < state.tokenizer.vocab_size]
-    if bad:
+    vocab = state.tokenizer.vocab_size
+    if prompt_ids and (min(prompt_ids) < 0 or max(prompt_ids) >= vocab):  # C-speed bounds; the list only then
+        bad = [t for t in prompt_ids if not 0 <= t < vocab]
         return error_response(400, f"Token ids out of vocabulary: {bad[:5]}", "token_ids")
     if len(prompt_ids) >= state.config.max_model_len:
         return error_response(400, f"This model's maximum context length is {state.config.max_model_len} tokens. "

@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 
 from openenv_harness.recorder.id_sampling import completion_body
-from openenv_harness.recorder.prompt_mode import DERENDER_PROMPT_TAIL
+from openenv_harness.recorder.prompt_mode import DERENDER_PROMPT_TAIL, derender_chat_request
 
 PROBE_TOOLS = [{"type": "function", "function": {
     "name": "bash", "description": "Run a shell command.",
@@ -37,7 +37,12 @@ def shape(value: Any, parent: str | None = None) -> Any:
 
 def run_probe(client: httpx.Client, model: str, max_tokens: int = 4) -> dict[str, Any]:
     """The four answers, as JSON, with their HTTP statuses checked."""
-    chat = {"model": model, "messages": [{"role": "user", "content": "List the files."}], "tools": PROBE_TOOLS,
+    # a continued conversation, as the recorder's incremental mode derenders: a tool call made, its result
+    history = [{"role": "user", "content": "List the files."},
+               {"role": "assistant", "content": "", "tool_calls": [{"id": "call_1", "type": "function", "function": {
+                   "name": "bash", "arguments": '{"command": "ls"}'}}]},
+               {"role": "tool", "tool_call_id": "call_1", "content": "README.md\nsetup.py\n"}]
+    chat = {"model": model, "messages": history, "tools": PROBE_TOOLS,
             "max_tokens": max_tokens, "logprobs": True, "top_logprobs": 0}
     rendered = client.post("/v1/chat/completions/render", json=chat)
     rendered.raise_for_status()
@@ -46,10 +51,11 @@ def run_probe(client: httpx.Client, model: str, max_tokens: int = 4) -> dict[str
                                                              "sampling_params": r["sampling_params"]})
     generated.raise_for_status()
     g = generated.json()
-    # as the recorder's incremental mode asks (the prompt's tail and its length), and with the whole prompt
+    # as the recorder's incremental mode asks (the prompt's tail and its length, the request without the
+    # history it does not read), and with the whole prompt and the whole request
     derendered = client.post("/v1/chat/completions/derender",
                              json={"generate_response": g, "prompt_token_ids": r["token_ids"][-DERENDER_PROMPT_TAIL:],
-                                   "prompt_tokens": len(r["token_ids"]), "chat_request": chat})
+                                   "prompt_tokens": len(r["token_ids"]), "chat_request": derender_chat_request(chat)})
     derendered.raise_for_status()
     whole = client.post("/v1/chat/completions/derender",
                         json={"generate_response": g, "prompt_token_ids": r["token_ids"], "chat_request": chat})

@@ -3,7 +3,8 @@
 Why a real server rather than an in-process transport: the code under test (the recorder, the
 agent CLIs) talks HTTP, streams SSE and sees dropped connections; only a real socket shows all of
 that. ``EngineServer`` binds ``127.0.0.1`` on an ephemeral port, serves with uvicorn in a daemon
-thread and offers the ``/_ref/`` controls as plain methods (over HTTP, like any other client).
+thread (its lean routes answered from the HTTP parser, ``protocol.py``, as in the engine's own
+process) and offers the ``/_ref/`` controls as plain methods (over HTTP, like any other client).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from openenv_harness.testing.engine.app import create_engine_app
 from openenv_harness.testing.engine.config import EngineConfig
 from openenv_harness.testing.engine.faults import Fault
 from openenv_harness.testing.engine.policy import Script
+from openenv_harness.testing.engine.protocol import engine_protocol_class
 from openenv_harness.testing.engine.state import DEFAULT_KEY
 
 
@@ -35,8 +37,12 @@ def bind_socket(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
 class EngineServer:
     """A reference engine listening on loopback; use as a context manager or ``start()``/``stop()``."""
 
-    def __init__(self, config: EngineConfig | None = None, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(self, config: EngineConfig | None = None, host: str = "127.0.0.1", port: int = 0,
+                 http: str | type | None = None) -> None:
+        """``http``: uvicorn's protocol ("httptools", "h11", a class); by default the one that answers
+        the lean routes without an ASGI cycle (``protocol.py``)."""
         self.config = config or EngineConfig()
+        self._http = http
         self.app = create_engine_app(self.config)
         self._host = host
         self._port = port
@@ -65,7 +71,7 @@ class EngineServer:
             raise RuntimeError("the engine server is already started")
         self._socket = bind_socket(self._host, self._port)
         config = uvicorn.Config(self.app, log_level="warning", access_log=False, lifespan="off",
-                                timeout_graceful_shutdown=1)
+                                timeout_graceful_shutdown=1, http=self._http or engine_protocol_class() or "auto")
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._socket]},
                                         name=f"reference-engine-{self.port}", daemon=True)
