@@ -9,7 +9,6 @@ import subprocess
 import sys
 import time
 
-import aiohttp
 import orjson
 
 import bench_footprint
