@@ -18,6 +18,7 @@ import asyncio
 import os
 import sys
 import threading
+from typing import Callable
 
 _CREATE_BODY = b'{"session_id":"s-null"}'
 CREATE = (b"HTTP/1.1 201 Created\r\ncontent-type: application/json\r\ncontent-length: "
@@ -50,19 +51,20 @@ class NullAdmin(asyncio.Protocol):
             self.transport.write(CLOSE if b"/close" in lines[0] else CREATE)
 
 
-def serve(port: int, ready: threading.Event | None = None) -> None:
-    """Serve on 127.0.0.1:``port`` on a loop of this thread's own, forever."""
+def serve(port: int, on_listening: Callable[[], object] | None = None) -> None:
+    """Serve on 127.0.0.1:``port`` on a loop of this thread's own, forever; ``on_listening`` runs once
+    the port accepts connections (a client told earlier could be refused)."""
     loop = asyncio.new_event_loop()
     loop.run_until_complete(loop.create_server(NullAdmin, "127.0.0.1", port))
-    if ready is not None:
-        ready.set()
+    if on_listening is not None:
+        on_listening()
     loop.run_forever()
 
 
 def start_in_thread(port: int, nice: int) -> threading.Thread:
     """A daemon thread serving ``port``, raised ``nice`` steps as the recorder raises its listener."""
     ready = threading.Event()
-    thread = threading.Thread(target=serve, args=(port, ready), name="null-admin", daemon=True)
+    thread = threading.Thread(target=serve, args=(port, ready.set), name="null-admin", daemon=True)
     thread.start()
     if not ready.wait(10):
         raise RuntimeError("the null admin server did not start")
@@ -75,5 +77,4 @@ if __name__ == "__main__":
     port, nice = int(sys.argv[1]), int(sys.argv[2])
     if nice:
         os.setpriority(os.PRIO_PROCESS, 0, os.getpriority(os.PRIO_PROCESS, 0) + nice)
-    print(f"null admin on {port} at nice {os.getpriority(os.PRIO_PROCESS, 0)}", flush=True)
-    serve(port)
+    serve(port, lambda: print(f"null admin on {port} at nice {os.getpriority(os.PRIO_PROCESS, 0)}", flush=True))

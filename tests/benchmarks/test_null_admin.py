@@ -22,6 +22,7 @@ def _free_port() -> int:
 
 
 def _probe(port: int) -> dict[str, list[float]]:
+    """Rounds of create then close for 0.3 s; the probe asserts each answer, and runs at least one."""
     return asyncio.run(bench_footprint._admin_probe(f"http://127.0.0.1:{port}", "token",
                                                     time.perf_counter() + 0.3, 0.01))
 
@@ -30,7 +31,7 @@ def test_a_thread_answers_create_and_close_on_one_connection() -> None:
     port = _free_port()
     null_admin.start_in_thread(port, 0)
     out = _probe(port)  # asserts 201 with a session id, then 200, on every round
-    assert len(out["create"]) >= 3 and len(out["create"]) == len(out["close"])
+    assert len(out["create"]) >= 1 and len(out["create"]) == len(out["close"])
 
 
 def test_a_request_split_across_reads_gets_one_reply() -> None:
@@ -52,8 +53,8 @@ def test_as_a_process_it_says_when_it_serves() -> None:
     proc = subprocess.Popen([sys.executable, null_admin.__file__, str(port), "0"], stdout=subprocess.PIPE)
     try:
         assert proc.stdout is not None and proc.stdout.readline().startswith(b"null admin on")
-        out = _probe(port)
-        assert len(out["create"]) >= 3
+        out = _probe(port)  # at once: it printed only once listening
+        assert len(out["create"]) >= 1 and len(out["create"]) == len(out["close"])
     finally:
         proc.kill()
         proc.wait()
