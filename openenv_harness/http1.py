@@ -13,8 +13,14 @@ when the response gives neither a length nor chunking (except for 204 and 304).
 from __future__ import annotations
 
 import http
+import urllib.parse
 from collections.abc import Iterable
-from typing import NamedTuple
+from typing import Any, NamedTuple
+
+try:  # uvicorn[standard] brings it; the fast paths that call ``fast_path`` exist only with it
+    import httptools
+except ImportError:  # pragma: no cover -- httptools is a dependency of this package
+    httptools = None
 
 
 def status_line(status: int) -> bytes:
@@ -64,3 +70,28 @@ def chunk(data: bytes, last: bool = False) -> bytes:
     """One body part in chunked framing (nothing for an empty part), and the terminator if ``last``."""
     out = b"%x\r\n%s\r\n" % (len(data), data) if data else b""
     return out + b"0\r\n\r\n" if last else out
+
+
+def fast_path(protocol: Any) -> tuple[bytes, str, bytes] | None:
+    """``(raw path, path, query)`` of the request uvicorn's httptools ``protocol`` has just parsed the
+    head of, when the protocol may answer it itself; None leaves it to uvicorn's ASGI cycle.
+
+    Why one gate for both fast paths (the recorder's chat protocol, the reference engine's lean
+    routes): only a plain POST qualifies -- no ``Expect: 100-continue``, no upgrade, not pipelined
+    behind a request still being answered (uvicorn queues those in order) -- and the path is
+    percent-decoded as uvicorn would decode it for the app.
+    """
+    parser = protocol.parser
+    if parser.get_method() != b"POST" or protocol.expect_100_continue or parser.should_upgrade():
+        return None
+    if protocol.cycle is not None and not protocol.cycle.response_complete:
+        return None
+    url = getattr(protocol, "url", None)  # uvicorn sets it per request, in on_message_begin
+    if not isinstance(url, bytes):
+        return None
+    parsed = httptools.parse_url(url)
+    raw_path = parsed.path
+    path = raw_path.decode("ascii")
+    if "%" in path:
+        path = urllib.parse.unquote(path)
+    return raw_path, path, parsed.query or b""

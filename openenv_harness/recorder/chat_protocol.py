@@ -30,12 +30,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import urllib.parse
 from typing import Any
 
-import httptools
 
-from openenv_harness.http1 import STATUS_LINES, chunk, response_head, status_line
+from openenv_harness.http1 import STATUS_LINES, chunk, fast_path, response_head, status_line
 from openenv_harness.recorder.app import RecorderApp
 from openenv_harness.recorder.dialects import Dialect, agent_target
 from openenv_harness.recorder.errors import AgentError, body_too_large
@@ -342,17 +340,10 @@ if HttpToolsProtocol is not None:
 
         def _chat_request(self) -> _ChatRequest | None:
             recorder, parser = self._recorder, self.parser
-            if recorder is None or parser.get_method() != b"POST" or self.expect_100_continue or parser.should_upgrade():
+            target = fast_path(self) if recorder is not None else None
+            if target is None:
                 return None
-            if self.cycle is not None and not self.cycle.response_complete:
-                return None  # pipelined behind a call still being answered: uvicorn queues it in order
-            url = getattr(self, "url", None)  # uvicorn sets it per request, in on_message_begin
-            if not isinstance(url, bytes):
-                return None
-            raw_path = httptools.parse_url(url).path
-            path = raw_path.decode("ascii")
-            if "%" in path:
-                path = urllib.parse.unquote(path)
+            path = target[1]
             matched, session_id, dialect = agent_target(path)
             if not matched:
                 return None

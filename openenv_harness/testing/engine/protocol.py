@@ -23,15 +23,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import urllib.parse
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import httptools
 from starlette.requests import Request
 from starlette.responses import Response
 
-from openenv_harness.http1 import chunk, response_head
+from openenv_harness.http1 import chunk, fast_path, response_head
 from openenv_harness.testing.engine.app import EngineApp, lean_reply
 from openenv_harness.testing.engine.chat import TRANSPORT_SCOPE_KEY
 
@@ -137,18 +135,10 @@ if HttpToolsProtocol is not None:
 
         def _lean_request(self) -> _LeanRequest | None:
             app, parser = self._app, self.parser
-            if app is None or parser.get_method() != b"POST" or self.expect_100_continue or parser.should_upgrade():
+            target = fast_path(self) if app is not None else None
+            if target is None:
                 return None
-            if self.cycle is not None and not self.cycle.response_complete:
-                return None  # pipelined behind a request still being answered: uvicorn queues it in order
-            url = getattr(self, "url", None)  # uvicorn sets it per request, in on_message_begin
-            if not isinstance(url, bytes):
-                return None
-            parsed = httptools.parse_url(url)
-            raw_path = parsed.path
-            path = raw_path.decode("ascii")
-            if "%" in path:
-                path = urllib.parse.unquote(path)
+            raw_path, path, query = target
             handler = app.lean_routes.get(path)
             if handler is None:
                 return None
@@ -159,7 +149,7 @@ if HttpToolsProtocol is not None:
             scope["method"] = "POST"
             if version != "1.1":
                 scope["http_version"] = version
-            scope["path"], scope["raw_path"], scope["query_string"] = path, raw_path, parsed.query or b""
+            scope["path"], scope["raw_path"], scope["query_string"] = path, raw_path, query
             scope[TRANSPORT_SCOPE_KEY] = self.transport  # a drop fault cuts it (``chat.drop_connection``)
             return _LeanRequest(handler, scope, version != "1.0" and parser.should_keep_alive())
 
