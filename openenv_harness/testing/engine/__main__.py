@@ -44,6 +44,8 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--decode-delay-s", type=float, default=0.0)
     parser.add_argument("--prefill-delay-s", type=float, default=0.0)
     parser.add_argument("--max-recorded-requests", type=int, default=1000)
+    parser.add_argument("--generate-derender", action="store_true",
+                        help="vLLM 0.33: render answers a parse_context, generate takes output_mode='derender'")
     parser.add_argument("--no-dev-mode", action="store_true", help="Do not serve /pause, /resume, /is_paused")
     parser.add_argument("--script", type=Path, help="JSON file with the default Script")
     return parser.parse_args(argv)
@@ -70,6 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         decode_delay_s=args.decode_delay_s,
         prefill_delay_s=args.prefill_delay_s,
         max_recorded_requests=args.max_recorded_requests,
+        generate_derender=args.generate_derender,
         dev_mode=not args.no_dev_mode,
         default_script=default_script,
     )

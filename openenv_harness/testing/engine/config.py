@@ -93,6 +93,10 @@ class EngineConfig(BaseModel):
     generate_route: bool = Field(
         True, description="With scale_out, serve /inference/v1/generate too; off: an engine whose only exact-ids "
         "sampling route is /v1/completions with an id prompt (a router that forwards no generate route, say)")
+    generate_derender: bool = Field(
+        False, description="vLLM 0.33's one-step parse: render answers a parse_context and generate takes "
+        "output_mode='derender' (the parsed chat message in generate's reply); off: vLLM 0.32, whose generate "
+        "answers ids only and whose render has no parse_context")
     dev_mode: bool = Field(True, description="Serve /pause, /resume, /is_paused (VLLM_SERVER_DEV_MODE=1)")
     max_recorded_requests: int = Field(1000, ge=0, description="Request log size for /_ref/requests (0: off)")
     api_key: str | None = Field(None, description="vLLM --api-key: /v1 routes answer 401 without this bearer key")

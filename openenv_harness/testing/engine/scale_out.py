@@ -46,6 +46,8 @@ class GenerateRequest(BaseModel):
     stream: bool = False
     return_token_ids: bool | None = None
     output_mode: str = "tokens"
+    #: vLLM 0.33: the chat settings generate parses with at ``output_mode="derender"`` (from render)
+    parse_context: dict[str, Any] | None = None
 
 
 class DerenderRequest(BaseModel):
@@ -171,7 +173,21 @@ async def render(state: EngineState, request: Request) -> Response:
         "return_token_ids": parsed.return_token_ids, "output_mode": "tokens", "stream": bool(parsed.stream),
         "stream_options": None, "cache_salt": None, "priority": 0, "kv_transfer_params": None,
         "ec_transfer_params": None,
+        **({"parse_context": _parse_context(parsed)} if state.config.generate_derender else {}),
     })
+
+
+def _parse_context(chat: ChatRequest) -> dict[str, Any]:
+    """vLLM 0.33's ``ParseContext``: what generate needs to parse a sample as this chat request's reply
+    (the history only as its count of tool calls, which numbers new calls in some id schemes)."""
+    extra = chat.model_extra or {}
+    calls = sum(len(m.get("tool_calls") or []) for m in chat.messages
+                if isinstance(m, dict) and m.get("role") == "assistant")
+    return {"tools": chat.tools, "tool_choice": chat.tool_choice if chat.tool_choice is not None else
+            ("auto" if chat.tools else "none"),
+            "parallel_tool_calls": extra.get("parallel_tool_calls", True),
+            "include_reasoning": extra.get("include_reasoning", True),
+            "chat_template_kwargs": chat.chat_template_kwargs or {}, "history_tool_call_cnt": calls}
 
 
 def _render_fault(state: EngineState, request: Request, chat: ChatRequest) -> Response | None:
@@ -194,6 +210,16 @@ async def generate(state: EngineState, request: Request) -> Response:
     if parsed.stream:
         return error_response(400, "the reference engine answers /inference/v1/generate non-streamed only", "stream")
     params = parsed.sampling_params
+    modes = ("tokens", "text", "derender") if state.config.generate_derender else ("tokens", "text")
+    if parsed.output_mode not in modes:
+        return error_response(400, "output_mode: Input should be " + " or ".join(f"'{m}'" for m in modes),
+                              "output_mode")
+    one_step = parsed.output_mode == "derender"
+    if one_step and parsed.parse_context is None:  # this engine always has a tool parser, as vLLM's here
+        return error_response(400, "output_mode='derender' requires parse_context on a server with a tool or "
+                              "reasoning parser. Use the one returned by /render.")
+    if one_step and params.get("detokenize") is False:
+        return error_response(400, "output_mode='derender' requires sampling_params.detokenize to be true")
     result = await _sample_ids(state, request, "/inference/v1/generate", raw, parsed.token_ids,
                                params.get("max_tokens"))
     if isinstance(result, Response):
@@ -205,6 +231,17 @@ async def generate(state: EngineState, request: Request) -> Response:
                     "top_logprobs": [{"token_id": t, "logprob": lp, "rank": 1}]}
                    for t, lp in zip(ids, logprobs)]
     n = len(ids)
+    choice: dict[str, Any] = {"index": 0, "finish_reason": finish, "stop_reason": None, "token_ids": ids,
+                              "routed_experts": None, "sampling_mask": None,
+                              "weight_versions": [{"version": "default", "start": 0, "end": n}],
+                              "logprobs": {"content": content} if content is not None else None}
+    if one_step:  # vLLM 0.33: derender's parse of the sample, in generate's reply
+        context = parsed.parse_context or {}
+        message, choice["finish_reason"] = _derendered_message(state, ids, context, finish, parsed.token_ids)
+        choice["message"] = message
+        choice["logprobs"] = _chat_logprobs(state, content) if content is not None else None
+        if context.get("include_reasoning") is False:  # as vLLM: per-token metadata would show the reasoning
+            choice["logprobs"] = choice["token_ids"] = choice["sampling_mask"] = None
     return _json({
         "request_id": new_id("generate-tokens-"), "model": parsed.model or state.config.served_model_name,
         "created": int(time.time()),
@@ -213,12 +250,18 @@ async def generate(state: EngineState, request: Request) -> Response:
         "prompt_logprobs": None, "prompt_token_id_logprobs": None,
         "prompt_token_ids": parsed.token_ids if parsed.return_token_ids else None,
         "mm_placeholders": None, "metrics": None, "kv_transfer_params": None, "ec_transfer_params": None,
-        "output_mode": parsed.output_mode,
-        "choices": [{"index": 0, "finish_reason": finish, "stop_reason": None, "token_ids": ids,
-                     "routed_experts": None, "sampling_mask": None,
-                     "weight_versions": [{"version": "default", "start": 0, "end": n}],
-                     "logprobs": {"content": content} if content is not None else None}],
+        "output_mode": parsed.output_mode, "choices": [choice],
     })
+
+
+def _chat_logprobs(state: EngineState, content: list[dict[str, Any]]) -> dict[str, Any]:
+    """Generate's id logprobs as a chat reply's: each token's text and bytes."""
+    texts = state.tokenizer.token_texts
+    return {"content": [
+        {"token": texts[e["token_id"]], "logprob": e["logprob"], "bytes": list(texts[e["token_id"]].encode()),
+         "top_logprobs": [{"token": texts[t["token_id"]], "logprob": t["logprob"],
+                           "bytes": list(texts[t["token_id"]].encode())} for t in e.get("top_logprobs") or []]}
+        for e in content]}
 
 
 def _derendered_message(state: EngineState, ids: list[int], chat: dict[str, Any], finish: str,
@@ -252,14 +295,8 @@ async def derender(state: EngineState, request: Request) -> Response:
     message, finish = _derendered_message(state, ids, parsed.chat_request, choice.get("finish_reason") or "stop",
                                           parsed.prompt_token_ids)
     lp = choice.get("logprobs")
-    logprobs = None
-    if isinstance(lp, dict) and isinstance(lp.get("content"), list):
-        texts = state.tokenizer.token_texts
-        logprobs = {"content": [
-            {"token": texts[e["token_id"]], "logprob": e["logprob"], "bytes": list(texts[e["token_id"]].encode()),
-             "top_logprobs": [{"token": texts[t["token_id"]], "logprob": t["logprob"],
-                               "bytes": list(texts[t["token_id"]].encode())} for t in e.get("top_logprobs") or []]}
-            for e in lp["content"]]}
+    logprobs = _chat_logprobs(state, lp["content"]) if isinstance(lp, dict) and isinstance(lp.get("content"), list) \
+        else None
     n = len(ids)
     return _json({
         "id": parsed.generate_response.get("request_id") or new_id(), "object": "chat.completion",
