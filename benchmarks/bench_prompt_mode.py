@@ -13,6 +13,7 @@ on loopback (one interpreter would make every extra engine round trip contend fo
     PYTHONPATH=$PWD python benchmarks/bench_prompt_mode.py [--rounds 8] [--concurrency 16 64] [--duration 8]
         [--baseline-tree DIR]   # also DIR's engine and recorder (e.g. a git worktree of an earlier
                                 # commit), measured as MODE@base and alternated with the rest
+        [--engine-arg=--generate-derender] [--baseline-engine-arg=...]   # the engines' own flags
 """
 
 from __future__ import annotations
@@ -40,10 +41,10 @@ TURNS = 12
 MODES = ("direct", "full_history", "incremental")
 
 
-def engine_proc(logs: Path, cwd: Path | None = None) -> Proc:
+def engine_proc(logs: Path, cwd: Path | None = None, extra: list[str] | None = None) -> Proc:
     """The reference engine; from ``cwd``'s code when given (``python -m`` puts the cwd first)."""
     port = free_port()
-    argv = [PYTHON, "-m", "openenv_harness.testing.engine", "--port", str(port)]
+    argv = [PYTHON, "-m", "openenv_harness.testing.engine", "--port", str(port), *(extra or [])]
     proc = Proc("engine", argv, port, "/health", logs / f"engine-{port}.log")
     if cwd is not None:
         proc.cwd = cwd
@@ -150,18 +151,21 @@ def main() -> None:
     parser.add_argument("--throughput-rounds", type=int, default=2)
     parser.add_argument("--baseline-tree", type=Path, help="a checkout of other code: its engine and recorder run "
                         "beside these and its modes are measured as MODE@base, alternated with the rest")
+    parser.add_argument("--engine-arg", action="append", default=[], help="an argument for this tree's engine "
+                        "(repeatable), e.g. --engine-arg=--generate-derender (vLLM 0.33's one-step parse)")
+    parser.add_argument("--baseline-engine-arg", action="append", default=[], help="the same for DIR's engine")
     args = parser.parse_args()
     modes = MODES + (("full_history@base", "incremental@base") if args.baseline_tree else ())
     with tempfile.TemporaryDirectory() as tmp:
         logs = Path(tmp)
         load_before = loadavg()
         with contextlib.ExitStack() as stack:
-            engine = stack.enter_context(engine_proc(logs))
+            engine = stack.enter_context(engine_proc(logs, extra=args.engine_arg))
             engines = {"": engine}
             recorders = {"": stack.enter_context(recorder_proc(engine.url, logs / "r.db", ADMIN, logs))}
             if args.baseline_tree:
                 tree = args.baseline_tree.resolve()
-                engines["base"] = stack.enter_context(engine_proc(logs, cwd=tree))
+                engines["base"] = stack.enter_context(engine_proc(logs, cwd=tree, extra=args.baseline_engine_arg))
                 base = recorder_proc(engines["base"].url, logs / "base.db", ADMIN, logs)
                 base.cwd = tree
                 recorders["base"] = stack.enter_context(base)

@@ -48,7 +48,8 @@ class IdSampler(Protocol):
     route: str
 
     async def sample(self, upstream: Upstream, prompt: list[int], params: dict[str, Any], *, model: str | None,
-                     session_id: str, affinity: str | None) -> UpstreamReply: ...
+                     session_id: str, affinity: str | None,
+                     output: dict[str, Any] | None = None) -> UpstreamReply: ...
 
 
 class GenerateRoute:
@@ -57,8 +58,10 @@ class GenerateRoute:
     route = GENERATE
 
     async def sample(self, upstream: Upstream, prompt: list[int], params: dict[str, Any], *, model: str | None,
-                     session_id: str, affinity: str | None) -> UpstreamReply:
-        body: dict[str, Any] = {"token_ids": prompt, "sampling_params": params}
+                     session_id: str, affinity: str | None,
+                     output: dict[str, Any] | None = None) -> UpstreamReply:
+        """``output``: generate's reply-level fields (``output_mode``, ``parse_context``), as they are."""
+        body: dict[str, Any] = {"token_ids": prompt, "sampling_params": params, **(output or {})}
         if model:
             body["model"] = model
         return await upstream.post_for_session(GENERATE, body, session_id=session_id, affinity=affinity)
@@ -71,7 +74,10 @@ class IdCompletionRoute:
     route = COMPLETIONS
 
     async def sample(self, upstream: Upstream, prompt: list[int], params: dict[str, Any], *, model: str | None,
-                     session_id: str, affinity: str | None) -> UpstreamReply:
+                     session_id: str, affinity: str | None,
+                     output: dict[str, Any] | None = None) -> UpstreamReply:
+        if output:  # a completion has no reply levels: its caller parses the ids in a second step
+            raise ValueError(f"{COMPLETIONS} cannot carry {sorted(output)}")
         body = completion_body(prompt, params, model)
         reply = await upstream.post_for_session(COMPLETIONS, body, session_id=session_id, affinity=affinity)
         if reply.status != 200 or reply.json is None:

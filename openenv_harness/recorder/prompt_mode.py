@@ -7,8 +7,9 @@
   puts after the end-of-turn id, from the template certification), then the engine's own rendering
   of only the new messages. Exact by construction: replay-only drift cannot happen. Tokenizer-free:
   every id comes from the engine (``/v1/chat/completions/render``, ``/inference/v1/generate`` or
-  ``/v1/completions`` with an id prompt -- ``id_sampling.py`` --, ``/v1/chat/completions/derender``,
-  whose parsers turn the sampled ids into the chat reply).
+  ``/v1/completions`` with an id prompt -- ``id_sampling.py`` --, and the engine's parsers, which turn
+  the sampled ids into the chat reply: in generate's own reply where the engine has that (vLLM 0.33),
+  else through ``/v1/chat/completions/derender`` -- ``sample_parse.py``).
 
 A call continues only when everything is certain (``history_match`` for the replayed history, the
 certified junction, a suffix whose rendering on a probe prefix -- ending in an assistant tool call
@@ -37,17 +38,14 @@ import orjson
 from openenv_harness.recorder import history_match
 from openenv_harness.recorder.id_sampling import COMPLETIONS, NotExpressible, completion_body, sampler_for
 from openenv_harness.recorder.probe_prefix import probe_prefixes
+from openenv_harness.recorder.sample_parse import sample_and_parse
 from openenv_harness.recorder.errors import AgentError
 from openenv_harness.recorder.upstream.base import Upstream, UpstreamReply
 
 if TYPE_CHECKING:
     from openenv_harness.recorder.flow import Flow
 
-RENDER, DERENDER = "/v1/chat/completions/render", "/v1/chat/completions/derender"
-#: Prompt ids sent to derender: vLLM reads only the prompt's last few ids there (to seed detokenizing
-#: the first sampled token) and takes the prompt's length as ``prompt_tokens``; the whole prompt cost
-#: both sides a serialization and a parse of every id (~0.5 MB of JSON at 64k ids).
-DERENDER_PROMPT_TAIL = 64
+RENDER = "/v1/chat/completions/render"
 MAX_CHECKPOINTS = 8
 MAX_MEMO_MESSAGES = 1024
 #: reasons that are not uncertainty: a strict session still proceeds (a new chain, as in full history)
@@ -220,42 +218,18 @@ class Incremental:
             # turn as it was sampled, which the full render above shows differently (README: prompt mode)
             "template_rerenders_turn": rerendered,
         }
-        generated = await sampler.sample(upstream, prompt, params, model=flow.upstream_body.get("model"),
-                                         session_id=session, affinity=flow.session.affinity_key)
-        if generated.status != 200 or generated.json is None:
-            flow.prompt_mode["failed_at"] = sampler.route
-            return generated  # an engine error mid-way: relayed and recorded by the forward step
-        derender_body = {"generate_response": generated.json, "prompt_token_ids": prompt[-DERENDER_PROMPT_TAIL:],
-                         "prompt_tokens": len(prompt), "chat_request": derender_chat_request(flow.upstream_body)}
-        derendered = await upstream.post_for_session(DERENDER, derender_body, session_id=session,
-                                                     affinity=flow.session.affinity_key)
-        if derendered.status != 200 or derendered.json is None:
-            flow.prompt_mode["failed_at"] = DERENDER
-            return derendered
+        reply = await sample_and_parse(upstream, sampler, prompt, params, full, flow.upstream_body, flow.prompt_mode,
+                                       model=flow.upstream_body.get("model"), session_id=session,
+                                       affinity=flow.session.affinity_key)
+        if reply.status != 200:
+            return reply  # an engine error mid-way: relayed and recorded by the forward step
         call = flow.prompt_mode_call
         assert isinstance(call, _Call)  # set by _find_parent
         call.parent, call.prompt = checkpoint, prompt  # the commit replaces the parent by this call's own
         # the prompt's ids are already checked ints (the checkpoint's, the certified trailer's, the
         # suffix's): the evidence takes them as they are, as from a transport that read them (flow.py)
         flow.prompt_ids = array("I", prompt)
-        return _compose(derendered.json, generated.json, prompt)
-
-
-def derender_chat_request(body: dict[str, Any]) -> dict[str, Any]:
-    """The chat request derender is given: every field but the history, and of the history only the
-    assistant turns that made tool calls.
-
-    Why: derender parses the sampled ids with the engine's tool and reasoning parsers, which read the
-    request's settings (tools, tool_choice, include_reasoning, return_token_ids, the chat-template
-    kwargs and what builds them) and, of its messages, only how many tool calls the history made
-    (vLLM 0.32: a tool-call id scheme numbers new calls after them); nothing else reads them, and
-    ``messages`` need only be a list. The whole history cost both sides a serialization and a parse
-    (and vLLM a validation of every message) on every continued call."""
-    calls = [m for m in body.get("messages") or [] if isinstance(m, dict) and m.get("role") == "assistant"
-             and m.get("tool_calls")]
-    out = {k: v for k, v in body.items() if k != "messages"}
-    out["messages"] = calls
-    return out
+        return reply
 
 
 def _state(flow: "Flow") -> IncrementalState:
@@ -384,27 +358,6 @@ def render_diff(sampled: list[int], full: list[int]) -> dict[str, Any]:
     tail = min(tail, n - start)
     return {"identical": False, "position": start, "sampled_span": len(sampled) - start - tail,
             "full_span": len(full) - start - tail, "sampled_len": len(sampled), "full_len": len(full)}
-
-
-def _compose(derendered: dict[str, Any], generated: dict[str, Any], prompt: list[int]) -> UpstreamReply:
-    """The chat reply the engine's parsers produced, with the exact ids as token evidence."""
-    reply = dict(derendered)
-    gen_choice = (generated.get("choices") or [{}])[0]
-    choice = dict((reply.get("choices") or [{}])[0])
-    ids = [int(t) for t in gen_choice.get("token_ids") or []]
-    choice["token_ids"] = ids
-    if choice.get("logprobs") is None and isinstance(gen_choice.get("logprobs"), dict):
-        choice["logprobs"] = {"content": [{"token": f"token_id:{e['token_id']}", "logprob": e["logprob"],
-                                           "bytes": None, "top_logprobs": []}
-                                          for e in gen_choice["logprobs"].get("content") or []]}
-    reply["choices"] = [choice]
-    reply["prompt_token_ids"] = prompt
-    reply["usage"] = {**(reply.get("usage") or {}), "prompt_tokens": len(prompt), "completion_tokens": len(ids),
-                      "total_tokens": len(prompt) + len(ids)}
-    if gen_choice.get("weight_versions") is not None:
-        choice["weight_versions"] = gen_choice["weight_versions"]
-    # no body: a success is read from ``json`` (the raw body only serves relaying an engine's error)
-    return UpstreamReply(status=200, json=reply)
 
 
 def strategy_for(mode: str) -> FullHistory | Incremental:

@@ -7,7 +7,7 @@ import pytest
 
 from openenv_harness.engine import VLLMServer
 from openenv_harness.recorder.id_sampling import as_generate_response
-from openenv_harness.recorder.prompt_mode import DERENDER_PROMPT_TAIL
+from openenv_harness.recorder.sample_parse import DERENDER_PROMPT_TAIL
 from openenv_harness.testing.engine import EngineServer
 from openenv_harness.testing.engine.scale_out_probe import run_probe, shape
 

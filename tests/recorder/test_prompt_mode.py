@@ -97,7 +97,7 @@ def test_a_template_that_rerenders_the_previous_turn_keeps_the_exact_checkpoint(
 
 
 def test_derender_gets_the_request_settings_and_only_the_historys_tool_call_turns(tmp_path) -> None:
-    """What derender reads of the chat request (``prompt_mode.derender_chat_request``): all of its
+    """What derender reads of the chat request (``sample_parse.derender_chat_request``): all of its
     settings, and of its history only the assistant turns with tool calls (the count a tool-call id
     scheme numbers new calls after); the rest of the history is not sent again. The engine's own
     render and derender handlers are wrapped to see what arrives."""

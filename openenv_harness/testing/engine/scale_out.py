@@ -283,10 +283,12 @@ def _derendered_message(state: EngineState, ids: list[int], chat: dict[str, Any]
 
 
 async def derender(state: EngineState, request: Request) -> Response:
-    parsed, _, error = await _body(request, DerenderRequest)
+    parsed, raw, error = await _body(request, DerenderRequest)
     if error is not None:
         return error
     assert isinstance(parsed, DerenderRequest)
+    state.record(session=request.headers.get(SESSION_HEADER), model=parsed.chat_request.get("model"),
+                 path="/v1/chat/completions/derender", headers=dict(request.headers), body=raw)
     choices = parsed.generate_response.get("choices")
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
         return error_response(400, "generate_response.choices: at least one choice is required")

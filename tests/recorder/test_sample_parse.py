@@ -1,0 +1,135 @@
+"""A continued call's sample parsed in generate's own reply (vLLM 0.33's ``output_mode="derender"``)
+or, where the engine has no such thing, through derender: the same records and replies either way."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+import httpx
+
+from openenv_harness.recorder import RecorderClient, RecorderConfig, RecorderServer
+from openenv_harness.testing.engine import EngineConfig, EngineServer, Fault
+
+from agentloop import ADMIN, TOOLS, run_agent, tool_script
+
+GENERATE, DERENDER = "/inference/v1/generate", "/v1/chat/completions/derender"
+
+
+@contextmanager
+def _stack(tmp_path: Path, name: str, **engine: object) -> Iterator[tuple[EngineServer, RecorderClient]]:
+    with EngineServer(EngineConfig(**engine)) as eng, RecorderServer(RecorderConfig(  # type: ignore[arg-type]
+            store_path=str(tmp_path / f"{name}.db"), engine_url=eng.url, admin_token=ADMIN)) as rec, \
+            RecorderClient(rec.url, ADMIN) as admin:
+        yield eng, admin
+
+
+def _rollout(engine: EngineServer, admin: RecorderClient, *, stream: bool, **session: object) -> tuple[str, list[dict]]:
+    s = admin.create_session(prompt_mode="incremental", prompt_mode_strict=True, **session)
+    engine.set_script(s["session_id"], tool_script(3, spaced_args=True))
+    run_agent(s["base_url"], s["secret"], stream=stream, echo="pi")
+    return s["session_id"], admin.records(s["session_id"])
+
+
+def _reply(record: dict) -> dict:
+    """What the agent was answered, without what differs on every answer (ids, times)."""
+    choice = record["response"]["choices"][0]
+    message = dict(choice["message"])
+    message["tool_calls"] = [{k: v for k, v in c.items() if k != "id"} for c in message.get("tool_calls") or []]
+    return {"message": message, "finish_reason": choice["finish_reason"], "token_ids": choice.get("token_ids"),
+            "logprobs": choice.get("logprobs")}
+
+
+def test_one_step_parse_records_and_answers_what_two_steps_do(tmp_path: Path) -> None:
+    runs = {}
+    for one_step in (True, False):
+        with _stack(tmp_path, str(one_step), generate_derender=one_step) as (engine, admin):
+            session, records = _rollout(engine, admin, stream=False)
+            log = engine.requests(session)
+            runs[one_step] = (records, [e for e in log if e["path"] in (GENERATE, DERENDER)],
+                              [e["sampled"] for e in log if "sampled" in e])
+    (one, one_log, one_sampled), (two, two_log, two_sampled) = runs[True], runs[False]
+    assert [r["metadata"]["fidelity"]["class"] for r in one] == ["root"] + ["exact"] * 3
+    modes = [r["metadata"]["prompt_mode"] for r in one[1:]]
+    assert all(m["continued"] and m["parsed_via"] == GENERATE for m in modes)
+    assert all(m["parsed_via"] == DERENDER for m in (r["metadata"]["prompt_mode"] for r in two[1:]))
+    # one exchange fewer per continued call: generate parses, derender is never asked
+    assert [e["path"] for e in one_log] == [GENERATE] * 3
+    assert all(e["body"]["output_mode"] == "derender" and e["body"]["parse_context"]["tools"] for e in one_log)
+    assert [e["path"] for e in two_log] == [GENERATE, DERENDER] * 3
+    # the same evidence and the same replies (a sample's logprobs are drawn per session, so each run's
+    # are checked against what its engine sampled)
+    for field in ("prompt_token_ids", "completion_token_ids", "loss_mask"):
+        assert [r[field] for r in one] == [r[field] for r in two], field
+    assert [_reply(r) for r in one] == [_reply(r) for r in two]
+    for records, sampled in ((one, one_sampled), (two, two_sampled)):
+        assert [r["per_token_logps"] for r in records] == [s["logprobs"] for s in sampled]
+        assert [r["completion_token_ids"] for r in records] == [s["token_ids"] for s in sampled]
+    assert one[-1]["response"]["choices"][0]["message"]["content"] == "All done."
+
+
+def test_one_step_parse_streams_to_an_agent_that_streams(tmp_path: Path) -> None:
+    with _stack(tmp_path, "s", generate_derender=True) as (engine, admin):
+        _, records = _rollout(engine, admin, stream=True)
+    assert [r["metadata"]["fidelity"]["class"] for r in records] == ["root"] + ["exact"] * 3
+    assert all(r["metadata"]["prompt_mode"]["parsed_via"] == GENERATE for r in records[1:])
+    assert records[-1]["response"]["choices"][0]["message"]["content"] == "All done."
+
+
+def test_an_engine_that_refuses_the_one_step_parse_is_asked_in_two_from_then_on(tmp_path: Path) -> None:
+    """A render server newer than its generate server (behind one router): generate's 400 about
+    ``output_mode`` sampled nothing, so the call is sampled again in two steps, and so are later ones."""
+    with _stack(tmp_path, "r", generate_derender=True) as (engine, admin):
+        s = admin.create_session(prompt_mode="incremental", prompt_mode_strict=True)
+        engine.set_script(s["session_id"], tool_script(3, spaced_args=True))
+        engine.add_fault(s["session_id"], Fault(status=400, on_turn=1,
+                                                message="output_mode: Input should be 'tokens' or 'text'"))
+        run_agent(s["base_url"], s["secret"], stream=False, echo="pi")
+        records = admin.records(s["session_id"])
+        paths = [(e["path"], (e.get("body") or {}).get("output_mode")) for e in engine.requests(s["session_id"])
+                 if e["path"] in (GENERATE, DERENDER)]
+    assert [r["metadata"]["status"] for r in records] == ["ok"] * 4
+    assert [r["metadata"]["fidelity"]["class"] for r in records] == ["root"] + ["exact"] * 3
+    assert [r["metadata"]["prompt_mode"]["parsed_via"] for r in records[1:]] == [DERENDER] * 3
+    assert paths == [(GENERATE, "derender"), (GENERATE, None), (DERENDER, None)] + [(GENERATE, None), (DERENDER, None)] * 2
+
+
+def _two_calls(s: dict, **body: object) -> tuple[httpx.Response, httpx.Response]:
+    """A chain's start and the call that continues it (its tool call answered)."""
+    def post(messages: list[dict[str, Any]]) -> httpx.Response:
+        return httpx.post(f"{s['base_url']}/chat/completions", headers={"authorization": f"Bearer {s['secret']}"},
+                          json={"model": "reference-model", "messages": messages, "tools": TOOLS, "max_tokens": 256,
+                                **body}, timeout=60)
+    user = {"role": "user", "content": "go"}
+    first = post([user])
+    message = first.json()["choices"][0]["message"]
+    call = message["tool_calls"][0]
+    return first, post([user, {"role": "assistant", "content": message["content"], "tool_calls": [call]},
+                        {"role": "tool", "tool_call_id": call["id"], "content": "ok"}])
+
+
+def test_an_engine_error_in_the_one_step_parse_reaches_the_agent_and_is_recorded(tmp_path: Path) -> None:
+    with _stack(tmp_path, "e", generate_derender=True) as (engine, admin):
+        s = admin.create_session(prompt_mode="incremental")
+        engine.set_script(s["session_id"], tool_script(2))
+        engine.add_fault(s["session_id"], Fault(status=500, on_turn=1))
+        _, second = _two_calls(s)
+        records = admin.records(s["session_id"])
+    assert second.status_code == 500 and second.json()["error"]["message"]
+    assert [r["metadata"]["status"] for r in records] == ["ok", "failed"]
+    assert records[1]["metadata"]["error"]["upstream_status"] == 500
+    assert records[1]["metadata"]["prompt_mode"]["failed_at"] == GENERATE
+
+
+def test_hidden_reasoning_is_parsed_in_two_steps(tmp_path: Path) -> None:
+    """``include_reasoning: false`` makes vLLM's one-step reply drop the sampled ids: never asked for."""
+    with _stack(tmp_path, "h", generate_derender=True) as (engine, admin):
+        s = admin.create_session(prompt_mode="incremental", prompt_mode_strict=True)
+        engine.set_script(s["session_id"], tool_script(2))
+        first, second = _two_calls(s, include_reasoning=False)
+        records = admin.records(s["session_id"])
+    assert first.status_code == second.status_code == 200
+    assert records[1]["metadata"]["prompt_mode"]["continued"] is True
+    assert records[1]["metadata"]["prompt_mode"]["parsed_via"] == DERENDER
+    assert records[1]["completion_token_ids"]
