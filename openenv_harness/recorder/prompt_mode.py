@@ -185,11 +185,12 @@ class Incremental:
         if not suffix:
             raise Fallback("no_new_messages", "nothing follows the previous assistant turn")
         session = flow.session.id
-        # the full render (for the sampling parameters and the contrast) and the suffix's renders
-        # are independent: one round trip's latency instead of two
-        full, rendered_suffix, sampler = await asyncio.gather(
-            _render(upstream, state, flow.upstream_body, session, flow.session.affinity_key),
-            _suffix_ids(flow, upstream, state, checkpoint, suffix, turn_end), sampler_for(upstream),
+        # the suffix's renders and the full render (for the sampling parameters and the contrast) are
+        # independent: one round trip's latency instead of two. The suffix is asked first: the engine
+        # answers it first, and it is read here while the engine renders the whole history
+        rendered_suffix, full, sampler = await asyncio.gather(
+            _suffix_ids(flow, upstream, state, checkpoint, suffix, turn_end),
+            _render(upstream, state, flow.upstream_body, session, flow.session.affinity_key), sampler_for(upstream),
             return_exceptions=True)
         for outcome in (full, rendered_suffix, sampler):
             if isinstance(outcome, BaseException):
@@ -209,26 +210,34 @@ class Incremental:
                 completion_body(prompt, params, None)
             except NotExpressible as exc:
                 raise Fallback("sampling_not_expressible", str(exc)) from None
-        flow.prompt_mode = {
+        meta = flow.prompt_mode = {
             "mode": self.name, "continued": True, "reason": None, "sampled_via": sampler.route,
-            "equivalences": history_match.used_equivalences(messages[cut - 1], checkpoint.reply),
             "checkpoint_len": len(checkpoint.ids), "trailer_len": len(turn_end) - 1, "suffix_len": len(suffix_ids),
-            "full_render_diff": render_diff(prompt, full_ids),
             # the template re-renders an assistant turn once messages follow it: the model continues the
             # turn as it was sampled, which the full render above shows differently (README: prompt mode)
             "template_rerenders_turn": rerendered,
         }
-        reply = await sample_and_parse(upstream, sampler, prompt, params, full, flow.upstream_body, flow.prompt_mode,
-                                       model=flow.upstream_body.get("model"), session_id=session,
-                                       affinity=flow.session.affinity_key)
+        # the certified prompt goes out first; what only the record needs is worked out while the engine samples
+        sampling = asyncio.ensure_future(sample_and_parse(
+            upstream, sampler, prompt, params, full, flow.upstream_body, meta, model=flow.upstream_body.get("model"),
+            session_id=session, affinity=flow.session.affinity_key))
+        try:
+            await asyncio.sleep(0)  # the task writes its request before this call goes on
+            meta["equivalences"] = history_match.used_equivalences(messages[cut - 1], checkpoint.reply)
+            meta["full_render_diff"] = render_diff(prompt, full_ids)
+            # the prompt's ids are already checked ints (the checkpoint's, the certified trailer's, the
+            # suffix's): the evidence takes them as they are, as from a transport that read them (flow.py)
+            prompt_ids = array("I", prompt)
+        except BaseException:
+            sampling.cancel()
+            raise
+        reply = await sampling
         if reply.status != 200:
             return reply  # an engine error mid-way: relayed and recorded by the forward step
         call = flow.prompt_mode_call
         assert isinstance(call, _Call)  # set by _find_parent
         call.parent, call.prompt = checkpoint, prompt  # the commit replaces the parent by this call's own
-        # the prompt's ids are already checked ints (the checkpoint's, the certified trailer's, the
-        # suffix's): the evidence takes them as they are, as from a transport that read them (flow.py)
-        flow.prompt_ids = array("I", prompt)
+        flow.prompt_ids = prompt_ids
         return reply
 
 
