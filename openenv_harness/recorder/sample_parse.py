@@ -17,7 +17,9 @@ same ids, so nothing the records hold changes; where the reply could hide the id
 An engine that answers a one-step request with a 400 naming ``output_mode`` or ``parse_context``
 (a render server newer than the generate server behind one router: vLLM's own version-skew rule)
 is remembered per engine and asked in two steps from then on; that call is sampled again in two
-steps, as the refusal sampled nothing.
+steps, as the refusal sampled nothing. One that samples but answers ids only (the one-step fields
+lost on the way, e.g. by a router that re-serializes the body) is remembered the same way, and its
+sample is parsed by derender.
 """
 
 from __future__ import annotations
@@ -75,14 +77,23 @@ async def sample_and_parse(upstream: Upstream, sampler: IdSampler, prompt: list[
         generated = await sampler.sample(upstream, prompt, params, model=model, session_id=session_id,
                                          affinity=affinity, output={"output_mode": "derender",
                                                                     "parse_context": context})
-        if generated.status == 200 and generated.json is not None:
+        if generated.status == 200 and generated.json is not None and generated.json.get("output_mode") == "derender":
             meta["parsed_via"] = GENERATE
             return _compose_one_step(generated.json, prompt)
-        if not _refuses_one_step(generated):
+        if generated.status == 200 and generated.json is not None:
+            # sampled, but answered with ids only: something on the way dropped the one-step fields
+            # (a router that re-serializes generate's body); the sample stands, derender parses it
+            _TWO_STEP_ONLY.add(upstream)
+        elif _refuses_one_step(generated):
+            _TWO_STEP_ONLY.add(upstream)
+            generated = await sampler.sample(upstream, prompt, params, model=model, session_id=session_id,
+                                             affinity=affinity)
+        else:
             meta["failed_at"] = GENERATE
             return generated
-        _TWO_STEP_ONLY.add(upstream)
-    generated = await sampler.sample(upstream, prompt, params, model=model, session_id=session_id, affinity=affinity)
+    else:
+        generated = await sampler.sample(upstream, prompt, params, model=model, session_id=session_id,
+                                         affinity=affinity)
     if generated.status != 200 or generated.json is None:
         meta["failed_at"] = sampler.route
         return generated  # an engine error mid-way: relayed and recorded by the forward step
