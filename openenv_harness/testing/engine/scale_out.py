@@ -5,7 +5,10 @@ Why: the incremental prompt mode asks the engine to render messages without samp
 or ``POST /v1/completions`` with a ``list[int]`` prompt) and to parse sampled ids back into a chat
 reply with its own parsers (``POST /v1/chat/completions/derender``). vLLM 0.32 serves these with
 ``--enable-scale-out`` (``EngineConfig.scale_out`` here); their shapes follow the real server's
-(checked by ``tests/real_engine/test_real_scale_out.py``).
+(checked by ``tests/real_engine/test_real_scale_out.py``). ``EngineConfig.generate_derender`` answers
+as vLLM 0.33 (render's ``parse_context``, generate's ``output_mode="derender"``), which cannot run here:
+those replies' keys are checked against field names read off its source
+(``tests/testing/engine/vllm033_fields.json``).
 
 Sampling from ids has no messages to pick a scripted turn from, so this test double reads the
 roles back out of the prompt (``<|im_start|>role`` headers, ``prompt_reading.py``: turn by turn, each
@@ -17,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 from fastapi import FastAPI, Request
@@ -35,6 +38,21 @@ from openenv_harness.testing.engine.wire import dumps, new_id, output_text
 
 
 
+class ParseContext(BaseModel):
+    """vLLM 0.33's ``ParseContext``: the chat settings render hands generate, which parses a sample with them
+    at ``output_mode="derender"``. Unknown fields are kept, so generate can refuse them where it reads them
+    (a newer render's), as vLLM does."""
+
+    model_config = ConfigDict(extra="allow")
+
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = "none"
+    parallel_tool_calls: bool | None = True
+    include_reasoning: bool = True
+    chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
+    history_tool_call_cnt: int = Field(0, ge=0)
+
+
 class GenerateRequest(BaseModel):
     """``/inference/v1/generate``'s body (the fields this engine reads; others are accepted)."""
 
@@ -47,7 +65,7 @@ class GenerateRequest(BaseModel):
     return_token_ids: bool | None = None
     output_mode: str = "tokens"
     #: vLLM 0.33: the chat settings generate parses with at ``output_mode="derender"`` (from render)
-    parse_context: dict[str, Any] | None = None
+    parse_context: ParseContext | None = None
 
 
 class DerenderRequest(BaseModel):
@@ -207,19 +225,11 @@ async def generate(state: EngineState, request: Request) -> Response:
     if error is not None:
         return error
     assert isinstance(parsed, GenerateRequest)
-    if parsed.stream:
-        return error_response(400, "the reference engine answers /inference/v1/generate non-streamed only", "stream")
     params = parsed.sampling_params
-    modes = ("tokens", "text", "derender") if state.config.generate_derender else ("tokens", "text")
-    if parsed.output_mode not in modes:
-        return error_response(400, "output_mode: Input should be " + " or ".join(f"'{m}'" for m in modes),
-                              "output_mode")
+    refusal = _one_step_refusal(state, parsed)
+    if refusal is not None:
+        return refusal
     one_step = parsed.output_mode == "derender"
-    if one_step and parsed.parse_context is None:  # this engine always has a tool parser, as vLLM's here
-        return error_response(400, "output_mode='derender' requires parse_context on a server with a tool or "
-                              "reasoning parser. Use the one returned by /render.")
-    if one_step and params.get("detokenize") is False:
-        return error_response(400, "output_mode='derender' requires sampling_params.detokenize to be true")
     result = await _sample_ids(state, request, "/inference/v1/generate", raw, parsed.token_ids,
                                params.get("max_tokens"))
     if isinstance(result, Response):
@@ -236,11 +246,14 @@ async def generate(state: EngineState, request: Request) -> Response:
                               "weight_versions": [{"version": "default", "start": 0, "end": n}],
                               "logprobs": {"content": content} if content is not None else None}
     if one_step:  # vLLM 0.33: derender's parse of the sample, in generate's reply
-        context = parsed.parse_context or {}
+        assert parsed.parse_context is not None
+        context = parsed.parse_context.model_dump()
         message, choice["finish_reason"] = _derendered_message(state, ids, context, finish, parsed.token_ids)
         choice["message"] = message
-        choice["logprobs"] = _chat_logprobs(state, content) if content is not None else None
-        if context.get("include_reasoning") is False:  # as vLLM: per-token metadata would show the reasoning
+        top = params.get("logprobs")  # chat logprobs, cut as the chat route cuts them (-1: every candidate)
+        choice["logprobs"] = _chat_logprobs(state, content, None if top == -1 else top) \
+            if content is not None else None
+        if not context["include_reasoning"]:  # as vLLM: per-token metadata would show the reasoning
             choice["logprobs"] = choice["token_ids"] = choice["sampling_mask"] = None
     return _json({
         "request_id": new_id("generate-tokens-"), "model": parsed.model or state.config.served_model_name,
@@ -254,13 +267,47 @@ async def generate(state: EngineState, request: Request) -> Response:
     })
 
 
-def _chat_logprobs(state: EngineState, content: list[dict[str, Any]]) -> dict[str, Any]:
-    """Generate's id logprobs as a chat reply's: each token's text and bytes."""
+def _one_step_refusal(state: EngineState, parsed: GenerateRequest) -> Response | None:
+    """The 400s generate answers before sampling, in vLLM's order: the body's own checks (the output mode,
+    detokenizing, a newer render's parse_context fields), then the handler's (streaming, a missing
+    parse_context, a named tool_choice that names no tool)."""
+    modes = ("tokens", "text", "derender") if state.config.generate_derender else ("tokens", "text")
+    mode = parsed.output_mode
+    if mode not in modes:
+        return error_response(400, "output_mode: Input should be " + " or ".join(f"'{m}'" for m in modes),
+                              "output_mode")
+    if mode != "tokens" and parsed.sampling_params.get("detokenize") is False:
+        return error_response(400, f"output_mode={mode!r} requires sampling_params.detokenize to be true")
+    context = parsed.parse_context
+    unknown = sorted(context.model_extra or ()) if context is not None else []
+    if mode == "derender" and unknown:  # at other modes vLLM ignores them (it does not read parse_context)
+        return error_response(400, f"Unknown parse_context fields {unknown}; the render server is newer than "
+                              "this generate server")
+    if parsed.stream:
+        return error_response(400, "output_mode='derender' does not support stream=true." if mode == "derender"
+                              else "the reference engine answers /inference/v1/generate non-streamed only", "stream")
+    if mode != "derender":
+        return None
+    if context is None:  # this engine always has a tool parser, as vLLM's here
+        return error_response(400, "output_mode='derender' requires parse_context on a server with a tool or "
+                              "reasoning parser. Use the one returned by /render.")
+    if isinstance(context.tool_choice, dict):
+        name = (context.tool_choice.get("function") or {}).get("name")
+        if not any((tool.get("function") or {}).get("name") == name for tool in context.tools or ()):
+            return error_response(400, "The tool specified in `tool_choice` does not match any of the specified "
+                                  "`tools`", "tool_choice")
+    return None
+
+
+def _chat_logprobs(state: EngineState, content: list[dict[str, Any]], top: int | None = None) -> dict[str, Any]:
+    """Generate's id logprobs as a chat reply's: each token's text and bytes; ``top`` keeps that many of
+    each position's candidates (None: all of them, as generate listed them)."""
     texts = state.tokenizer.token_texts
     return {"content": [
         {"token": texts[e["token_id"]], "logprob": e["logprob"], "bytes": list(texts[e["token_id"]].encode()),
          "top_logprobs": [{"token": texts[t["token_id"]], "logprob": t["logprob"],
-                           "bytes": list(texts[t["token_id"]].encode())} for t in e.get("top_logprobs") or []]}
+                           "bytes": list(texts[t["token_id"]].encode())}
+                          for t in (e.get("top_logprobs") or [])[:top]]}
         for e in content]}
 
 
@@ -278,7 +325,9 @@ def _derendered_message(state: EngineState, ids: list[int], chat: dict[str, Any]
                                   "function": {"name": c.name, "arguments": c.arguments}} for c in parsed.tool_calls]
         if finish == "stop":
             finish = "tool_calls"
-    message[state.config.reasoning_field] = parsed.reasoning
+    # vLLM drops the parsed reasoning when the request asks for none (include_reasoning=false)
+    message[state.config.reasoning_field] = parsed.reasoning if chat.get("include_reasoning", True) is not False \
+        else None
     return message, finish
 
 
@@ -297,8 +346,11 @@ async def derender(state: EngineState, request: Request) -> Response:
     message, finish = _derendered_message(state, ids, parsed.chat_request, choice.get("finish_reason") or "stop",
                                           parsed.prompt_token_ids)
     lp = choice.get("logprobs")
-    logprobs = _chat_logprobs(state, lp["content"]) if isinstance(lp, dict) and isinstance(lp.get("content"), list) \
-        else None
+    # vLLM 0.32 hands generate's candidates on as they are; 0.33 cuts them to the chat request's top_logprobs,
+    # as its chat route does (generate no longer cuts them itself)
+    top = (parsed.chat_request.get("top_logprobs") or 0) if state.config.generate_derender else None
+    logprobs = _chat_logprobs(state, lp["content"], top) \
+        if isinstance(lp, dict) and isinstance(lp.get("content"), list) else None
     n = len(ids)
     return _json({
         "id": parsed.generate_response.get("request_id") or new_id(), "object": "chat.completion",
