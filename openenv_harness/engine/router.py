@@ -15,7 +15,9 @@ measured on vllm-router 0.1.17 (``tests/scale/test_router.py``):
   ``include_reasoning``, ``ignore_eos`` ..., vLLM's defaults), drops no field;
 - ``POST /pause`` and ``/resume`` reach ONE replica, never all: the recorder's fence pauses each
   replica itself (``recorder/replicas.py``);
-- no reply header names the replica that served a call.
+- no reply header names the replica that served a call;
+- its Prometheus exporter takes port 29000 unless ``--prometheus-port`` says otherwise (so two
+  routers on one host collide): each router started here gets a free port for it.
 """
 
 from __future__ import annotations
@@ -68,8 +70,11 @@ class VLLMRouter:
         return f"http://{self.host}:{self.port}"
 
     def command(self) -> list[str]:
+        # its metrics exporter listens on a fixed port (29000) unless told otherwise: a second router on
+        # the host would exit at start ("Address already in use"), so each gets a free one of its own
+        metrics = [] if "--prometheus-port" in self.extra_args else ["--prometheus-port", str(free_port(self.host))]
         return [router_binary(), "--host", self.host, "--port", str(self.port), "--worker-urls", *self.worker_urls,
-                "--policy", self.policy, "--log-level", "info", *self.extra_args]
+                "--policy", self.policy, "--log-level", "info", *metrics, *self.extra_args]
 
     def start(self, timeout_s: float = 60.0) -> "VLLMRouter":
         out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115 -- the child owns it

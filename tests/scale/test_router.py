@@ -126,3 +126,30 @@ def test_incremental_prompts_use_the_scale_out_routes_through_the_router(
         generated = [entry["sampled"] for _, entry in calls if entry["path"] == "/inference/v1/generate"]
         assert [r["completion_token_ids"] for r in records[1:]] == [g["token_ids"] for g in generated]
         assert [r["prompt_token_ids"] for r in records[1:]] == [g["prompt_token_ids"] for g in generated]
+
+
+def test_the_one_step_parse_through_the_router(tmp_path: Path) -> None:
+    """Replicas with vLLM 0.33's one-step parse behind the router: whatever the router does to generate's
+    ``output_mode`` and ``parse_context``, each continued call is exact and parsed by the engine once."""
+    from openenv_harness.testing.engine import EngineConfig
+
+    engines = [EngineServer(EngineConfig(generate_derender=True)).start() for _ in range(2)]
+    try:
+        with VLLMRouter([e.url for e in engines], log_path=tmp_path / "router.log") as router, \
+                RecorderServer(RecorderConfig(store_path=str(tmp_path / "r.db"), engine_url=router.url,
+                                              admin_token=ADMIN)) as rec, RecorderClient(rec.url, ADMIN) as admin:
+            s = _start(admin, engines, 3, prompt_mode="incremental", prompt_mode_strict=True)
+            run_agent(s["base_url"], s["secret"], stream=True, echo="pi")
+            records = admin.records(s["session_id"])
+        calls = [entry for _, entry in _served_by(engines)[s["session_id"]]]
+    finally:
+        for engine in engines:
+            engine.stop()
+    assert [r["metadata"]["fidelity"]["class"] for r in records] == ["root", "exact", "exact", "exact"]
+    generates = [c for c in calls if c["path"] == "/inference/v1/generate"]
+    assert len(generates) == 3  # nothing sampled twice
+    # vllm-router 0.1.17 passes the one-step fields through: generate parses, derender is never asked
+    assert all(g["body"].get("output_mode") == "derender" and g["body"].get("parse_context") for g in generates)
+    assert [r["metadata"]["prompt_mode"]["parsed_via"] for r in records[1:]] == ["/inference/v1/generate"] * 3
+    assert not [c for c in calls if c["path"] == "/v1/chat/completions/derender"]
+    assert [r["completion_token_ids"] for r in records[1:]] == [g["sampled"]["token_ids"] for g in generates]
