@@ -1,7 +1,7 @@
 """Where a continued call's time goes: one-session rollouts of both prompt modes through a recorder
 that logs its engine exchanges (``phase_hook.py``), medians per exchange and per gap between them.
 
-    PYTHONPATH=$PWD python benchmarks/prompt_mode_phases.py ROUNDS LOGFILE   # docs/benchmarks.md
+    PYTHONPATH=$PWD python benchmarks/prompt_mode_phases.py ROUNDS LOGFILE [ENGINE ARGS...]   # docs/benchmarks.md
 """
 import asyncio
 import os
@@ -15,12 +15,12 @@ sys.path.insert(0, "benchmarks"); sys.path.insert(0, "tests/recorder")
 import bench_prompt_mode as b
 from procs import recorder_proc, PYTHON
 from agentloop import ADMIN
-rounds = int(sys.argv[1]); log = sys.argv[2]
+rounds = int(sys.argv[1]); log = sys.argv[2]; engine_args = sys.argv[3:]  # e.g. --generate-derender
 os.environ["OEH_PHASE_LOG"] = log
 open(log, "w").close()
 with tempfile.TemporaryDirectory() as tmp:
     logs = Path(tmp)
-    with b.engine_proc(logs) as engine:
+    with b.engine_proc(logs, extra=engine_args) as engine:
         rp = recorder_proc(engine.url, logs / "r.db", ADMIN, logs)
         rp.argv = [PYTHON, str(Path(__file__).resolve().parent / "phase_hook.py"), *rp.argv[3:]]
         with rp as rec:
@@ -72,13 +72,17 @@ for line in open(log):
     elif p[0] == "s":
         s0, sd = float(p[3]), float(p[2]) / 1000
         xs = cur; cur = []
-        if len(xs) < 4 or len(xs) > 4: continue
-        r = [x for x in xs if x[0].endswith("/render")]; g = [x for x in xs if "generate" in x[0] or x[0] == "/v1/completions"][0]; d = [x for x in xs if "derender" in x[0]][0]
+        if len(xs) not in (3, 4): continue  # two renders, generate, and derender unless generate parsed (one step)
+        r = [x for x in xs if x[0].endswith("/render")]; g = [x for x in xs if "generate" in x[0] or x[0] == "/v1/completions"][0]
+        d = ([x for x in xs if "derender" in x[0]] or [None])[0]
         first = min(x[1] for x in r); rend = max(x[1] + x[2] for x in r)
         gaps["start -> first render sent"].append(first - s0)
         gaps["renders (first sent -> last answered)"].append(rend - first)
         gaps["last render answered -> generate sent"].append(g[1] - rend)
         gaps["generate"].append(g[2])
+        if d is None:
+            gaps["generate answered -> strategy done"].append(s0 + sd - (g[1] + g[2]))
+            continue
         gaps["generate answered -> derender sent"].append(d[1] - (g[1] + g[2]))
         gaps["derender"].append(d[2])
         gaps["derender answered -> strategy done"].append(s0 + sd - (d[1] + d[2]))

@@ -115,6 +115,12 @@ class FaultBook:
         with self._lock:
             return sum(entry.remaining for entry in self._entries.get(key, []))
 
+    def targets(self, route: str) -> bool:
+        """Whether any fault with hits left is registered for ``route`` (lets that route skip the
+        work of matching one when there is none: the render route would read the turn every time)."""
+        with self._lock:
+            return any(e.fault.route == route and e.remaining > 0 for entries in self._entries.values() for e in entries)
+
     def take(self, keys: list[str], turn_index: int, is_aux: bool, route: str | None = None) -> Fault | None:
         """Consume one hit of the first fault matching this request, looking up ``keys`` in order.
 

@@ -210,6 +210,8 @@ def _parse_context(chat: ChatRequest) -> dict[str, Any]:
 
 def _render_fault(state: EngineState, request: Request, chat: ChatRequest) -> Response | None:
     """A fault registered for the render route (``Fault.route``), matched by the turn these messages ask for."""
+    if not state.faults.targets("/v1/chat/completions/render"):
+        return None
     keys = state.keys_for(request.headers.get(SESSION_HEADER), chat.model)
     _, script = state.script_for(keys)
     choice = choose_turn({"messages": chat.messages, "tools": chat.tools}, script)
