@@ -185,19 +185,19 @@ class Incremental:
         if not suffix:
             raise Fallback("no_new_messages", "nothing follows the previous assistant turn")
         session = flow.session.id
-        # the suffix's renders and the full render (for the sampling parameters and the contrast) are
-        # independent: one round trip's latency instead of two. The suffix is asked first: the engine
-        # answers it first, and it is read here while the engine renders the whole history
-        rendered_suffix, full, sampler = await asyncio.gather(
-            _suffix_ids(flow, upstream, state, checkpoint, suffix, turn_end),
-            _render(upstream, state, flow.upstream_body, session, flow.session.affinity_key), sampler_for(upstream),
+        # the full render (for the sampling parameters and the contrast) and the suffix's renders are
+        # independent: one round trip's latency instead of two. The full render is asked first: the
+        # engine answers it first, and its long reply is read here while the engine renders the suffix
+        full, rendered_suffix, sampler = await asyncio.gather(
+            _render(upstream, state, flow.upstream_body, session, flow.session.affinity_key),
+            _suffix_ids(flow, upstream, state, checkpoint, suffix, turn_end), sampler_for(upstream),
             return_exceptions=True)
         for outcome in (full, rendered_suffix, sampler):
             if isinstance(outcome, BaseException):
                 raise outcome
         assert isinstance(full, dict) and isinstance(rendered_suffix, tuple) and not isinstance(sampler, BaseException)
         suffix_ids, rerendered = rendered_suffix
-        full_ids = _id_list(full["token_ids"], RENDER)
+        full_ids = full["token_ids"]  # checked ids (``_render``)
         if full_ids[len(full_ids) - len(suffix_ids):] != suffix_ids:
             raise Fallback("suffix_not_certified", "the new messages render differently after the real history "
                            "than after the probe prefix")
@@ -285,7 +285,9 @@ async def _render(upstream: Upstream, state: IncrementalState, body: dict[str, A
     ids = (reply.json or {}).get("token_ids")
     if reply.status != 200 or not isinstance(ids, list):
         raise Fallback("render_failed", f"{RENDER} answered HTTP {reply.status}: {reply.body[:200]!r}")
-    return reply.json or {}
+    rendered = dict(reply.json or {})
+    rendered["token_ids"] = _id_list(ids, RENDER)  # checked as it arrives, while the other render is made
+    return rendered
 
 
 async def _suffix_ids(flow: "Flow", upstream: Upstream, state: IncrementalState, checkpoint: Checkpoint,
@@ -305,7 +307,7 @@ async def _suffix_ids(flow: "Flow", upstream: Upstream, state: IncrementalState,
     prefix = probe_prefixes.get(upstream, probe, turn_end)
     if prefix is None:
         rendered = await _render(upstream, state, probe, session, flow.session.affinity_key)
-        prefix = _id_list(rendered["token_ids"], RENDER)
+        prefix = rendered["token_ids"]
         if prefix[-len(turn_end):] != turn_end:
             raise Fallback("junction_uncertified", "the probe's assistant turn does not end with the certified "
                            "turn-end ids")
@@ -313,7 +315,7 @@ async def _suffix_ids(flow: "Flow", upstream: Upstream, state: IncrementalState,
     generation = flow.body.get("add_generation_prompt", True)
     whole = await _render(upstream, state, {**base, "messages": [_PROBE_USER, assistant, *suffix],
                                             "add_generation_prompt": generation}, session, flow.session.affinity_key)
-    ids = _id_list(whole["token_ids"], RENDER)
+    ids = whole["token_ids"]
     cut = probe_cut(prefix, ids, turn_end)
     if cut is None:
         raise Fallback("suffix_not_certified", "the probe prefix is not kept when the new messages follow it, "
