@@ -86,10 +86,12 @@ async def _target(http: httpx.AsyncClient, mode: str, engine: str, recorder: str
     return s["base_url"], {"authorization": f"Bearer {s['secret']}"}
 
 
-async def _latency(engines: dict[str, Proc], recorders: dict[str, Proc], rounds: int, modes: tuple[str, ...]
+async def _latency(engines: dict[str, Proc], recorders: dict[str, Proc], rounds: int, modes: tuple[str, ...],
+                   per_round: dict[str, list[float]] | None = None
                    ) -> tuple[dict[str, list[float]], dict[str, dict[str, float]]]:
     """Per-call latencies per mode, and the CPU seconds the engine and the recorder (with its index
-    process) spent on each mode's calls (one call at a time, so the attribution is clean)."""
+    process) spent on each mode's calls (one call at a time, so the attribution is clean);
+    ``per_round`` gets each round's median per mode (a round runs every mode once, back to back)."""
     results: dict[str, list[float]] = {m: [] for m in modes}
     cpu = {m: {"engine": 0.0, "recorder": 0.0} for m in modes}
     urls = {k: p.url for k, p in recorders.items()}
@@ -105,6 +107,8 @@ async def _latency(engines: dict[str, Proc], recorders: dict[str, Proc], rounds:
                 await _rollout(http, url, headers, times)
                 if i:
                     results[mode].extend(times)
+                    if per_round is not None:
+                        per_round.setdefault(mode, []).append(statistics.median(times))
                     cpu[mode]["engine"] += tree_cpu_seconds(engine.pid) - before[0]
                     cpu[mode]["recorder"] += tree_cpu_seconds(recorder.pid) - before[1]
     return results, cpu
@@ -172,7 +176,8 @@ def main() -> None:
             urls = {k: p.url for k, p in recorders.items()}
             for e in engines.values():
                 asyncio.run(_script(e.url))
-            latency, cpu = asyncio.run(_latency(engines, recorders, args.rounds, modes))
+            rounds: dict[str, list[float]] = {}
+            latency, cpu = asyncio.run(_latency(engines, recorders, args.rounds, modes, rounds))
             throughput: dict[tuple[str, int], list[float]] = {}
             failures: dict[tuple[str, int], int] = {}
             for n in args.concurrency:
@@ -191,9 +196,17 @@ def main() -> None:
     base = statistics.median(latency["full_history"])
     print(f"latency  incremental - full_history p50: {statistics.median(latency['incremental']) - base:+.2f} ms")
     print(f"latency  full_history - direct p50: {base - statistics.median(latency['direct']):+.2f} ms")
+    # paired within rounds: the machine's speed drifts between rounds far more than within one
+    paired = [i - f for i, f in zip(rounds["incremental"], rounds["full_history"])]
+    print(f"latency  incremental - full_history, median of the rounds' differences of medians: "
+          f"{statistics.median(paired):+.2f} ms (rounds: {len(paired)}; quartiles "
+          f"{' / '.join(f'{q:+.2f}' for q in statistics.quantiles(paired, n=4))})")
     if args.baseline_tree:
         old = statistics.median(latency["incremental@base"]) - statistics.median(latency["full_history@base"])
         print(f"latency  baseline incremental - full_history p50: {old:+.2f} ms")
+        paired = [i - f for i, f in zip(rounds["incremental@base"], rounds["full_history@base"])]
+        print(f"latency  baseline incremental - full_history, median of the rounds' differences: "
+              f"{statistics.median(paired):+.2f} ms")
     for (mode, n), rates in throughput.items():
         print(f"throughput {mode:13s} sessions={n:3d} calls/s={statistics.mean(rates):7.1f}  "
               f"(rounds: {', '.join(f'{r:.1f}' for r in rates)}; failed rollouts: {failures[(mode, n)]})")

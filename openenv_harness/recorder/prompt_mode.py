@@ -217,27 +217,19 @@ class Incremental:
             # turn as it was sampled, which the full render above shows differently (README: prompt mode)
             "template_rerenders_turn": rerendered,
         }
-        # the certified prompt goes out first; what only the record needs is worked out while the engine samples
-        sampling = asyncio.ensure_future(sample_and_parse(
-            upstream, sampler, prompt, params, full, flow.upstream_body, meta, model=flow.upstream_body.get("model"),
-            session_id=session, affinity=flow.session.affinity_key))
-        try:
-            await asyncio.sleep(0)  # the task writes its request before this call goes on
-            meta["equivalences"] = history_match.used_equivalences(messages[cut - 1], checkpoint.reply)
-            meta["full_render_diff"] = render_diff(prompt, full_ids)
-            # the prompt's ids are already checked ints (the checkpoint's, the certified trailer's, the
-            # suffix's): the evidence takes them as they are, as from a transport that read them (flow.py)
-            prompt_ids = array("I", prompt)
-        except BaseException:
-            sampling.cancel()
-            raise
-        reply = await sampling
+        reply = await sample_and_parse(upstream, sampler, prompt, params, full, flow.upstream_body, meta,
+                                       model=flow.upstream_body.get("model"), session_id=session,
+                                       affinity=flow.session.affinity_key)
+        meta["equivalences"] = history_match.used_equivalences(messages[cut - 1], checkpoint.reply)
+        meta["full_render_diff"] = render_diff(prompt, full_ids)
         if reply.status != 200:
             return reply  # an engine error mid-way: relayed and recorded by the forward step
         call = flow.prompt_mode_call
         assert isinstance(call, _Call)  # set by _find_parent
         call.parent, call.prompt = checkpoint, prompt  # the commit replaces the parent by this call's own
-        flow.prompt_ids = prompt_ids
+        # the prompt's ids are already checked ints (the checkpoint's, the certified trailer's, the
+        # suffix's): the evidence takes them as they are, as from a transport that read them (flow.py)
+        flow.prompt_ids = array("I", prompt)
         return reply
 
 
