@@ -78,8 +78,9 @@ async def sample_and_parse(upstream: Upstream, sampler: IdSampler, prompt: list[
                                          affinity=affinity, output={"output_mode": "derender",
                                                                     "parse_context": context})
         if generated.status == 200 and generated.json is not None and generated.json.get("output_mode") == "derender":
-            meta["parsed_via"] = GENERATE
-            return _compose_one_step(generated.json, prompt)
+            composed = _compose_one_step(generated.json, prompt)
+            meta["parsed_via" if composed.status == 200 else "failed_at"] = GENERATE
+            return composed
         if generated.status == 200 and generated.json is not None:
             # sampled, but answered with ids only: something on the way dropped the one-step fields
             # (a router that re-serializes generate's body); the sample stands, derender parses it

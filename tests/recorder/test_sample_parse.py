@@ -133,3 +133,20 @@ def test_hidden_reasoning_is_parsed_in_two_steps(tmp_path: Path) -> None:
     assert records[1]["metadata"]["prompt_mode"]["continued"] is True
     assert records[1]["metadata"]["prompt_mode"]["parsed_via"] == DERENDER
     assert records[1]["completion_token_ids"]
+
+
+def test_a_one_step_reply_without_the_sample_or_the_message_is_an_engine_error() -> None:
+    """Nothing can be recorded from it: a 502 the forward step relays and records, never a guessed reply."""
+    from openenv_harness.recorder.sample_parse import _compose_one_step
+
+    whole = {"output_mode": "derender", "request_id": "r", "usage": {},
+             "choices": [{"index": 0, "token_ids": [5, 6], "finish_reason": "stop",
+                          "message": {"role": "assistant", "content": "hi"}, "logprobs": None}]}
+    ok = _compose_one_step(whole, [1, 2, 3])
+    assert ok.status == 200 and ok.json is not None
+    assert ok.json["choices"][0]["token_ids"] == [5, 6] and ok.json["prompt_token_ids"] == [1, 2, 3]
+    assert ok.json["usage"]["completion_tokens"] == 2 and ok.json["choices"][0]["message"]["content"] == "hi"
+    for missing in ("token_ids", "message"):
+        choice = {k: v for k, v in whole["choices"][0].items() if k != missing}
+        bad = _compose_one_step({**whole, "choices": [choice]}, [1, 2, 3])
+        assert bad.status == 502 and bad.json is None, missing
