@@ -20,6 +20,12 @@ is remembered per engine and asked in two steps from then on; that call is sampl
 steps, as the refusal sampled nothing. One that samples but answers ids only (the one-step fields
 lost on the way, e.g. by a router that re-serializes the body) is remembered the same way, and its
 sample is parsed by derender.
+
+A sample of no ids (an abort before the first token: a weight update's pause in abort mode) has
+nothing to parse, and vLLM's derender refuses it (400: "choice 0 has empty or null token_ids"): it
+becomes an empty assistant message here, with generate's finish reason, so the forward step records
+it as every abort (partial, untrainable) and tells the agent to retry, as in full history
+(``parsed_via: "nothing_sampled"``).
 """
 
 from __future__ import annotations
@@ -78,6 +84,8 @@ async def sample_and_parse(upstream: Upstream, sampler: IdSampler, prompt: list[
                                          affinity=affinity, output={"output_mode": "derender",
                                                                     "parse_context": context})
         if generated.status == 200 and generated.json is not None and generated.json.get("output_mode") == "derender":
+            if _nothing_sampled(generated.json):
+                return _empty_reply(generated.json, prompt, meta)
             composed = _compose_one_step(generated.json, prompt)
             meta["parsed_via" if composed.status == 200 else "failed_at"] = GENERATE
             return composed
@@ -98,6 +106,8 @@ async def sample_and_parse(upstream: Upstream, sampler: IdSampler, prompt: list[
     if generated.status != 200 or generated.json is None:
         meta["failed_at"] = sampler.route
         return generated  # an engine error mid-way: relayed and recorded by the forward step
+    if _nothing_sampled(generated.json):
+        return _empty_reply(generated.json, prompt, meta)
     body = {"generate_response": generated.json, "prompt_token_ids": prompt[-DERENDER_PROMPT_TAIL:],
             "prompt_tokens": len(prompt), "chat_request": derender_chat_request(chat_body)}
     derendered = await upstream.post_for_session(DERENDER, body, session_id=session_id, affinity=affinity)
@@ -113,6 +123,20 @@ def _refuses_one_step(reply: UpstreamReply) -> bool:
     return reply.status in (400, 422) and (b"output_mode" in reply.body or b"parse_context" in reply.body)
 
 
+def _nothing_sampled(generated: dict[str, Any]) -> bool:
+    """Whether generate answered a sample of no ids (``token_ids: []``, not a missing field)."""
+    choice = (generated.get("choices") or [None])[0]
+    return isinstance(choice, dict) and choice.get("token_ids") == []
+
+
+def _empty_reply(generated: dict[str, Any], prompt: list[int], meta: dict[str, Any]) -> UpstreamReply:
+    """No ids decode to no text and no calls: the reply is made here, the engine is not asked."""
+    meta["parsed_via"] = "nothing_sampled"
+    choice = {**(generated.get("choices") or [{}])[0], "logprobs": None}  # compose: generate's, for no ids
+    return compose(_chat_reply(generated, choice, {"role": "assistant", "content": "", "tool_calls": []}),
+                   generated, prompt)
+
+
 def _compose_one_step(generated: dict[str, Any], prompt: list[int]) -> UpstreamReply:
     """Generate's one-step reply as the chat reply derender answers for the same sample."""
     choice = (generated.get("choices") or [{}])[0]
@@ -120,17 +144,21 @@ def _compose_one_step(generated: dict[str, Any], prompt: list[int]) -> UpstreamR
             or not isinstance(choice.get("message"), dict):
         return UpstreamReply(status=502, json=None, body=b"the engine's one-step generate reply carries no sampled "
                              b"token_ids or no parsed message: the sample cannot be recorded")
-    derendered = {
+    return compose(_chat_reply(generated, choice, choice["message"]), generated, prompt)
+
+
+def _chat_reply(generated: dict[str, Any], choice: dict[str, Any], message: dict[str, Any]) -> dict[str, Any]:
+    """A chat reply in derender's shape around ``message``, from generate's reply and its choice."""
+    return {
         "id": generated.get("request_id"), "object": "chat.completion", "created": generated.get("created"),
         "model": generated.get("model"),
-        "choices": [{"index": 0, "message": choice["message"], "logprobs": choice.get("logprobs"),
+        "choices": [{"index": 0, "message": message, "logprobs": choice.get("logprobs"),
                      "finish_reason": choice.get("finish_reason"), "stop_reason": choice.get("stop_reason"),
                      "token_ids": None, "routed_experts": choice.get("routed_experts")}],
         "service_tier": None, "system_fingerprint": None, "usage": generated.get("usage"),
         "prompt_logprobs": None, "prompt_token_ids": None, "prompt_text": None,
         "kv_transfer_params": generated.get("kv_transfer_params"), "ec_transfer_params": None, "metrics": None,
     }
-    return compose(derendered, generated, prompt)
 
 
 def compose(derendered: dict[str, Any], generated: dict[str, Any], prompt: list[int]) -> UpstreamReply:

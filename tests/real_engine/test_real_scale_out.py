@@ -32,6 +32,13 @@ def test_render_generate_derender_and_id_prompts_have_vllms_shapes(vllm: VLLMSer
         assert _sans_call_ids(tail["message"]) == _sans_call_ids(whole["message"])
         assert tail["finish_reason"] == whole["finish_reason"]
         assert engine["derender"]["usage"]["prompt_tokens"] == len(engine["render"]["token_ids"])
+    # the sampled ids come back from derender only where asked for; a sample of no ids (an abort
+    # before the first token) is refused, so the recorder must not ask (recorder/sample_parse.py)
+    for engine in (real, ours):
+        assert engine["derender"]["choices"][0]["token_ids"] is None
+        assert engine["derender_echoed"]["choices"][0]["token_ids"] == engine["generate"]["choices"][0]["token_ids"]
+    assert ours["empty_derender_status"] == real["empty_derender_status"] == 400
+    assert ours["empty_derender"] == real["empty_derender"]
     # what the recorder relies on: the render's ids are what generate sampled from
     assert real["generate"]["usage"]["prompt_tokens"] == len(real["render"]["token_ids"])
     assert real["completion"]["choices"][0]["prompt_token_ids"] == real["render"]["token_ids"]

@@ -3,11 +3,14 @@ or, where the engine has no such thing, through derender: the same records and r
 
 from __future__ import annotations
 
+import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
 import httpx
+import pytest
 
 from openenv_harness.recorder import RecorderClient, RecorderConfig, RecorderServer
 from openenv_harness.testing.engine import EngineConfig, EngineServer, Fault
@@ -150,3 +153,48 @@ def test_a_one_step_reply_without_the_sample_or_the_message_is_an_engine_error()
         choice = {k: v for k, v in whole["choices"][0].items() if k != missing}
         bad = _compose_one_step({**whole, "choices": [choice]}, [1, 2, 3])
         assert bad.status == 502 and bad.json is None, missing
+
+
+@pytest.mark.parametrize("one_step", [False, True], ids=["two_steps", "one_step"])
+def test_an_abort_before_the_first_token_is_retried_as_in_full_history(tmp_path: Path, one_step: bool) -> None:
+    """A pause in abort mode while the continued call is still in prefill: generate answers no ids,
+    which vLLM's derender would refuse with a 400 the agent cannot act on. The recorder asks nothing
+    more: the call is recorded as an abort (partial, untrainable) and the agent is told to retry (503),
+    as in full history; the retry continues the chain."""
+    with _stack(tmp_path, "a", generate_derender=one_step, prefill_delay_s=1.5) as (engine, admin):
+        s = admin.create_session(prompt_mode="incremental", prompt_mode_strict=True)
+        engine.set_script(s["session_id"], tool_script(2))
+        with ThreadPoolExecutor(1) as pool:
+            pending = pool.submit(_two_calls, s)
+            deadline = time.monotonic() + 30
+            while not any(e["path"] == GENERATE for e in engine.requests(s["session_id"])):
+                assert time.monotonic() < deadline and not pending.done(), "the continued call never reached generate"
+                time.sleep(0.02)
+            engine.pause("abort")
+            engine.resume()
+            first, aborted = pending.result(timeout=60)
+        retried = httpx.post(str(aborted.request.url), headers=dict(aborted.request.headers),
+                             content=aborted.request.content, timeout=60)
+        records = admin.records(s["session_id"])
+        paths = [e["path"] for e in engine.requests(s["session_id"]) if e["path"] in (GENERATE, DERENDER)]
+    assert first.status_code == 200
+    assert aborted.status_code == 503 and aborted.json()["error"]["code"] == "engine_aborted"
+    assert retried.status_code == 200 and retried.json()["choices"][0]["message"]["tool_calls"]
+    assert [r["metadata"]["status"] for r in records] == ["ok", "invalid", "ok"]
+    md = records[1]["metadata"]
+    assert (md["partial"], md["trainable"], md["finish_reason"]) == (True, False, "abort")
+    assert records[1]["completion_token_ids"] == []
+    assert md["prompt_mode"]["continued"] is True and md["prompt_mode"]["parsed_via"] == "nothing_sampled"
+    assert records[2]["metadata"]["prompt_mode"]["continued"] is True
+    assert records[2]["metadata"]["fidelity"]["class"] == "exact"
+    # derender was never asked for the empty sample (it would refuse it); the retry parsed as usual
+    assert paths == ([GENERATE, GENERATE] if one_step else [GENERATE, GENERATE, DERENDER])
+
+
+def test_derender_refuses_a_sample_of_no_ids_as_vllm_does(tmp_path: Path) -> None:
+    with EngineServer(EngineConfig()) as engine:
+        reply = httpx.post(engine.url + DERENDER, json={
+            "generate_response": {"choices": [{"index": 0, "token_ids": [], "finish_reason": "abort"}]},
+            "chat_request": {"model": "reference-model", "messages": []}}, timeout=30)
+    assert reply.status_code == 400
+    assert reply.json()["error"]["message"] == "choice 0 has empty or null token_ids"

@@ -343,8 +343,12 @@ async def derender(state: EngineState, request: Request) -> Response:
     choices = parsed.generate_response.get("choices")
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
         return error_response(400, "generate_response.choices: at least one choice is required")
+    for each in choices:  # vLLM's derenderer refuses a sample of no ids (a ValueError, answered 400)
+        if not isinstance(each, dict) or not each.get("token_ids"):
+            index = each.get("index", 0) if isinstance(each, dict) else 0
+            return error_response(400, f"choice {index} has empty or null token_ids")
     choice = choices[0]
-    ids = [int(t) for t in choice.get("token_ids") or []]
+    ids = [int(t) for t in choice["token_ids"]]
     message, finish = _derendered_message(state, ids, parsed.chat_request, choice.get("finish_reason") or "stop",
                                           parsed.prompt_token_ids)
     lp = choice.get("logprobs")
@@ -354,11 +358,14 @@ async def derender(state: EngineState, request: Request) -> Response:
     logprobs = _chat_logprobs(state, lp["content"], top) \
         if isinstance(lp, dict) and isinstance(lp.get("content"), list) else None
     n = len(ids)
+    # the sampled ids come back where asked for, unless the parsers hid reasoning (vLLM: they would show it)
+    chat = parsed.chat_request
+    echoed = ids if chat.get("return_token_ids") and chat.get("include_reasoning", True) is not False else None
     return _json({
         "id": parsed.generate_response.get("request_id") or new_id(), "object": "chat.completion",
         "created": int(time.time()), "model": parsed.generate_response.get("model") or state.config.served_model_name,
         "choices": [{"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish,
-                     "stop_reason": None, "token_ids": None, "routed_experts": None}],
+                     "stop_reason": None, "token_ids": echoed, "routed_experts": None}],
         "service_tier": None, "system_fingerprint": None,
         "usage": {"prompt_tokens": parsed.prompt_tokens or 0, "total_tokens": (parsed.prompt_tokens or 0) + n,
                   "completion_tokens": n, "prompt_tokens_details": None, "completion_tokens_details": None},

@@ -60,11 +60,23 @@ def run_probe(client: httpx.Client, model: str, max_tokens: int = 4) -> dict[str
     whole = client.post("/v1/chat/completions/derender",
                         json={"generate_response": g, "prompt_token_ids": r["token_ids"], "chat_request": chat})
     whole.raise_for_status()
+    # the sampled ids echoed where the chat request asks for them; a sample of no ids refused
+    echoed = client.post("/v1/chat/completions/derender",
+                         json={"generate_response": g, "prompt_token_ids": r["token_ids"][-DERENDER_PROMPT_TAIL:],
+                               "chat_request": {**derender_chat_request(chat), "return_token_ids": True}})
+    echoed.raise_for_status()
+    empty_choice = {**g["choices"][0], "token_ids": [], "logprobs": None, "finish_reason": "abort"}
+    empty = client.post("/v1/chat/completions/derender",
+                        json={"generate_response": {**g, "choices": [empty_choice]},
+                              "prompt_token_ids": r["token_ids"][-DERENDER_PROMPT_TAIL:],
+                              "chat_request": derender_chat_request(chat)})
     # the body the recorder's id sampling sends (ids back, tokens spelled token_id:N), 2 tokens long
     completed = client.post("/v1/completions",
                             json=completion_body(r["token_ids"], {**r["sampling_params"], "max_tokens": 2}, model))
     completed.raise_for_status()
     bad = client.post("/inference/v1/generate", json={"token_ids": []})
     return {"render": r, "generate": g, "derender": derendered.json(), "derender_whole": whole.json(),
+            "derender_echoed": echoed.json(), "empty_derender_status": empty.status_code,
+            "empty_derender": empty.json(),
             "completion": completed.json(),
             "bad_generate_status": bad.status_code, "bad_generate": bad.json()}
