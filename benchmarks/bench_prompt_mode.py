@@ -14,6 +14,7 @@ on loopback (one interpreter would make every extra engine round trip contend fo
         [--baseline-tree DIR]   # also DIR's engine and recorder (e.g. a git worktree of an earlier
                                 # commit), measured as MODE@base and alternated with the rest
         [--engine-arg=--generate-derender] [--baseline-engine-arg=...]   # the engines' own flags
+        [--tools small|opencode|pi]   # the tool list each call offers (a real agent's: captured)
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import statistics
 import sys
 import tempfile
@@ -51,14 +53,15 @@ def engine_proc(logs: Path, cwd: Path | None = None, extra: list[str] | None = N
     return proc
 
 
-async def _rollout(http: httpx.AsyncClient, url: str, headers: dict[str, str], times: list[float]) -> int:
+async def _rollout(http: httpx.AsyncClient, url: str, headers: dict[str, str], times: list[float],
+                   tools: list[dict[str, Any]] = TOOLS) -> int:
     """One agent loop; appends each call's latency in ms; returns the calls made."""
     messages: list[dict[str, Any]] = [{"role": "system", "content": "You are a careful coding agent."},
                                       {"role": "user", "content": "Do the task step by step."}]
     for n in range(1, TURNS + 2):
         started = time.perf_counter()
         r = await http.post(f"{url}/chat/completions", headers=headers,
-                            json={"model": "reference-model", "messages": messages, "tools": TOOLS, "max_tokens": 512})
+                            json={"model": "reference-model", "messages": messages, "tools": tools, "max_tokens": 512})
         times.append((time.perf_counter() - started) * 1000.0)
         r.raise_for_status()
         message = r.json()["choices"][0]["message"]
@@ -87,7 +90,7 @@ async def _target(http: httpx.AsyncClient, mode: str, engine: str, recorder: str
 
 
 async def _latency(engines: dict[str, Proc], recorders: dict[str, Proc], rounds: int, modes: tuple[str, ...],
-                   per_round: dict[str, list[float]] | None = None
+                   per_round: dict[str, list[float]] | None = None, tools: list[dict[str, Any]] = TOOLS
                    ) -> tuple[dict[str, list[float]], dict[str, dict[str, float]]]:
     """Per-call latencies per mode, and the CPU seconds the engine and the recorder (with its index
     process) spent on each mode's calls (one call at a time, so the attribution is clean);
@@ -104,7 +107,7 @@ async def _latency(engines: dict[str, Proc], recorders: dict[str, Proc], rounds:
                 engine, recorder = engines[which], recorders[which]
                 url, headers = await _target(http, mode, engine.url, urls)
                 before = tree_cpu_seconds(engine.pid), tree_cpu_seconds(recorder.pid)
-                await _rollout(http, url, headers, times)
+                await _rollout(http, url, headers, times, tools)
                 if i:
                     results[mode].extend(times)
                     if per_round is not None:
@@ -114,8 +117,8 @@ async def _latency(engines: dict[str, Proc], recorders: dict[str, Proc], rounds:
     return results, cpu
 
 
-async def _throughput(engine: str, recorder: dict[str, str], mode: str, sessions: int, duration_s: float
-                      ) -> tuple[float, int]:
+async def _throughput(engine: str, recorder: dict[str, str], mode: str, sessions: int, duration_s: float,
+                      tools: list[dict[str, Any]] = TOOLS) -> tuple[float, int]:
     # idle connections expire before the servers' keep-alive timeout (uvicorn's 5 s): no reuse races
     limits = httpx.Limits(max_connections=sessions + 4, max_keepalive_connections=sessions + 4, keepalive_expiry=2.0)
     async with httpx.AsyncClient(timeout=120, limits=limits) as http:
@@ -127,7 +130,7 @@ async def _throughput(engine: str, recorder: dict[str, str], mode: str, sessions
                 times: list[float] = []
                 try:
                     url, headers = await _target(http, mode, engine, recorder)
-                    await _rollout(http, url, headers, times)
+                    await _rollout(http, url, headers, times, tools)
                 except (httpx.TransportError, httpx.HTTPStatusError):
                     failed[0] += 1  # reported; the rollout's completed calls still count
                 counted[0] += len(times)
@@ -147,6 +150,19 @@ async def _script(engine: str) -> None:
         (await http.post(f"{engine}/_ref/scripts", json=body)).raise_for_status()
 
 
+CAPTURED_AGENTS = ("opencode", "pi")
+
+
+def captured_tools(agent: str) -> list[dict[str, Any]]:
+    """The tool list a real agent sent (its first tool-calling request, captured in tests/data)."""
+    folder = Path(__file__).resolve().parents[1] / "tests" / "data" / "harness_capture" / agent / "basic" / "requests"
+    for path in sorted(folder.glob("*chat_completions.json")):
+        body = json.loads(path.read_text()).get("body") or {}
+        if isinstance(body, dict) and body.get("tools"):
+            return body["tools"]
+    raise SystemExit(f"no captured {agent} request with tools under {folder}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=6, help="latency rounds (each: one rollout per mode)")
@@ -158,7 +174,10 @@ def main() -> None:
     parser.add_argument("--engine-arg", action="append", default=[], help="an argument for this tree's engine "
                         "(repeatable), e.g. --engine-arg=--generate-derender (vLLM 0.33's one-step parse)")
     parser.add_argument("--baseline-engine-arg", action="append", default=[], help="the same for DIR's engine")
+    parser.add_argument("--tools", default="small", choices=("small", *CAPTURED_AGENTS),
+                        help="the tool list every call offers: two small tools, or a real agent's (captured)")
     args = parser.parse_args()
+    tools = TOOLS if args.tools == "small" else captured_tools(args.tools)
     modes = MODES + (("full_history@base", "incremental@base") if args.baseline_tree else ())
     with tempfile.TemporaryDirectory() as tmp:
         logs = Path(tmp)
@@ -177,17 +196,18 @@ def main() -> None:
             for e in engines.values():
                 asyncio.run(_script(e.url))
             rounds: dict[str, list[float]] = {}
-            latency, cpu = asyncio.run(_latency(engines, recorders, args.rounds, modes, rounds))
+            latency, cpu = asyncio.run(_latency(engines, recorders, args.rounds, modes, rounds, tools))
             throughput: dict[tuple[str, int], list[float]] = {}
             failures: dict[tuple[str, int], int] = {}
             for n in args.concurrency:
                 for i in range(args.throughput_rounds):
                     for mode in modes[i % len(modes):] + modes[:i % len(modes)]:
-                        rate, failed = asyncio.run(_throughput(engine.url, urls, mode, n, args.duration))
+                        rate, failed = asyncio.run(_throughput(engine.url, urls, mode, n, args.duration, tools))
                         throughput.setdefault((mode, n), []).append(rate)
                         failures[(mode, n)] = failures.get((mode, n), 0) + failed
         load_after = loadavg()
-    print(f"load average (1 min): {load_before:.1f} before, {load_after:.1f} after")
+    print(f"load average (1 min): {load_before:.1f} before, {load_after:.1f} after; tools: {args.tools} "
+          f"({len(tools)}, {len(json.dumps(tools))} bytes of JSON)")
     for mode, times in latency.items():
         p50, p90 = _quantiles(times)
         per_call = {k: v * 1000.0 / len(times) for k, v in cpu[mode].items()}

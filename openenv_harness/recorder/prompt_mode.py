@@ -13,7 +13,8 @@
 
 A call continues only when everything is certain (``history_match`` for the replayed history, the
 certified junction, a suffix whose rendering on a probe prefix -- ending in an assistant tool call
-with the real tool name -- is also the tail of the engine's full render of the same messages).
+with the real tool name, rendered without the tool list where the engine allows (``probe_prefix``) --
+is also the tail of the engine's full render of the same messages, right after a turn end there).
 Otherwise it falls back to full history with the reason recorded (``strict`` rejects instead,
 except for a genuine history change, which starts a new chain as in full history). A spliced
 prompt that was not certified is never sent.
@@ -188,17 +189,26 @@ class Incremental:
         # the full render (for the sampling parameters and the contrast) and the suffix's renders are
         # independent: one round trip's latency instead of two. The full render is asked first: the
         # engine answers it first, and its long reply is read here while the engine renders the suffix
+        has_tools = bool(flow.upstream_body.get("tools") or flow.upstream_body.get("tool_choice"))
+        with_tools = has_tools and probe_prefixes.needs_tools(upstream)
         full, rendered_suffix, sampler = await asyncio.gather(
             _render(upstream, state, flow.upstream_body, session, flow.session.affinity_key),
-            _suffix_ids(flow, upstream, state, checkpoint, suffix, turn_end), sampler_for(upstream),
-            return_exceptions=True)
+            _suffix_ids(flow, upstream, state, checkpoint, suffix, turn_end, with_tools=with_tools),
+            sampler_for(upstream), return_exceptions=True)
         for outcome in (full, rendered_suffix, sampler):
             if isinstance(outcome, BaseException):
                 raise outcome
         assert isinstance(full, dict) and isinstance(rendered_suffix, tuple) and not isinstance(sampler, BaseException)
         suffix_ids, rerendered = rendered_suffix
         full_ids = full["token_ids"]  # checked ids (``_render``)
-        if full_ids[len(full_ids) - len(suffix_ids):] != suffix_ids:
+        if not certified(full_ids, suffix_ids, turn_end) and has_tools and not with_tools:
+            # rendered without the tool list (``probe_prefix``): this template may need it; once more with it
+            with_tools = True
+            suffix_ids, rerendered = await _suffix_ids(flow, upstream, state, checkpoint, suffix, turn_end,
+                                                       with_tools=True)
+            if certified(full_ids, suffix_ids, turn_end):
+                probe_prefixes.learn_needs_tools(upstream)
+        if not certified(full_ids, suffix_ids, turn_end):
             raise Fallback("suffix_not_certified", "the new messages render differently after the real history "
                            "than after the probe prefix")
         prompt = checkpoint.ids + turn_end[1:] + suffix_ids
@@ -216,6 +226,7 @@ class Incremental:
             # the template re-renders an assistant turn once messages follow it: the model continues the
             # turn as it was sampled, which the full render above shows differently (README: prompt mode)
             "template_rerenders_turn": rerendered,
+            "probe_rendered_tools": with_tools,  # the probe's tool list, only where the template needs it
         }
         reply = await sample_and_parse(upstream, sampler, prompt, params, full, flow.upstream_body, meta,
                                        model=flow.upstream_body.get("model"), session_id=session,
@@ -283,17 +294,18 @@ async def _render(upstream: Upstream, state: IncrementalState, body: dict[str, A
 
 
 async def _suffix_ids(flow: "Flow", upstream: Upstream, state: IncrementalState, checkpoint: Checkpoint,
-                      suffix: list[Any], turn_end: list[int]) -> tuple[list[int], bool]:
+                      suffix: list[Any], turn_end: list[int], *, with_tools: bool) -> tuple[list[int], bool]:
     """The new messages' ids: rendered after a probe prefix ending like the real one, prefix cut off;
-    and whether the template re-rendered the probe's assistant turn (``probe_cut``)."""
+    and whether the template re-rendered the probe's assistant turn (``probe_cut``). The tool list is
+    rendered only ``with_tools`` (``probe_prefix``: it lands in the part cut off)."""
     calls = checkpoint.reply.get("tool_calls") or []
     name = ((calls[0].get("function") or {}).get("name") if calls and isinstance(calls[0], dict) else None)
     assistant: dict[str, Any] = {"role": "assistant", "content": "" if name else "."}
     if name:
         assistant["tool_calls"] = [{"id": "call_probe", "type": "function",
                                     "function": {"name": name, "arguments": "{}"}}]
-    base = {k: v for k, v in flow.upstream_body.items()
-            if k in ("model", "tools", "chat_template_kwargs", "tool_choice")}
+    kept = ("model", "tools", "chat_template_kwargs", "tool_choice") if with_tools else ("model", "chat_template_kwargs")
+    base = {k: v for k, v in flow.upstream_body.items() if k in kept}
     session = flow.session.id
     probe = {**base, "messages": [_PROBE_USER, assistant], "add_generation_prompt": False}
     prefix = probe_prefixes.get(upstream, probe, turn_end)
@@ -348,6 +360,15 @@ def _occurrences(ids: list[int], pattern: list[int]) -> int:
         else:
             i += 1
     return found
+
+
+def certified(full: list[int], suffix: list[int], turn_end: list[int]) -> bool:
+    """Whether the suffix is the tail of the engine's full render of the same messages, and follows a
+    turn end there, as it will follow the checkpoint's end and the certified trailer: a suffix that
+    began mid-turn in the full render would be a shorter tail than the new messages' rendering."""
+    start = len(full) - len(suffix)
+    return (bool(suffix) and start >= len(turn_end) and full[start:] == suffix
+            and full[start - len(turn_end):start] == turn_end)
 
 
 def render_diff(sampled: list[int], full: list[int]) -> dict[str, Any]:

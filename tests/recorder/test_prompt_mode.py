@@ -133,3 +133,59 @@ def test_derender_gets_the_request_settings_and_only_the_historys_tool_call_turn
         assert chat["messages"] == [m for m in rendered["messages"]
                                     if m["role"] == "assistant" and m.get("tool_calls")]
         assert 0 < len(chat["messages"]) < len(rendered["messages"])
+
+
+def test_the_probe_is_rendered_without_the_tool_list_unless_the_template_needs_it(tmp_path) -> None:
+    """The probe's tool list lands in the part cut off, so it is not rendered (on the real vLLM, 28 ms
+    against 4 ms per suffix render with OpenCode's tools). A template that renders the new messages
+    differently without tools is found at the certification: that call renders its suffix again with
+    the tools, still continues exactly, and the engine's later calls render with them from the start."""
+    from pathlib import Path
+
+    from openenv_harness.recorder import RecorderConfig
+    from openenv_harness.testing.engine import EngineConfig, SESSION_HEADER
+
+    from agentloop import ADMIN
+
+    reference = Path(__file__).parents[2] / "openenv_harness" / "testing" / "engine" / "chat_template.jinja"
+    plain = reference.read_text()
+    marked = plain.replace("{{- render_text(message.content) + '<|im_end|>\\n' -}}",
+                           "{{- ('(with tools) ' if tools and message.role == 'tool' else '') + "
+                           "render_text(message.content) + '<|im_end|>\\n' -}}")
+    assert marked != plain
+    runs = {}
+    for name, text in (("plain", plain), ("needs_tools", marked)):
+        template = tmp_path / f"{name}.jinja"
+        template.write_text(text)
+        probes: dict[str, list[bool]] = {}  # per session: the probe's renders, with the tool list or not
+        with EngineServer(EngineConfig(chat_template=template)) as engine:
+            handler = engine.app.lean_routes["/v1/chat/completions/render"]
+
+            async def capture(request, handler=handler, probes=probes):  # type: ignore[no-untyped-def]
+                body = orjson.loads(await request.body())
+                session = request.headers.get(SESSION_HEADER)
+                if session and body["messages"][0].get("content") == ".":
+                    probes.setdefault(session, []).append(bool(body.get("tools")))
+                return await handler(request)
+            engine.app.lean_routes["/v1/chat/completions/render"] = capture
+            with RecorderServer(RecorderConfig(store_path=str(tmp_path / f"{name}.db"), engine_url=engine.url,
+                                               admin_token=ADMIN)) as rec, RecorderClient(rec.url, ADMIN) as admin:
+                sessions = []
+                for _ in range(2):  # the second session's calls show what the engine was remembered to need
+                    s = admin.create_session(prompt_mode="incremental", prompt_mode_strict=True)
+                    engine.set_script(s["session_id"], tool_script(3, spaced_args=True))
+                    run_agent(s["base_url"], s["secret"], stream=False, echo="pi")
+                    sessions.append((admin.records(s["session_id"]), probes.get(s["session_id"], [])))
+        runs[name] = sessions
+    for name, sessions in runs.items():
+        for records, _ in sessions:
+            assert [r["metadata"]["fidelity"]["class"] for r in records] == ["root"] + ["exact"] * 3, name
+            assert all(r["metadata"]["prompt_mode"]["continued"] for r in records[1:]), name
+            assert [r["metadata"]["prompt_mode"]["probe_rendered_tools"] for r in records[1:]] == \
+                [name == "needs_tools"] * 3
+    # the probe's renders (prefix, then probe + new messages), with or without the tool list
+    (_, plain_first), (_, plain_second) = runs["plain"]
+    assert plain_first == [False, False, False, False] and plain_second == [False] * 3  # prefix memoized
+    (_, first), (_, second) = runs["needs_tools"]
+    assert first == [False, False, True, True, True, True]  # found at the first continued call, rendered again
+    assert second == [True] * 3

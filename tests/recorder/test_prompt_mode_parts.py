@@ -63,6 +63,25 @@ def test_the_probe_prefix_is_kept_per_engine_and_request() -> None:
     assert memo.get(one, request, [9]) is None  # re-certified turn end
 
 
+def test_an_engine_that_needs_the_tool_list_in_its_probe_is_remembered_alone() -> None:
+    memo, one, two = ProbePrefixes(), _Engine(), _Engine()
+    assert not memo.needs_tools(one)
+    memo.learn_needs_tools(one)
+    assert memo.needs_tools(one) and not memo.needs_tools(two)
+
+
+def test_a_suffix_is_certified_only_as_the_full_renders_tail_after_a_turn_end() -> None:
+    from openenv_harness.recorder.prompt_mode import certified
+
+    end = [9, 10]
+    full = [1, 2, 9, 10, 3, 4, 9, 10, 5, 6]      # ... the last assistant turn's end, then the new messages
+    assert certified(full, [5, 6], end)
+    assert not certified(full, [5, 7], end)      # not the tail
+    assert not certified(full, [6], end)         # the tail, but starting mid-turn: a shorter rendering
+    assert not certified(full, [], end)          # nothing rendered for the new messages
+    assert not certified([10, 5, 6], [5, 6], end)  # no room for the turn end before it
+
+
 def test_the_probe_cut_finds_the_turn_end_where_the_template_rerendered_the_turn() -> None:
     from openenv_harness.recorder.prompt_mode import probe_cut
 
