@@ -136,8 +136,8 @@ def test_derender_gets_the_request_settings_and_only_the_historys_tool_call_turn
 
 
 def test_the_probe_is_rendered_without_the_tool_list_unless_the_template_needs_it(tmp_path) -> None:
-    """The probe's tool list lands in the part cut off, so it is not rendered (on the real vLLM, 28 ms
-    against 4 ms per suffix render with OpenCode's tools). A template that renders the new messages
+    """The probe's tool list lands in the part cut off, so it is not rendered (on the real vLLM, 14-16
+    ms against 2-3 ms per suffix render with OpenCode's tools). A template that renders the new messages
     differently without tools is found at the certification: that call renders its suffix again with
     the tools, still continues exactly, and the engine's later calls render with them from the start."""
     from pathlib import Path
