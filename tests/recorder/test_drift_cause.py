@@ -204,3 +204,17 @@ def test_the_tag_at_the_divergence_names_the_cause_first() -> None:
         == "tool_arguments_reserialized"  # no position given: the messages decide
     parent = turn_view([SYSTEM, USER], reply, sampled)
     assert drift_cause(parent, [SYSTEM, USER, compact], prompt, cert, divergence_at=2) == "tag_sampled_as_text"
+
+
+def test_an_id_is_found_only_at_an_id_boundary() -> None:
+    from array import array
+
+    from openenv_harness.recorder.drift_cause import holds_id
+
+    tag = (151657).to_bytes(4, "little")
+    assert holds_id(array("I", [1, 2, 151657, 3]).tobytes(), tag)
+    assert not holds_id(array("I", [1, 2, 3]).tobytes(), tag) and not holds_id(b"", tag)
+    # the tag's bytes across two ids (the high bytes of one, the low bytes of the next) are no match
+    straddling = array("I", [151657 << 16 & 0xFFFFFFFF, 151657 >> 16]).tobytes()
+    assert tag in straddling and not holds_id(straddling, tag)
+    assert holds_id(straddling + tag, tag)  # a real one after a straddling one
