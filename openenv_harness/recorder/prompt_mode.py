@@ -34,6 +34,7 @@ from operator import ne
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import orjson
 
 from openenv_harness.recorder import history_match
@@ -232,7 +233,8 @@ class Incremental:
                                        model=flow.upstream_body.get("model"), session_id=session,
                                        affinity=flow.session.affinity_key)
         meta["equivalences"] = history_match.used_equivalences(messages[cut - 1], checkpoint.reply)
-        meta["full_render_diff"] = render_diff(prompt, full_ids)
+        prompt_array = array("I", prompt)
+        meta["full_render_diff"] = render_diff(prompt_array, full["token_array"])
         if reply.status != 200:
             return reply  # an engine error mid-way: relayed and recorded by the forward step
         call = flow.prompt_mode_call
@@ -240,7 +242,7 @@ class Incremental:
         call.parent, call.prompt = checkpoint, prompt  # the commit replaces the parent by this call's own
         # the prompt's ids are already checked ints (the checkpoint's, the certified trailer's, the
         # suffix's): the evidence takes them as they are, as from a transport that read them (flow.py)
-        flow.prompt_ids = array("I", prompt)
+        flow.prompt_ids = prompt_array
         return reply
 
 
@@ -289,7 +291,9 @@ async def _render(upstream: Upstream, state: IncrementalState, body: dict[str, A
     if reply.status != 200 or not isinstance(ids, list):
         raise Fallback("render_failed", f"{RENDER} answered HTTP {reply.status}: {reply.body[:200]!r}")
     rendered = dict(reply.json or {})
-    rendered["token_ids"] = _id_list(ids, RENDER)  # checked as it arrives, while the other render is made
+    # checked as it arrives, while the other render is made; the array serves the contrast (``render_diff``)
+    rendered["token_array"] = _id_array(ids, RENDER)
+    rendered["token_ids"] = rendered["token_array"].tolist()
     return rendered
 
 
@@ -327,12 +331,12 @@ async def _suffix_ids(flow: "Flow", upstream: Upstream, state: IncrementalState,
     return ids[cut:], cut != len(prefix)
 
 
-def _id_list(values: Any, route: str) -> list[int]:
-    """An engine's list of token ids as plain ints (JSON booleans read as 0/1, as ``int`` reads
-    them), checked in C: anything that is not an id in [0, 2**32) falls back instead of reaching the
+def _id_array(values: Any, route: str) -> array:
+    """An engine's list of token ids as uint32s (JSON booleans read as 0/1, as ``int`` reads them),
+    checked in C: anything that is not an id in [0, 2**32) falls back instead of reaching the
     engine's sampler."""
     try:
-        return array("I", values).tolist()
+        return array("I", values)
     except (TypeError, OverflowError, ValueError):
         raise Fallback("render_failed", f"{route} answered token ids that are not all ids") from None
 
@@ -371,15 +375,18 @@ def certified(full: list[int], suffix: list[int], turn_end: list[int]) -> bool:
             and full[start - len(turn_end):start] == turn_end)
 
 
-def render_diff(sampled: list[int], full: list[int]) -> dict[str, Any]:
-    """Where the prompt the engine sampled from departs from its own full render of the same messages."""
+def render_diff(sampled: array, full: array) -> dict[str, Any]:
+    """Where the prompt the engine sampled from departs from its own full render of the same messages.
+    On the ids' buffers (uint32 arrays, read in place): comparing them id by id as Python ints cost
+    ~0.2 ms a call at 5,000 ids and 2 ms at 64,000."""
     if sampled == full:
         return {"identical": True, "position": None, "sampled_len": len(sampled), "full_len": len(full)}
     n = min(len(sampled), len(full))
-    # first differing position from each end, iterated in C (prompts run to tens of thousands of ids)
-    start = next(compress(count(), map(ne, sampled, full)), n)
-    tail = next(compress(count(), map(ne, reversed(sampled), reversed(full))), n)
-    tail = min(tail, n - start)
+    a, b = np.frombuffer(sampled, dtype=np.uint32), np.frombuffer(full, dtype=np.uint32)
+    head = np.flatnonzero(a[:n] != b[:n])  # first differing position from each end
+    start = int(head[0]) if len(head) else n
+    back = np.flatnonzero(a[len(a) - n:][::-1] != b[len(b) - n:][::-1])
+    tail = min(int(back[0]) if len(back) else n, n - start)
     return {"identical": False, "position": start, "sampled_span": len(sampled) - start - tail,
             "full_span": len(full) - start - tail, "sampled_len": len(sampled), "full_len": len(full)}
 

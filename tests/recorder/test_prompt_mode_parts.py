@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from array import array
 
 from openenv_harness.recorder.probe_prefix import ProbePrefixes
 from openenv_harness.recorder.prompt_mode import IncrementalState, render_diff
@@ -23,14 +24,14 @@ def _slow_diff(sampled: list[int], full: list[int]) -> tuple[int, int] | None:
 
 def test_render_diff_finds_the_differing_span() -> None:
     rng = random.Random(7)
-    assert render_diff([1, 2, 3], [1, 2, 3])["identical"] is True
+    assert render_diff(array("I", [1, 2, 3]), array("I", [1, 2, 3]))["identical"] is True
     for _ in range(300):
         base = [rng.randrange(5) for _ in range(rng.randrange(0, 40))]
         sampled, full = list(base), list(base)
         at = rng.randrange(len(base) + 1)
         sampled[at:at + rng.randrange(3)] = [rng.randrange(5) for _ in range(rng.randrange(4))]
         expected = _slow_diff(sampled, full)
-        got = render_diff(sampled, full)
+        got = render_diff(array("I", sampled), array("I", full))
         if expected is None:
             assert got["identical"]
             continue
@@ -98,11 +99,11 @@ def test_the_probe_cut_finds_the_turn_end_where_the_template_rerendered_the_turn
 def test_an_engines_ids_are_read_as_ints_or_fall_back() -> None:
     import pytest
 
-    from openenv_harness.recorder.prompt_mode import Fallback, _id_list
+    from openenv_harness.recorder.prompt_mode import Fallback, _id_array
 
-    assert _id_list([3, 0, 2**32 - 1, True], "/r") == [3, 0, 2**32 - 1, 1]  # as int() reads a JSON true
-    assert all(type(t) is int for t in _id_list([True, False], "/r"))
+    assert _id_array([3, 0, 2**32 - 1, True], "/r").tolist() == [3, 0, 2**32 - 1, 1]  # as int() reads a JSON true
+    assert all(type(t) is int for t in _id_array([True, False], "/r").tolist())
     for bad in ([1, 2.5], [1, "7"], [-1], [2**32], None, "12", [[1]]):
         with pytest.raises(Fallback) as caught:
-            _id_list(bad, "/r")
+            _id_array(bad, "/r")
         assert caught.value.reason == "render_failed"

@@ -249,7 +249,7 @@ async def generate(state: EngineState, request: Request) -> Response:
                               "logprobs": {"content": content} if content is not None else None}
     if one_step:  # vLLM 0.33: derender's parse of the sample, in generate's reply
         assert parsed.parse_context is not None
-        context = parsed.parse_context.model_dump()
+        context = dict(parsed.parse_context)  # its fields as they are: a dump would copy the tool list
         message, choice["finish_reason"] = _derendered_message(state, ids, context, finish, parsed.token_ids)
         choice["message"] = message
         top = params.get("logprobs")  # chat logprobs, cut as the chat route cuts them (-1: every candidate)
