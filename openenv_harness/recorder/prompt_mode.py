@@ -202,14 +202,16 @@ class Incremental:
         assert isinstance(full, dict) and isinstance(rendered_suffix, tuple) and not isinstance(sampler, BaseException)
         suffix_ids, rerendered = rendered_suffix
         full_ids = full["token_ids"]  # checked ids (``_render``)
-        if not certified(full_ids, suffix_ids, turn_end) and has_tools and not with_tools:
+        sure = certified(full_ids, suffix_ids, turn_end)
+        if not sure and has_tools and not with_tools:
             # rendered without the tool list (``probe_prefix``): this template may need it; once more with it
             with_tools = True
             suffix_ids, rerendered = await _suffix_ids(flow, upstream, state, checkpoint, suffix, turn_end,
                                                        with_tools=True)
-            if certified(full_ids, suffix_ids, turn_end):
+            sure = certified(full_ids, suffix_ids, turn_end)
+            if sure:
                 probe_prefixes.learn_needs_tools(upstream)
-        if not certified(full_ids, suffix_ids, turn_end):
+        if not sure:
             raise Fallback("suffix_not_certified", "the new messages render differently after the real history "
                            "than after the probe prefix")
         prompt = checkpoint.ids + turn_end[1:] + suffix_ids
