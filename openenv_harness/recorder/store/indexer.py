@@ -140,6 +140,8 @@ class ProcessIndexer:
         self._pending: dict[int, tuple[Item, tuple]] = {}
         #: messages not sent yet, waiting for the event loop's next turn (see the class docstring)
         self._outbox: list[tuple] = []
+        #: the token of the outstanding request to acknowledge at once (``hurry``), if any
+        self._hurry_token = 0
         self._appends_pending = 0
         self._conn: Connection | None = None
         self._child: subprocess.Popen | None = None
@@ -227,10 +229,26 @@ class ProcessIndexer:
                 self._wake_child(NICENESS)  # a batch behind: catch up, still after a waking call
 
     def hurry(self) -> None:
-        """An append waits for room in the backlog (``backlog.py``): raise an ``idle`` child now --
-        nothing else may be sent to it that would."""
-        if self._adaptive:
-            with self._lock:
+        """A reply waits for the indexer's progress (room in the backlog's bytes, or the record bound;
+        ``backlog.py``): ask the child to say at once what it has indexed, and raise an ``idle`` child.
+
+        Why a message: the child acknowledges lazily when nobody waits (``index_child.py``: every
+        ``ACK_EVERY`` operations or ``ACK_AFTER_S`` seconds), and the appends the reply waits behind
+        were sent as nobody's. Without this the waiting reply learned of their indexing only at the
+        child's next timed acknowledgement, whatever the child's speed. One request is outstanding
+        at a time: its acknowledgement covers every operation sent before it, which is all a waiter
+        for room can need (no append is journalled while one waits, first come first served)."""
+        with self._lock:
+            if self._failed is not None:
+                return
+            if self._hurry_token not in self._pending:
+                token = next(self._tokens)
+                message = (token, "nothing", None, False, True)
+                self._pending[token] = (("nothing", None, None, None), message)
+                self._outbox.append(message)
+                self._hurry_token = token
+            self._flush_locked()  # the outbox too: the appends waited behind may still be in it
+            if self._adaptive:
                 self._wake_child(0)
 
     def _wake_child(self, below: int) -> None:

@@ -79,6 +79,7 @@ class JournalQueue:
             raise
         drained = self.backlog.hold()
         if drained is not None:
+            self._indexer.hurry()
             await asyncio.shield(drained)
         return seq
 
