@@ -13,6 +13,7 @@ import os
 import secrets
 import sqlite3
 import tempfile
+import threading
 import time
 import urllib.request
 from dataclasses import asdict, dataclass
@@ -106,9 +107,15 @@ def _loadgen(url: str, target: str, setting: Setting, admin: str | None, extra: 
     return argv + extra
 
 
-def _proxy(target: str, engine_url: str, store: Path, admin: str, logs: Path) -> procs.Proc | None:
-    if target == "recorder":
-        return procs.recorder_proc(engine_url, store, admin, logs)
+def _proxy(target: str, engine_url: str, store: Path, admin: str, logs: Path,
+           tree: Path | None = None) -> procs.Proc | None:
+    if target in ("recorder", "baseline"):
+        proc = procs.recorder_proc(engine_url, store, admin, logs)
+        if target == "baseline":  # the same recorder CLI, run from another checkout (``compare_trees.py``)
+            if tree is None:
+                raise ValueError("the baseline target needs the baseline's tree")
+            proc.cwd = tree
+        return proc
     if target == "capture":
         return procs.capture_proc(engine_url, logs)
     if target == "floor":
@@ -117,8 +124,13 @@ def _proxy(target: str, engine_url: str, store: Path, admin: str, logs: Path) ->
 
 
 def run_cell(setting: Setting, target: str, *, duration: float, logs: Path, rep: int = 1,
-             long_session: bool = False) -> dict[str, Any]:
-    """Measure one (setting, target). ``long_session``: one conversation, per-call rows, records read back."""
+             long_session: bool = False, tree: Path | None = None, sample_s: float = 0.0) -> dict[str, Any]:
+    """Measure one (setting, target). ``long_session``: one conversation, per-call rows, records read back.
+    ``target`` ``baseline`` is the recorder of another checkout, ``tree``, driven as the recorder is.
+    ``sample_s`` > 0: the proxy's resident memory (with its children) and the store directory's bytes
+    on disk are read that often during the measured load (``result["samples"]``: seconds, RSS, disk)."""
+    recorder = target in ("recorder", "baseline")
+    load_target = "recorder" if recorder else target
     admin = secrets.token_hex(24)
     result: dict[str, Any] = {"setting": asdict(setting), "label": setting.label, "target": target, "rep": rep,
                               "started_at": time.time(), "loadavg_before": procs.loadavg(),
@@ -126,7 +138,7 @@ def run_cell(setting: Setting, target: str, *, duration: float, logs: Path, rep:
     with tempfile.TemporaryDirectory(prefix="oeh-bench-") as tmp:
         store = Path(tmp) / "store.db"
         with procs.engine_proc(setting.mode, setting.prompt_tokens, logs) as engine:
-            proxy = _proxy(target, engine.url, store, admin, logs)
+            proxy = _proxy(target, engine.url, store, admin, logs, tree)
             t0 = time.perf_counter()
             if proxy is not None:
                 proxy.start(timeout_s=120)
@@ -135,7 +147,7 @@ def run_cell(setting: Setting, target: str, *, duration: float, logs: Path, rep:
                 url = proxy.url if proxy is not None else engine.url
                 server = proxy if proxy is not None else engine
                 # the long session too: its memory growth is then the session's, not first-call warm-up
-                procs.run_json(_loadgen(url, target, setting, admin, PREWARM), 300)
+                procs.run_json(_loadgen(url, load_target, setting, admin, PREWARM), 300)
                 rss0, cpu0 = procs.tree_rss_bytes(server.pid), procs.tree_cpu_seconds(server.pid)
                 eng0 = procs.cpu_seconds(engine.pid)
                 threads0 = thread_cpu(server.pid)
@@ -144,7 +156,10 @@ def run_cell(setting: Setting, target: str, *, duration: float, logs: Path, rep:
                 if long_session:
                     # exactly one conversation: the deadline only has to be far away
                     extra = ["--sessions", "1", "--max-conversations", "1", "--duration", "1e9", "--keep-calls"]
-                load = procs.run_json(_loadgen(url, target, setting, admin, extra), duration + 900)
+                with _Sampler(server.pid, Path(tmp), sample_s) as sampler:
+                    load = procs.run_json(_loadgen(url, load_target, setting, admin, extra), duration + 900)
+                if sample_s > 0:
+                    result["samples"] = sampler.rows
                 calls = max(1, load["calls"])
                 rss1, cpu1 = procs.tree_rss_bytes(server.pid), procs.tree_cpu_seconds(server.pid)
                 eng1 = procs.cpu_seconds(engine.pid)
@@ -167,18 +182,63 @@ def run_cell(setting: Setting, target: str, *, duration: float, logs: Path, rep:
                     "child_processes_cpu_ms_per_call": (threads1["children"] - threads0["children"]) * 1000.0 / calls,
                     "engine_cpu_ms_per_call": (eng1 - eng0) * 1000.0 / calls,
                 }
-                if long_session and target == "recorder" and load["session_ids"]:
+                if long_session and recorder and load["session_ids"]:
                     result["readback"] = _read_back(url, admin, load["session_ids"][0])
             finally:
                 if proxy is not None:
                     result["proxy_exit"] = proxy.stop()
-        if target == "recorder":
+        if recorder:
             result["store"] = store_bytes(store)
             if long_session and load.get("session_ids"):
                 result["store"]["session"] = _session_bytes(store, load["session_ids"][0])
     result["loadavg_after"] = procs.loadavg()
     result["code_after"] = procs.code_fingerprint()
     return result
+
+
+def disk_bytes(folder: Path) -> int:
+    """Bytes the files under ``folder`` take on disk (allocated blocks, not apparent sizes)."""
+    total = 0
+    for path in folder.rglob("*"):
+        try:
+            st = path.stat()
+        except FileNotFoundError:  # a journal segment deleted meanwhile
+            continue
+        if path.is_file():
+            total += st.st_blocks * 512
+    return total
+
+
+class _Sampler:
+    """Reads a process tree's RSS and a folder's disk bytes every ``every_s`` seconds on a thread."""
+
+    def __init__(self, pid: int, folder: Path, every_s: float) -> None:
+        self.pid, self.folder, self.every_s = pid, folder, every_s
+        self.rows: list[tuple[float, int, int]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> _Sampler:
+        self._t0 = time.perf_counter()
+        if self.every_s > 0:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.every_s > 0:
+            self._stop.set()
+            self._thread.join()
+            self._read(time.perf_counter() - self._t0)
+
+    def _read(self, at: float) -> None:
+        try:
+            self.rows.append((round(at, 2), procs.tree_rss_bytes(self.pid), disk_bytes(self.folder)))
+        except (FileNotFoundError, RuntimeError):
+            pass
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every_s):
+            self._read(time.perf_counter() - self._t0)
 
 
 def _session_bytes(store: Path, session_id: str) -> dict[str, int]:
