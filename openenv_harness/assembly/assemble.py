@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from itertools import pairwise
 from typing import Any, get_args
 
-from openenv_harness.assembly.calls import Call, Selection, detect_eot, select_calls
+from openenv_harness.assembly.calls import Call, NonPolicy, Selection, check_non_policy, detect_eot, select_calls
 from openenv_harness.assembly.chains import (
     Chain,
     ChainGrouping,
@@ -104,6 +104,7 @@ class _SampleBuilder:
         self.realigned: list[str] = []
         self.spliced: list[str] = []
         self.lost_tokens = 0
+        self.non_policy: list[str] = []
         self.add_call(first)
 
     def add_context(self, ids: Sequence[int]) -> None:
@@ -115,10 +116,13 @@ class _SampleBuilder:
         trainable = call.trainable_tokens
         self.segments.append(
             Segment(
-                node_id=call.node_id, offset=len(self.response), length=len(call.completion), trainable_tokens=trainable
+                node_id=call.node_id, offset=len(self.response), length=len(call.completion), trainable_tokens=trainable,
+                logprobs_are_policy=call.logprobs_are_policy,
             )
         )
         self.node_ids.append(call.node_id)
+        if not call.logprobs_are_policy:
+            self.non_policy.append(call.node_id)
         self.response.extend(call.completion)
         self.mask.extend(call.mask)
         self.logprobs.extend(call.logprobs)
@@ -150,7 +154,8 @@ class _SampleBuilder:
         kept_trainable = sum(self.mask[segment.offset : cut])
         if kept:
             self.segments.append(Segment(node_id=prev.node_id, offset=segment.offset, length=kept,
-                                         trainable_tokens=kept_trainable, partial=True))
+                                         trainable_tokens=kept_trainable, partial=True,
+                                         logprobs_are_policy=segment.logprobs_are_policy))
         self.realigned.append(prev.node_id)
         lost = segment.trainable_tokens - kept_trainable
         self.lost_tokens += lost
@@ -165,6 +170,7 @@ class _SampleBuilder:
         self.add_call(call)
 
     def build(self, ended_by: EndedBy) -> HarnessTrace:
+        non_policy = [s for s in self.segments if not s.logprobs_are_policy]
         metadata = TraceMetadata(
             session_id=self.options.session_id,
             chain_id=self.chain_id,
@@ -176,6 +182,9 @@ class _SampleBuilder:
             realigned_node_ids=self.realigned,
             spliced_node_ids=self.spliced,
             lost_tokens=self.lost_tokens,
+            non_policy_node_ids=[node for node in dict.fromkeys(self.non_policy) if node in self.node_ids],
+            non_policy_tokens=sum(s.length for s in non_policy),
+            non_policy_trainable_tokens=sum(s.trainable_tokens for s in non_policy),
             trainable_tokens=sum(self.mask),
             approximate=bool(self.spliced),
             ended_by=ended_by,
@@ -234,7 +243,9 @@ def _assemble_chain(
     return traces
 
 
-def _check_options(strategy: str, eot_id: int | None, realign_max_tokens: int, reward: float | None) -> None:
+def _check_options(strategy: str, eot_id: int | None, realign_max_tokens: int, reward: float | None,
+                   non_policy: str = "mask") -> None:
+    check_non_policy(non_policy)
     if strategy not in STRATEGIES:
         raise AssemblyError(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
     if eot_id is not None and (isinstance(eot_id, bool) or not isinstance(eot_id, int) or eot_id < 0):
@@ -299,15 +310,19 @@ def assemble_session(
     eot_id: int | None = None,
     realign_max_tokens: int = DEFAULT_REALIGN_MAX_TOKENS,
     reward: float | None = None,
+    non_policy: NonPolicy = "mask",
 ) -> AssembledSession:
     """Assemble one session's records (``TraceEntry`` dicts) into checked ``HarnessTrace`` samples.
 
     ``eot_id`` None means auto-detect (last id of the first naturally stopped completion).
     ``reward`` is stamped on every sample; leave it None until the environment scored the rollout.
+    ``non_policy``: sampled ids whose logprobs are not the policy's (a decoding constraint) get mask
+    0 (``"mask"``, the default) or stay trainable, flagged (``"keep"``: the trainer recomputes the
+    old logprobs); ``calls.py``.
     Raises ``AssemblyError`` on malformed records or when a built trace breaks an invariant.
     """
-    _check_options(strategy, eot_id, realign_max_tokens, reward)
-    selection = select_calls(entries)
+    _check_options(strategy, eot_id, realign_max_tokens, reward, non_policy)
+    selection = select_calls(entries, non_policy=non_policy)
     grouping = group_chains(selection.calls)
     return _assemble(
         selection, grouping, strategy=strategy, eot_id=eot_id, realign_max_tokens=realign_max_tokens, reward=reward
@@ -319,10 +334,11 @@ def compare_strategies(
     *,
     eot_id: int | None = None,
     realign_max_tokens: int = DEFAULT_REALIGN_MAX_TOKENS,
+    non_policy: NonPolicy = "mask",
 ) -> dict[Strategy, SessionStats]:
     """Assemble a session with every strategy; each ``SessionStats`` carries its trainable-token ratio."""
-    _check_options("split", eot_id, realign_max_tokens, None)
-    selection = select_calls(entries)
+    _check_options("split", eot_id, realign_max_tokens, None, non_policy)
+    selection = select_calls(entries, non_policy=non_policy)
     grouping = group_chains(selection.calls)
     return {
         strategy: _assemble(

@@ -9,6 +9,13 @@ left out, and so is an agent record whose arrays cannot be aligned. An invalid c
 context only: the next call's canonical prompt replays its reply, which lands in that call's
 interstitial with mask 0. A selected record marked ``trainable: false`` (or whose own loss mask
 zeroes some sampled ids) contributes those ids with mask 0.
+
+Logprobs that are not the policy's (``metadata.logprobs_are_policy: false``: the call ran under a
+decoding constraint -- ``tool_choice: "required"``, a named tool, structured outputs -- so the
+engine reported logprobs after its mask) are never offered as trainable by default: their ids get
+mask 0, like an untrainable record's, since a trainer would take them as the old policy's logprobs
+(importance ratios of 1e-6 on a constrained tag token). ``non_policy="keep"`` keeps them trainable
+for a trainer that recomputes old logprobs itself; either way every segment says which it is.
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ import math
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from openenv_harness.assembly.errors import AssemblyError
 from openenv_harness.assembly.tokens import pack_ids
@@ -25,6 +32,9 @@ from openenv_harness.contract import is_training_entry
 
 #: finish reasons that mean the model ended its turn itself (used to auto-detect the end-of-turn id).
 NATURAL_STOPS: frozenset[str] = frozenset({"stop", "tool_calls"})
+#: what becomes of sampled ids whose recorded logprobs are not the policy's (see the module docstring)
+NonPolicy = Literal["mask", "keep"]
+NON_POLICY_CHOICES: tuple[str, ...] = ("mask", "keep")
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +52,8 @@ class Call:
     mask: list[int]
     finish_reason: str | None
     status: str
+    #: False when the record's logprobs were taken under a decoding constraint (not the policy's)
+    logprobs_are_policy: bool
     prompt_bytes: bytes = field(repr=False)
     completion_bytes: bytes = field(repr=False)
 
@@ -105,7 +117,7 @@ def _is_real_logprob(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value <= 0.0
 
 
-def call_from_entry(entry: Mapping[str, Any]) -> Call:
+def call_from_entry(entry: Mapping[str, Any], *, non_policy: NonPolicy = "mask") -> Call:
     """Read one selected record; raise ``AssemblyError`` naming the record when it is malformed."""
     metadata = entry.get("metadata")
     if not isinstance(metadata, Mapping):
@@ -126,7 +138,8 @@ def call_from_entry(entry: Mapping[str, Any]) -> Call:
     completion_bytes = pack_ids(completion, what=f"{node_id}: completion_token_ids")
 
     status = metadata.get("status", "ok")
-    trainable = metadata.get("trainable", True) is True and status == "ok"
+    policy = metadata.get("logprobs_are_policy", True) is not False
+    trainable = metadata.get("trainable", True) is True and status == "ok" and (policy or non_policy == "keep")
     mask = _completion_mask(entry, node_id, len(prompt), len(completion), trainable)
     for position, (flag, logprob) in enumerate(zip(mask, logprobs, strict=True)):
         if flag and not _is_real_logprob(logprob):
@@ -145,6 +158,7 @@ def call_from_entry(entry: Mapping[str, Any]) -> Call:
         mask=mask,
         finish_reason=_finish_reason(entry, metadata),
         status=status if isinstance(status, str) else "ok",
+        logprobs_are_policy=policy,
         prompt_bytes=prompt_bytes,
         completion_bytes=completion_bytes,
     )
@@ -160,19 +174,25 @@ def _exclusion_reason(entry: Mapping[str, Any]) -> str:
     return status if status in ("failed", "invalid") else "unusable"
 
 
-def select_calls(entries: Iterable[Mapping[str, Any]]) -> Selection:
+def check_non_policy(non_policy: str) -> None:
+    if non_policy not in NON_POLICY_CHOICES:
+        raise AssemblyError(f"non_policy must be one of {', '.join(NON_POLICY_CHOICES)}, got {non_policy!r}")
+
+
+def select_calls(entries: Iterable[Mapping[str, Any]], *, non_policy: NonPolicy = "mask") -> Selection:
     """The usable agent calls of one session, ordered by ``(call_index, seq)``.
 
     Raises ``AssemblyError`` when the records span several sessions or repeat a node id: chains
     are a per-session notion, and a duplicate id would make a trace's provenance ambiguous.
     """
+    check_non_policy(non_policy)
     calls: list[Call] = []
     excluded: Counter[str] = Counter()
     for entry in entries:
         if not isinstance(entry, Mapping):
             raise AssemblyError(f"a record must be a dict, got {type(entry).__name__}")
         if is_training_entry(dict(entry)):
-            calls.append(call_from_entry(entry))
+            calls.append(call_from_entry(entry, non_policy=non_policy))
         else:
             excluded[_exclusion_reason(entry)] += 1
     sessions = {call.session_id for call in calls}

@@ -53,6 +53,9 @@ class SessionStats(BaseModel):
     resolutions: Resolutions = Field(default_factory=Resolutions)
     approximate_traces: int = 0
     trainable_tokens: int
+    non_policy_tokens: int = Field(0, description="sampled ids whose logprobs are not the policy's (decoding "
+                                   "constraint), counted once per sample holding them")
+    non_policy_trainable_tokens: int = Field(0, description="of them, mask 1 (0 unless non_policy='keep')")
     response_tokens: int
     total_tokens: int = Field(description="prompt + response tokens over all traces")
     trainable_ratio: float | None = Field(description="mask-1 tokens / response tokens (None without responses)")
@@ -95,6 +98,8 @@ def session_stats(
         resolutions=resolutions,
         approximate_traces=sum(1 for t in traces if t.metadata.approximate),
         trainable_tokens=trainable,
+        non_policy_tokens=sum(t.metadata.non_policy_tokens for t in traces),
+        non_policy_trainable_tokens=sum(t.metadata.non_policy_trainable_tokens for t in traces),
         response_tokens=response,
         total_tokens=total,
         trainable_ratio=trainable / response if response else None,

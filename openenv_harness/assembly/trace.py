@@ -29,6 +29,9 @@ class Segment(BaseModel):
     trainable_tokens: int = Field(ge=0, description="How many of them carry mask 1")
     partial: bool = Field(False, description="Only the exact prefix of a realigned call's sampled ids: the replay "
                           "kept them, the rest of the reply is replaced by its canonical replay (mask 0)")
+    logprobs_are_policy: bool = Field(True, description="False when the call ran under a decoding constraint: its "
+                                      "logprobs were taken after the engine's mask, not the policy's (its ids are "
+                                      "mask 0 unless assembled with non_policy='keep')")
 
 
 class TraceMetadata(BaseModel):
@@ -53,6 +56,12 @@ class TraceMetadata(BaseModel):
         default_factory=list, description="calls whose drifted reply was spliced anyway (approximate)"
     )
     lost_tokens: int = Field(0, description="trainable sampled ids given up to realignment")
+    non_policy_node_ids: list[str] = Field(
+        default_factory=list, description="calls in this sample whose logprobs are not the policy's (decoding "
+        "constraint); their segments say logprobs_are_policy: false")
+    non_policy_tokens: int = Field(0, description="sampled ids in this sample whose logprobs are not the policy's")
+    non_policy_trainable_tokens: int = Field(
+        0, description="of them, how many carry mask 1 (0 unless assembled with non_policy='keep')")
     trainable_tokens: int = 0
     approximate: bool = Field(False, description="True when a mask-1 token's context differs from what the engine saw")
     ended_by: EndedBy = "chain_end"
@@ -62,7 +71,8 @@ class TraceMetadata(BaseModel):
 class HarnessTrace(BaseModel):
     """One sample: ``prompt_ids`` then ``response_ids``, masked and aligned per token.
 
-    ``loss_mask`` is 1 on agent-generated ids, 0 on environment/template output;
+    ``loss_mask`` is 1 on agent-generated ids whose logprobs are the policy's, 0 on environment/template
+    output and (by default) on ids sampled under a decoding constraint;
     ``response_logprobs`` holds the rollout logprob under mask 1 and 0.0 elsewhere;
     ``reward`` is None until the environment scored the rollout (never 0.0 for "unscored").
     """

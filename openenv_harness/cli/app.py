@@ -48,10 +48,11 @@ def main(argv: list[str] | None = None) -> None:
             exc.show()
             raise SystemExit(exc.exit_code)
         message = str(exc) or type(exc).__name__
-        err.print(f"[bold red]error:[/] {message}")
+        # soft_wrap: one line each, whatever the terminal's width (a long path must not break it)
+        err.print(f"[bold red]error:[/] {message}", soft_wrap=True)
         hint = getattr(exc, "hint", None)
         if hint:
-            err.print(f"[dim]hint:[/] {hint}")
+            err.print(f"[dim]hint:[/] {hint}", soft_wrap=True)
         else:
-            err.print("[dim]run again with --debug for the full traceback[/]")
+            err.print("[dim]run again with --debug for the full traceback[/]", soft_wrap=True)
         raise SystemExit(2)

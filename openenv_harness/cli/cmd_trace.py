@@ -98,8 +98,13 @@ def verify(
     dtype: str = typer.Option("bfloat16", help="Scoring dtype: bfloat16 (vLLM's) | float32"),
     contrast: bool = typer.Option(False, help="Also score the message-level re-render path"),
     threshold: float = typer.Option(0.1, help="List tokens whose |delta| exceeds this"),
-) -> None:
-    """Score the recorded sampled tokens with the trainer's own model: the step-0 proof."""
+    as_json: bool = typer.Option(False, "--json", help="Print the summary as one JSON object (machine-readable) "
+                                 "instead of the table"),
+) -> int:
+    """Score the recorded sampled tokens with the trainer's own model: the step-0 proof.
+
+    Exits 1 when no token of the policy was verified (every call constrained, or none sampled):
+    a proof over nothing is no proof."""
     from openenv_harness.trainer.verify import contrast_rerender, load_model, verify_records
     from openenv_harness.viewer.verifications import verification_path
 
@@ -108,11 +113,23 @@ def verify(
     _problems(src)
     if not records:
         raise CLIError(f"no records for session {session_id}", "`openenv-harness trace list` shows the sessions")
+    _check_model_folder(model)
     with console.status(f"loading {model} ({dtype})"):
         hf_model, tokenizer = load_model(model, dtype=dtype)
     with console.status("scoring every sampled token"):
         report = verify_records(records, hf_model, tokenizer, threshold=threshold)
         versus = contrast_rerender(records, hf_model, tokenizer) if contrast else None
+    verified = report.policy.tokens > 0
+    summary = {"session_id": session_id, "model": model, "verified": verified,
+               "policy_tokens": report.policy.tokens, "constrained_tokens": report.constrained.tokens,
+               **report.as_dict(), "contrast": versus.as_dict() if versus else None}
+    if store:
+        path = verification_path(store, session_id)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(summary, indent=1))
+    if as_json:
+        sys.stdout.write(json.dumps(summary) + "\n")
+        return 0 if verified else 1
     t = Table(title=f"step-0 verification of {session_id} ({report.dtype})")
     for col in ("#", "logprobs", "tokens", "δ max", "δ mean", "δ p99", "ratio min", "ratio max",
                 f"within 1±{report.epsilon:g}", "KL", "over threshold"):
@@ -125,7 +142,8 @@ def verify(
     for call in report.calls:
         shown = ", ".join(f"{o.text!r}@{o.position} {o.logp_trainer - o.logp_rollout:+.2f}" for o in call.outliers[:4])
         row(str(call.call_index), "constrained" if call.constrained else "policy", call.stats, shown)
-    row("all", "policy", report.policy, "")
+    if verified:
+        row("all", "policy", report.policy, "")
     if report.constrained.tokens:
         row("all", "constrained", report.constrained, "")
     console.print(t)
@@ -136,11 +154,26 @@ def verify(
                       f"{versus.total.ratio_min:.3f}–{versus.total.ratio_max:.3f} "
                       f"({versus.total.share_within:.3f} within 1±{report.epsilon:g})")
     if store:
-        path = verification_path(store, session_id)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        payload = {"model": model, **report.as_dict(), "contrast": versus.as_dict() if versus else None}
-        path.write_text(json.dumps(payload, indent=1))
-        console.print(f"stored: {path}", style="dim")
+        console.print(f"stored: {verification_path(store, session_id)}", style="dim")
+    if not verified:
+        Console(stderr=True).print(
+            f"[bold red]nothing verified:[/] no sampled token of {session_id} carries the policy's logprobs "
+            f"({report.constrained.tokens} constrained token(s), logprobs taken after a decoding constraint; "
+            "record calls without tool_choice 'required' or structured outputs to verify them)", soft_wrap=True)
+        return 1
+    return 0
+
+
+def _check_model_folder(model: str) -> None:
+    """A path that is not there is a missing folder, not a hub repo id to look up."""
+    from pathlib import Path
+
+    path = Path(model).expanduser()
+    looks_like_path = model.startswith((".", "/", "~")) or path.exists() or model.count("/") > 1
+    if looks_like_path and not (path / "config.json").is_file():
+        what = "has no config.json" if path.is_dir() else "does not exist"
+        raise CLIError(f"model folder {model} {what}",
+                       "pass the Hugging Face folder the engine serves (python -m openenv_harness.engine status shows it)")
 
 
 @app.command("export")
@@ -150,12 +183,17 @@ def export(
     format: str = typer.Option("entries", "--format", help="entries (TraceEntry JSONL) | training (OpenEnv "
                                "TrainingTrace JSON) | harness (HarnessTrace JSON)"),
     strategy: str = typer.Option("split", help="harness format: split | realign | approximate"),
+    non_policy: str = typer.Option("mask", "--non-policy", help="harness format: sampled ids whose logprobs are not "
+                                   "the policy's (decoding constraint): mask (loss_mask 0) | keep (trainable, "
+                                   "flagged per segment; the trainer recomputes old logprobs)"),
     out: str = typer.Option("-", "--out", help="File (default stdout)"),
 ) -> None:
-    """Export a session's records."""
+    """Export a session's records. An unknown session is an error, never an empty file."""
     src = open_source(store, url, admin_token)
     records = src.records(session_id)
     _problems(src)
+    if not records:
+        raise CLIError(f"no records for session {session_id}", "`openenv-harness trace list` shows the sessions")
     if format == "entries":
         text = "".join(json.dumps(r) + "\n" for r in records)
     elif format == "training":
@@ -165,7 +203,7 @@ def export(
     elif format == "harness":
         from openenv_harness.assembly import assemble_session
 
-        assembled = assemble_session(records, strategy=strategy)  # type: ignore[arg-type]
+        assembled = assemble_session(records, strategy=strategy, non_policy=non_policy)  # type: ignore[arg-type]
         text = json.dumps([t.model_dump() for t in assembled.traces], indent=1)
     else:
         raise CLIError(f"unknown format {format!r}", "use entries, training or harness")

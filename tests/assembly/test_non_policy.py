@@ -1,0 +1,67 @@
+"""Logprobs that are not the policy's (a call under a decoding constraint) are never offered as
+trainable by default, and every row and segment says which logprobs are the policy's."""
+
+from __future__ import annotations
+
+import pytest
+
+from openenv_harness.assembly import AssemblyError, assemble_session, compare_strategies, select_calls
+from openenv_harness.assembly.invariants import check_trace
+
+from conftest import EOT, make_record, render
+
+
+def _session() -> list[dict]:
+    """Three exact calls; the middle one ran under ``tool_choice: "required"`` (post-mask logprobs)."""
+    first_prompt = render([("system", [10]), ("user", [11, 12])])
+    first = [20, 21, EOT]
+    second_prompt = first_prompt + first + [6] + render([("tool", [30])])
+    second = [40, 41, 42, EOT]
+    third_prompt = second_prompt + second + [6] + render([("tool", [31])])
+    third = [50, EOT]
+    records = [make_record(first_prompt, first, call_index=0),
+               make_record(second_prompt, second, call_index=1, logps=[-1e-9, -14.0, -0.1, -1e-9]),
+               make_record(third_prompt, third, call_index=2)]
+    records[1]["metadata"]["logprobs_are_policy"] = False
+    return records
+
+
+def test_constrained_ids_are_masked_and_flagged_by_default() -> None:
+    [trace] = assemble_session(_session()).traces
+    segments = {s.node_id: s for s in trace.metadata.segments}
+    assert [s.logprobs_are_policy for s in trace.metadata.segments] == [True, False, True]
+    constrained = segments["sess/1"]
+    assert constrained.trainable_tokens == 0
+    span = slice(constrained.offset, constrained.offset + constrained.length)
+    assert trace.loss_mask[span] == [0, 0, 0, 0], "post-mask logprobs are not offered as the policy's"
+    assert trace.response_logprobs[span] == [0.0] * 4, "mask 0 carries the 0.0 filler, never the post-mask value"
+    assert trace.metadata.non_policy_node_ids == ["sess/1"]
+    assert trace.metadata.non_policy_tokens == 4 and trace.metadata.non_policy_trainable_tokens == 0
+    assert trace.metadata.trainable_tokens == 3 + 2, "the policy's calls stay trainable"
+    check_trace(trace)
+
+
+def test_keep_leaves_them_trainable_and_says_so() -> None:
+    [trace] = assemble_session(_session(), non_policy="keep").traces
+    constrained = next(s for s in trace.metadata.segments if s.node_id == "sess/1")
+    assert not constrained.logprobs_are_policy and constrained.trainable_tokens == 4
+    span = slice(constrained.offset, constrained.offset + constrained.length)
+    assert trace.response_logprobs[span] == [-1e-9, -14.0, -0.1, -1e-9]
+    assert trace.metadata.non_policy_trainable_tokens == 4
+
+
+def test_stats_count_them_per_strategy() -> None:
+    for stats in compare_strategies(_session()).values():
+        assert stats.non_policy_tokens == 4 and stats.non_policy_trainable_tokens == 0
+
+
+def test_a_record_without_the_flag_is_the_policys() -> None:
+    records = _session()
+    del records[1]["metadata"]["logprobs_are_policy"]
+    assert all(call.logprobs_are_policy for call in select_calls(records).calls)
+    assert assemble_session(records).traces[0].metadata.non_policy_tokens == 0
+
+
+def test_an_unknown_choice_is_refused() -> None:
+    with pytest.raises(AssemblyError, match="non_policy"):
+        assemble_session(_session(), non_policy="trust")  # type: ignore[arg-type]

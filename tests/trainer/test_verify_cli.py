@@ -1,0 +1,119 @@
+"""``trace verify`` and ``trace export`` as a trainer's pipeline runs them: a proof over no policy
+token is no proof (exit 1, "nothing verified"), the summary is machine-readable, an unknown session
+is an error and never an empty file, and constrained calls are never exported as trainable."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import subprocess
+import sys
+from array import array
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from openenv_harness.recorder.store import SQLiteStore  # noqa: E402
+from openenv_harness.recorder.store.base import PendingRecord  # noqa: E402
+
+from conftest import _hf_tokenizer  # noqa: E402
+
+PROMPT, COMPLETION = [5, 9, 11, 2, 40, 41], [13, 17, 19]
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "openenv_harness.cli", *args], capture_output=True, text=True,
+                          timeout=300)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small randomly initialised Qwen2 with the reference tokenizer, saved as a Hugging Face folder."""
+    folder = tmp_path_factory.mktemp("policy")
+    tokenizer = _hf_tokenizer()
+    config = transformers.Qwen2Config(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64,
+                                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                      max_position_embeddings=512)
+    torch.manual_seed(0)
+    transformers.Qwen2ForCausalLM(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def _own_logprobs(folder: Path) -> list[float]:
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16).eval()
+    with torch.no_grad():
+        logps = torch.log_softmax(model(input_ids=torch.tensor([PROMPT + COMPLETION])).logits[0].float(), dim=-1)
+    return [logps[len(PROMPT) - 1 + i, tok].item() for i, tok in enumerate(COMPLETION)]
+
+
+def _store(path: Path, logps: list[float], *, constrained: bool) -> str:
+    async def write() -> None:
+        store = SQLiteStore(path)
+        store.open()
+        try:
+            for index in range(2):
+                await store.append(PendingRecord(
+                    session_id="s", call_index=index, call_kind="agent", status="ok",
+                    request={"model": "m", "messages": [{"role": "user", "content": "q"}]},
+                    response={"id": f"c{index}", "choices": [{"index": 0, "finish_reason": "stop",
+                                                              "message": {"role": "assistant", "content": "ok"}}]},
+                    prompt_ids=array("I", PROMPT), completion_ids=array("I", COMPLETION),
+                    logprobs=array("d", logps), completion_tokens=None, trainable=True,
+                    metadata={"node_id": f"s/{index}", "call_index": index, "session_id": "s", "status": "ok",
+                              "call_kind": "agent", "trainable": True, "finish_reason": "stop",
+                              "logprobs_are_policy": not constrained},
+                    created_at=1.5))
+            await store.caught_up()
+        finally:
+            store.close()
+
+    asyncio.run(write())
+    return str(path)
+
+
+def test_an_all_constrained_session_verifies_nothing_and_says_so(tmp_path: Path, model_dir: Path) -> None:
+    store = _store(tmp_path / "records.db", _own_logprobs(model_dir), constrained=True)
+    done = cli("trace", "verify", "s", "--store", store, "--model", str(model_dir))
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "nothing verified" in done.stderr
+    assert "6 constrained token(s)" in done.stderr
+    as_json = cli("trace", "verify", "s", "--store", store, "--model", str(model_dir), "--json")
+    assert as_json.returncode == 1
+    summary = json.loads(as_json.stdout)
+    assert summary["verified"] is False and summary["policy_tokens"] == 0 and summary["constrained_tokens"] == 6
+
+
+def test_a_policy_session_verifies_at_ratio_one(tmp_path: Path, model_dir: Path) -> None:
+    store = _store(tmp_path / "records.db", _own_logprobs(model_dir), constrained=False)
+    done = cli("trace", "verify", "s", "--store", store, "--model", str(model_dir), "--json")
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout)
+    assert summary["verified"] is True and summary["policy_tokens"] == 6
+    assert math.isclose(summary["policy"]["ratio_min"], 1.0, abs_tol=1e-3)
+    assert math.isclose(summary["policy"]["ratio_max"], 1.0, abs_tol=1e-3)
+
+
+def test_a_missing_model_folder_is_named_as_one(tmp_path: Path) -> None:
+    store = _store(tmp_path / "records.db", [-0.5] * 3, constrained=False)
+    done = cli("trace", "verify", "s", "--store", store, "--model", str(tmp_path / "no-such-model"))
+    assert done.returncode == 2
+    assert "no-such-model does not exist" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_export_masks_constrained_calls_and_refuses_an_unknown_session(tmp_path: Path) -> None:
+    store = _store(tmp_path / "records.db", [-1e-9, -14.0, -0.1], constrained=True)
+    rows = json.loads(cli("trace", "export", "s", "--store", store, "--format", "harness").stdout)
+    assert rows and all(sum(row["loss_mask"]) == 0 for row in rows), "post-mask logprobs are never trainable"
+    assert all(not seg["logprobs_are_policy"] for row in rows for seg in row["metadata"]["segments"])
+    kept = json.loads(cli("trace", "export", "s", "--store", store, "--format", "harness",
+                          "--non-policy", "keep").stdout)
+    assert sum(sum(row["loss_mask"]) for row in kept) == 6
+    out = tmp_path / "out.jsonl"
+    unknown = cli("trace", "export", "nobody", "--store", store, "--out", str(out))
+    assert unknown.returncode == 2 and "no records for session nobody" in unknown.stderr
+    assert not out.exists(), "no empty file left behind for a pipeline to read"
