@@ -8,11 +8,11 @@ import pytest
 from openenv_harness.assembly import AssemblyError, assemble_session, compare_strategies, select_calls
 from openenv_harness.assembly.invariants import check_trace
 
-from conftest import EOT, make_record, render
 
-
-def _session() -> list[dict]:
+@pytest.fixture
+def session(toy) -> list[dict]:
     """Three exact calls; the middle one ran under ``tool_choice: "required"`` (post-mask logprobs)."""
+    EOT, make_record, render = toy.EOT, toy.record, toy.render
     first_prompt = render([("system", [10]), ("user", [11, 12])])
     first = [20, 21, EOT]
     second_prompt = first_prompt + first + [6] + render([("tool", [30])])
@@ -26,8 +26,8 @@ def _session() -> list[dict]:
     return records
 
 
-def test_constrained_ids_are_masked_and_flagged_by_default() -> None:
-    [trace] = assemble_session(_session()).traces
+def test_constrained_ids_are_masked_and_flagged_by_default(session) -> None:
+    [trace] = assemble_session(session).traces
     segments = {s.node_id: s for s in trace.metadata.segments}
     assert [s.logprobs_are_policy for s in trace.metadata.segments] == [True, False, True]
     constrained = segments["sess/1"]
@@ -41,8 +41,8 @@ def test_constrained_ids_are_masked_and_flagged_by_default() -> None:
     check_trace(trace)
 
 
-def test_keep_leaves_them_trainable_and_says_so() -> None:
-    [trace] = assemble_session(_session(), non_policy="keep").traces
+def test_keep_leaves_them_trainable_and_says_so(session) -> None:
+    [trace] = assemble_session(session, non_policy="keep").traces
     constrained = next(s for s in trace.metadata.segments if s.node_id == "sess/1")
     assert not constrained.logprobs_are_policy and constrained.trainable_tokens == 4
     span = slice(constrained.offset, constrained.offset + constrained.length)
@@ -50,18 +50,18 @@ def test_keep_leaves_them_trainable_and_says_so() -> None:
     assert trace.metadata.non_policy_trainable_tokens == 4
 
 
-def test_stats_count_them_per_strategy() -> None:
-    for stats in compare_strategies(_session()).values():
+def test_stats_count_them_per_strategy(session) -> None:
+    for stats in compare_strategies(session).values():
         assert stats.non_policy_tokens == 4 and stats.non_policy_trainable_tokens == 0
 
 
-def test_a_record_without_the_flag_is_the_policys() -> None:
-    records = _session()
+def test_a_record_without_the_flag_is_the_policys(session) -> None:
+    records = session
     del records[1]["metadata"]["logprobs_are_policy"]
     assert all(call.logprobs_are_policy for call in select_calls(records).calls)
     assert assemble_session(records).traces[0].metadata.non_policy_tokens == 0
 
 
-def test_an_unknown_choice_is_refused() -> None:
+def test_an_unknown_choice_is_refused(session) -> None:
     with pytest.raises(AssemblyError, match="non_policy"):
-        assemble_session(_session(), non_policy="trust")  # type: ignore[arg-type]
+        assemble_session(session, non_policy="trust")  # type: ignore[arg-type]

@@ -20,8 +20,6 @@ transformers = pytest.importorskip("transformers")
 from openenv_harness.recorder.store import SQLiteStore  # noqa: E402
 from openenv_harness.recorder.store.base import PendingRecord  # noqa: E402
 
-from conftest import _hf_tokenizer  # noqa: E402
-
 PROMPT, COMPLETION = [5, 9, 11, 2, 40, 41], [13, 17, 19]
 
 
@@ -31,10 +29,10 @@ def cli(*args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def model_dir(tmp_path_factory: pytest.TempPathFactory, hf_tokenizer) -> Path:
     """A small randomly initialised Qwen2 with the reference tokenizer, saved as a Hugging Face folder."""
     folder = tmp_path_factory.mktemp("policy")
-    tokenizer = _hf_tokenizer()
+    tokenizer = hf_tokenizer()
     config = transformers.Qwen2Config(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64,
                                       num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                                       max_position_embeddings=512)
