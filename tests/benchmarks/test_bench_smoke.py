@@ -181,3 +181,23 @@ def test_the_scale_out_benchmark_runs_one_and_two_recorders_behind_the_router(tm
     for row in rows:
         assert row["calls"] > 0 and row["errors"] == 0
         assert row["stored_bytes_per_call"] > 0 and row["recorder_cpu_ms_per_call"] > 0
+
+
+def test_compare_trees_runs_a_baseline_tree_beside_this_one_and_prints_ratios(tmp_path: Path) -> None:
+    """The tree comparison end to end, with this commit as its own baseline (a git archive of HEAD)."""
+    out = tmp_path / "compare.jsonl"
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "compare_trees.py"), "--baseline", "HEAD",
+         "--settings", "chain:1024:2", "--long", "chain:1024:1:4", "--targets", "baseline,recorder",
+         "--reps", "1", "--duration", "1", "--quiet-wait", "0", "--out", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    cells = [orjson.loads(line) for line in out.read_bytes().splitlines()]
+    assert sorted((c["label"], c["target"]) for c in cells) == sorted([
+        ("chain P=1k N=2", "baseline"), ("chain P=1k N=2", "recorder"),
+        ("chain P=1k N=1 T=4", "baseline"), ("chain P=1k N=1 T=4", "recorder")])
+    assert all(c["load"]["calls"] > 0 and c["load"]["errors"] == 0 for c in cells)
+    long = [c for c in cells if c["label"].endswith("T=4")]
+    assert all(c["load"]["calls"] == 4 and c["samples"] and c["samples"][-1][2] > 0 for c in long), \
+        "a long session's RSS and disk bytes are sampled"
+    assert "this tree ÷ baseline `HEAD`: calls/s" in done.stdout
