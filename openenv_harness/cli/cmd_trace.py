@@ -164,6 +164,18 @@ def verify(
     return 0
 
 
+def _reward(src: Any, session_id: str) -> float | None:
+    """The session's stored reward (``POST /admin/sessions/{id}/outcome``), or None -- said on stderr
+    with the reason, so a pipeline never takes a missing reward for a silent one."""
+    outcome = next((s.get("outcome") for s in src.sessions() if s.get("session_id") == session_id), None)
+    if outcome and outcome.get("reward") is not None:
+        return float(outcome["reward"])
+    why = f"unscored: {outcome.get('unscored_reason')}" if outcome else "its rollout was never scored"
+    Console(stderr=True).print(f"[yellow]note:[/] session {session_id} has no reward ({why}); rows carry "
+                               "reward null", soft_wrap=True)
+    return None
+
+
 def _check_model_folder(model: str) -> None:
     """A path that is not there is a missing folder, not a hub repo id to look up."""
     from pathlib import Path
@@ -203,7 +215,9 @@ def export(
     elif format == "harness":
         from openenv_harness.assembly import assemble_session
 
-        assembled = assemble_session(records, strategy=strategy, non_policy=non_policy)  # type: ignore[arg-type]
+        reward = _reward(src, session_id)
+        assembled = assemble_session(records, strategy=strategy, non_policy=non_policy,  # type: ignore[arg-type]
+                                     reward=reward)
         text = json.dumps([t.model_dump() for t in assembled.traces], indent=1)
     else:
         raise CLIError(f"unknown format {format!r}", "use entries, training or harness")

@@ -30,7 +30,7 @@ class StoreSource:
              "calls": (r.state.get("totals") or {}).get("calls", 0),
              "agent_calls": (r.state.get("totals") or {}).get("agent_calls", 0),
              "harness": r.spec.get("harness"), "metadata": r.spec.get("metadata", {}),
-             "last_error": r.state.get("last_error")}
+             "last_error": r.state.get("last_error"), "outcome": r.state.get("outcome")}
             for r in rows
         ]
 

@@ -78,6 +78,14 @@ class VersionBody(BaseModel):
     model: str | None = Field(None, description="Serve every call with this model name from now on (LoRA sync)")
 
 
+class OutcomeBody(BaseModel):
+    """How a rollout ended, as its trainer scored it: a reward, or why there is none."""
+
+    reward: float | None = Field(None, allow_inf_nan=False, description="The task's reward; null when unscored")
+    unscored_reason: str | None = Field(None, max_length=4000, description="Why the rollout has no reward (an "
+                                        "infrastructure fault, never a failed task); required when reward is null")
+
+
 router = APIRouter(prefix="/admin", dependencies=[Depends(require_admin)])
 
 
@@ -250,6 +258,20 @@ async def close_session(session_id: str, request: Request,
     session = _session_or_404(ctx, session_id)
     await ctx.sessions.close(session, reason="closed",
                              grace_s=ctx.config.close_grace_s if grace_s is None else grace_s)
+    return _json(session.summary())
+
+
+@router.post("/sessions/{session_id}/outcome")
+async def set_outcome(session_id: str, body: OutcomeBody, request: Request) -> Response:
+    """Record how the rollout ended (its reward, or why it has none), durably, beside its records:
+    exports then carry the reward with every row. Allowed after close (a closed session refuses
+    records, not its own row); a second outcome replaces the first."""
+    if body.reward is None and not body.unscored_reason:
+        raise HTTPException(422, "an outcome without a reward must say why (unscored_reason)")
+    ctx = _ctx(request)
+    session = _session_or_404(ctx, session_id)
+    session.outcome = {"reward": body.reward, "unscored_reason": None if body.reward is not None else body.unscored_reason}
+    await ctx.store.put_session(session.to_row())
     return _json(session.summary())
 
 

@@ -129,6 +129,12 @@ class RecorderClient:
     def session(self, session_id: str) -> dict[str, Any]:
         return self._lifecycle("GET", f"/admin/sessions/{session_id}")
 
+    def set_outcome(self, session_id: str, *, reward: float | None,
+                    unscored_reason: str | None = None) -> dict[str, Any]:
+        """Store how the rollout ended beside its records (exports carry the reward with every row)."""
+        return self._call("POST", f"/admin/sessions/{session_id}/outcome",
+                          json={"reward": reward, "unscored_reason": unscored_reason})
+
     def sessions(self) -> list[dict[str, Any]]:
         return self._call("GET", "/admin/sessions")
 

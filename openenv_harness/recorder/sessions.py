@@ -134,6 +134,9 @@ class LiveSession:
     template_fingerprint: str | None = None
     template_certification: dict[str, Any] | None = None
     engine_version: str | None = None
+    #: how the rollout ended, once the trainer scored it: ``{"reward": float | None, "unscored_reason":
+    #: str | None}`` (``POST /admin/sessions/{id}/outcome``); exports stamp the reward on every row
+    outcome: dict[str, Any] | None = None
     #: request digest -> future of the in-flight twin (retry de-duplication)
     inflight: dict[str, asyncio.Future] = field(default_factory=dict)
     #: shared per-session state of the fidelity classifier (last prompt of each chain tip, bounded)
@@ -240,6 +243,7 @@ class LiveSession:
             "template_status": self.template_status,
             "template_certification": self.template_certification,
             "engine_version": self.engine_version,
+            "outcome": self.outcome,
         }
 
     def to_row(self) -> SessionRow:
@@ -257,6 +261,7 @@ class LiveSession:
                 "template_fingerprint": self.template_fingerprint,
                 "template_certification": self.template_certification,
                 "engine_version": self.engine_version,
+                "outcome": self.outcome,
             },
         )
 
@@ -309,6 +314,7 @@ class SessionRegistry:
             session.template_fingerprint = state.get("template_fingerprint")
             session.template_certification = state.get("template_certification")
             session.engine_version = state.get("engine_version")
+            session.outcome = state.get("outcome")
             totals = state.get("totals") or {}
             for key, value in totals.items():
                 if hasattr(session.counters, key):

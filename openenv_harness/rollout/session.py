@@ -15,6 +15,7 @@ and asks for the reward. Three promises matter to a trainer:
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
@@ -27,6 +28,8 @@ from openenv_harness.rollout.launch import LaunchedAgent
 from openenv_harness.rollout.tasks import Task, VerifyOutcome
 from openenv_harness.rollout.unscored import unscored_reason
 from openenv_harness.sandbox.base import SandboxError
+
+log = logging.getLogger(__name__)
 
 
 class RolloutCaptureError(RuntimeError):
@@ -87,6 +90,7 @@ class HarnessSession(ResourceSession):
         unscored = self._infrastructure_failure(result)
         if unscored is None and outcome.reward is None:
             unscored = outcome.detail or "the verifier could not score the sandbox"
+        self._record_outcome(None if unscored else outcome.reward, unscored)
         return VerifyResult(
             env_reward=None if unscored else outcome.reward,
             done=True,
@@ -100,6 +104,14 @@ class HarnessSession(ResourceSession):
             },
             artifacts={"verify_output": outcome.detail, "final_answer": result.final_answer, "agent_error": result.error},
         )
+
+    def _record_outcome(self, reward: float | None, unscored: str | None) -> None:
+        """Store the outcome beside the session's records, so exports carry the reward with every row.
+        A recorder that cannot take it leaves the reward with the caller (said in the log), not lost."""
+        try:
+            self.client.set_outcome(self.session_id, reward=reward, unscored_reason=unscored)
+        except Exception as exc:  # noqa: BLE001 -- the reward is still returned to the trainer
+            log.warning("session %s: the recorder did not store the rollout's outcome: %s", self.session_id, exc)
 
     def _infrastructure_failure(self, result: HarnessResult) -> str | None:
         """Why this rollout must stay unscored (D7, ``unscored.py``), or None.

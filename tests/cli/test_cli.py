@@ -67,6 +67,10 @@ def test_trace_list_show_export(run_dir: Path) -> None:
     harness = json.loads(cli("trace", "export", sid, "--store", store, "--format", "harness").stdout)
     assert len(harness) == 1 and harness[0]["prompt_ids"] == rows[0]["prompt_token_ids"]
     assert sum(harness[0]["loss_mask"]) == sum(len(r["completion_token_ids"]) for r in rows)
+    assert harness[0]["reward"] == 1.0, "the scored rollout's reward travels with its rows"
+    assert all(seg["logprobs_are_policy"] for seg in harness[0]["metadata"]["segments"])
+    unknown = cli("trace", "export", "no-such-session", "--store", store)
+    assert unknown.returncode == 2 and "no records for session no-such-session" in unknown.stderr
 
 
 def test_errors_are_one_clear_line(tmp_path: Path) -> None:
