@@ -44,31 +44,79 @@ def _sandbox_factory(kind: str) -> Any:
 
 def _progress(stack: LocalStack, state: dict[str, Any]) -> Table:
     table = Table.grid(padding=(0, 2))
-    calls = tokens = forks = 0
-    assert stack.recorder is not None
+    rollouts = (f"[bold]rollouts[/] running {state['running']}  done {state['done']}  failed {state['failed']}"
+                f"  of {state['total']}")
+    if stack.recorder is None:  # a recorder somebody else runs (--recorder-url): its counters are its own
+        table.add_row(rollouts, f"[dim]{time.time() - state['t0']:.1f}s[/]")
+        return table
+    calls = tokens = 0
     for s in stack.recorder.ctx.sessions.all():
         calls += s.counters.calls
         tokens += s.counters.prompt_tokens + s.counters.completion_tokens
     forks = stack.recorder.ctx.metrics.transitions.labels("replay_drift")._value.get() + \
         stack.recorder.ctx.metrics.transitions.labels("break")._value.get()
-    table.add_row(
-        f"[bold]rollouts[/] running {state['running']}  done {state['done']}  failed {state['failed']}"
-        f"  of {state['total']}",
-        f"[bold]calls[/] {calls}", f"[bold]tokens[/] {tokens}", f"[bold]forks[/] {int(forks)}",
-        f"[dim]{time.time() - state['t0']:.1f}s[/]",
-    )
+    table.add_row(rollouts, f"[bold]calls[/] {calls}", f"[bold]tokens[/] {tokens}", f"[bold]forks[/] {int(forks)}",
+                  f"[dim]{time.time() - state['t0']:.1f}s[/]")
     return table
+
+
+def training_view(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """What a trainer gets from one rollout's records: rows and trainable share of the sampled ids per
+    assembly strategy, and how many agent calls ran under a decoding constraint (their logprobs are
+    not the policy's, so their ids are not trainable by default)."""
+    from openenv_harness.assembly import AssemblyError, compare_strategies
+    from openenv_harness.contract import is_training_entry
+
+    agent = [r for r in records if is_training_entry(r)]
+    sampled = sum(len(r["completion_token_ids"]) for r in agent)
+    view: dict[str, Any] = {"sampled_tokens": sampled,
+                            "constrained_calls": sum(1 for r in agent if r["metadata"].get("logprobs_are_policy") is False)}
+    try:
+        by_strategy = compare_strategies(records) if agent else {}
+    except AssemblyError as exc:
+        view["error"] = str(exc)
+        return view
+    view["strategies"] = {name: {"rows": stats.traces, "trainable_tokens": stats.trainable_tokens,
+                                 "trainable_share": stats.trainable_tokens / sampled if sampled else None}
+                          for name, stats in by_strategy.items()}
+    return view
+
+
+def _share(view: dict[str, Any] | None, strategy: str) -> str:
+    got = ((view or {}).get("strategies") or {}).get(strategy)
+    if not got:
+        return "-"
+    share = got["trainable_share"]
+    return f"{got['rows']} / {'-' if share is None else f'{share:.0%}'}"
+
+
+def _check_reachable(url: str | None, path: str, what: str) -> None:
+    """Fail before any rollout, in one line, when the engine or recorder named is not there."""
+    if not url:
+        return
+    import httpx
+
+    try:
+        httpx.get(url.rstrip("/") + path, timeout=10).raise_for_status()
+    except httpx.HTTPStatusError as exc:
+        raise CLIError(f"the {what} at {url} answered {path} with HTTP {exc.response.status_code}",
+                       f"is {url} a {'vLLM server' if what == 'engine' else 'recorder'}?") from None
+    except httpx.HTTPError as exc:
+        raise CLIError(f"the {what} at {url} is not reachable ({type(exc).__name__}: {exc})",
+                       f"start it first, or check the URL") from None
 
 
 def _summary(reports: list[Any]) -> Table:
     t = Table(title="rollouts", show_lines=False)
     for col in ("harness", "task", "exit", "reward", "calls agent/aux", "tokens prompt/sampled",
-                "chain", "rows", "budget stop", "wall s", "session"):
+                "chain", "rows / trainable split", "realign", "constrained", "budget stop", "wall s", "session"):
         t.add_column(col, overflow="fold")
     for r in reports:
         reward = "unscored" if r.reward is None else f"{r.reward:g}"
+        view = r.training
         t.add_row(r.harness, r.task, str(r.exit_code), reward, f"{r.agent_calls}/{r.aux_calls}",
-                  f"{r.prompt_tokens}/{r.completion_tokens}", r.chain_status, str(r.rows), r.stop_reason or "-",
+                  f"{r.prompt_tokens}/{r.completion_tokens}", r.chain_status, _share(view, "split"),
+                  _share(view, "realign"), str((view or {}).get("constrained_calls", "-")), r.stop_reason or "-",
                   f"{r.wall_s:.1f}", r.session_id)
     return t
 
@@ -88,6 +136,16 @@ def run(
     max_total_tokens: int = typer.Option(None, "--max-tokens", help="Budget: prompt+completion tokens per rollout"),
     max_wall_clock_s: float = typer.Option(600.0, "--max-wall-clock", help="Budget: seconds per rollout"),
     segmentation: str = typer.Option("canonical", help="Embedded engine only: canonical | noncanonical sampling"),
+    prompt_mode: str = typer.Option("full_history", "--prompt-mode", help="full_history (the agent's messages as "
+                                    "sent) | incremental (continue each chain from its exact ids)"),
+    require_exact_template: bool = typer.Option(False, "--require-exact-template", help="Refuse sessions where the "
+                                                "served template is not certified exact"),
+    chat_template: Path = typer.Option(None, "--chat-template", help="Serve this chat template file (embedded "
+                                       "engine and --engine vllm)"),
+    recorder_url: str = typer.Option(None, "--recorder-url", help="Use a recorder already running (`serve`) instead "
+                                     "of starting one; with --admin-token and --model"),
+    admin_token: str = typer.Option(None, "--admin-token", envvar="OEH_ADMIN_TOKEN", help="Admin token of "
+                                    "--recorder-url"),
     out: str = typer.Option(None, "--out", help="Run directory (default runs/<timestamp>)"),
 ) -> None:
     harnesses = [h.strip() for h in harness.split(",") if h.strip()]
@@ -99,6 +157,20 @@ def run(
                        "give one of them")
     if engine_url and not model:
         raise CLIError("--engine-url needs --model (the name the engine serves)", "e.g. --model Qwen/Qwen3-8B")
+    if prompt_mode not in ("full_history", "incremental"):
+        raise CLIError(f"unknown prompt mode {prompt_mode!r}", "use --prompt-mode full_history or incremental")
+    if chat_template is not None and (engine_url or recorder_url):
+        raise CLIError("--chat-template applies to an engine started here (embedded or --engine vllm)",
+                       "start that engine with the template yourself, or drop --engine-url / --recorder-url")
+    if chat_template is not None and not chat_template.is_file():
+        raise CLIError(f"chat template {chat_template} does not exist", "pass a Jinja template file")
+    if recorder_url and (engine_url or engine == "vllm"):
+        raise CLIError("--recorder-url uses that recorder's engine", "drop --engine-url / --engine vllm")
+    if recorder_url and not (admin_token and model):
+        raise CLIError("--recorder-url needs --admin-token and --model (the name its engine serves)",
+                       "`serve` prints both")
+    _check_reachable(engine_url, "/v1/models", "engine")
+    _check_reachable(recorder_url, "/healthz", "recorder")
     if max_agent_calls is None:
         # each real-engine turn takes seconds on a CPU, and the pinned tool_choice never lets the
         # small model stop by itself: a short budget ends its rollouts
@@ -118,7 +190,8 @@ def run(
     run_dir = Path(out or default_run_dir())
     store = str(run_dir / "records.db")
     stack = LocalStack(engine_url=engine_url, store_path=store, model=model, tasks=tasks, segmentation=segmentation,
-                       engine="vllm" if engine == "vllm" else None,
+                       engine="vllm" if engine == "vllm" else None, chat_template=chat_template,
+                       recorder_url=recorder_url, admin_token=admin_token,
                        progress=lambda m: console.print(f"[dim][engine][/] {m}"))
     budgets = {"max_agent_calls": max_agent_calls, "max_wall_clock_s": max_wall_clock_s}
     if max_total_tokens:
@@ -128,12 +201,12 @@ def run(
     lock = threading.Lock()
     reports: list[Any] = []
     with stack:
-        assert stack.recorder is not None
 
         def one(job: tuple[str, Any, int]) -> Any:
             h, t, i = job
             factory = HarnessSessionFactory(
-                harness=h, recorder_url=stack.recorder.url, admin_token=stack.admin_token,
+                harness=h, recorder_url=stack.recorder_url, admin_token=stack.admin_token,
+                prompt_mode=prompt_mode, require_exact_template=require_exact_template,
                 model=stack.model_for(t, h), tasks={t.id: t}, budgets=budgets, sampling=stack.sampling,
                 sandbox_factory=sandbox_factory, metadata={"rollout": i},
                 # a remote sandbox runs the CLI its image provides (on PATH), not this machine's copy
@@ -143,6 +216,10 @@ def run(
                 state["running"] += 1
             report, session = run_rollout(factory, t.id, timeout_s=max_wall_clock_s + 30, seed=i)
             if session is not None:
+                try:
+                    report.training = training_view(session.client.records(session.session_id))
+                except Exception as exc:  # noqa: BLE001 -- the rollout's own outcome stands
+                    report.training = {"error": f"{type(exc).__name__}: {exc}"}
                 session.close()
             with lock:
                 state["running"] -= 1
@@ -166,14 +243,21 @@ def run(
     cert = stack.recorder.ctx.engine_info.get("template_certification") if stack.recorder is not None else None
     if cert:  # beside the chain status: whether the served template can keep chains exact at all
         failed = "; ".join(f"{f['property']}: {f['detail']}" for f in cert.get("failed") or [])
-        console.print(f"template: [bold]{cert['status']}[/]" + (f" ({failed})" if failed else "")
-                      + (f" [probed via {cert['probed_via']}]" if cert.get("probed_via") else "")
-                      + (f" ({cert.get('reason')})" if cert.get("reason") else ""))
+        from rich.markup import escape
+
+        console.print(f"template: [bold]{escape(str(cert['status']))}[/]" + escape(
+            (f" ({failed})" if failed else "") + (f" [probed via {cert['probed_via']}]" if cert.get("probed_via") else "")
+            + (f" ({cert.get('reason')})" if cert.get("reason") else "")))
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "summary.json").write_text(json.dumps([r.as_dict() for r in reports], indent=2))
-    console.print(f"records: [bold]{store}[/]   summary: [bold]{run_dir / 'summary.json'}[/]")
-    if reports and reports[0].session_id:
-        console.print(f"inspect: openenv-harness trace show {reports[0].session_id} --store {store}")
+    if recorder_url:
+        console.print(f"records: on the recorder at [bold]{recorder_url}[/]   summary: [bold]{run_dir / 'summary.json'}[/]")
+        if reports and reports[0].session_id:
+            console.print(f"inspect: openenv-harness trace show {reports[0].session_id} --url {recorder_url}")
+    else:
+        console.print(f"records: [bold]{store}[/]   summary: [bold]{run_dir / 'summary.json'}[/]")
+        if reports and reports[0].session_id:
+            console.print(f"inspect: openenv-harness trace show {reports[0].session_id} --store {store}")
     failed = [r for r in reports if r.exit_code != 0 or r.error]
     if failed:
         raise CLIError(f"{len(failed)} of {len(reports)} rollout(s) failed: "

@@ -34,8 +34,13 @@ class LocalStack:
 
     def __init__(self, *, engine_url: str | None, store_path: str, model: str | None,
                  tasks: list[Task], segmentation: str = "canonical", admin_token: str | None = None,
-                 engine: str | None = None, progress: Any = None) -> None:
+                 engine: str | None = None, progress: Any = None, chat_template: Path | None = None,
+                 recorder_url: str | None = None) -> None:
         self.engine_url = engine_url
+        #: a recorder somebody else runs (``serve``): nothing is started here, its engine is its own
+        self.remote_recorder = recorder_url
+        #: the template the engine started here serves instead of the model's own
+        self.chat_template = chat_template
         self.engine_kind = engine or ("url" if engine_url else "reference")
         self.store_path = store_path
         self.model = model
@@ -49,18 +54,22 @@ class LocalStack:
 
     @property
     def embedded(self) -> bool:
-        return self.engine_kind == "reference"
+        return self.engine_kind == "reference" and self.remote_recorder is None
+
+    @property
+    def recorder_url(self) -> str:
+        if self.remote_recorder is not None:
+            return self.remote_recorder
+        assert self.recorder is not None, "the stack is not started"
+        return self.recorder.url
 
     def model_for(self, task: Task, harness: str | None = None) -> str:
         """The model name a rollout of ``task`` by ``harness`` asks for (the embedded engine's script key:
         one per shell-tool spelling, ``rollout.taskset.script_for``)."""
-        if self.embedded:
-            if harness is None:
-                return f"reference/{task.id}"
-            from openenv_harness.harnesses.registry import get_preset
+        if self.embedded or self.model == "reference":  # "reference": a standalone reference engine's task scripts
+            from openenv_harness.rollout.taskset import reference_model_name
 
-            name, _ = get_preset(harness).shell_tool
-            return f"reference/{task.id}" if name == "bash" else f"reference/{task.id}/{name}"
+            return reference_model_name(task.id, harness)
         assert self.model is not None
         return self.model
 
@@ -71,7 +80,7 @@ class LocalStack:
 
         python, model_dir = ensure_engine(spec, progress=self.progress)
         settings = VLLMSettings(model_dir=model_dir, served_name=spec.served_name, python=python,
-                                max_model_len=spec.max_model_len)
+                                max_model_len=spec.max_model_len, chat_template=self.chat_template)
         self.progress("starting vLLM (about a minute and a half; the first start compiles)")
         self.engine = VLLMServer(settings, log_path=Path(self.store_path).parent / "vllm.log").start(timeout_s=900)
         self.model = spec.served_name
@@ -80,22 +89,20 @@ class LocalStack:
                                  "engine_logprobs_mode": "raw_logprobs"}
 
     def __enter__(self) -> "LocalStack":
+        if self.remote_recorder is not None:
+            return self
         url = self.engine_url
         extra: dict[str, Any] = {}
         Path(self.store_path).parent.mkdir(parents=True, exist_ok=True)
         if self.engine_kind == "vllm":
             url, extra = self._start_vllm()
         elif url is None:
-            from openenv_harness.harnesses.registry import list_presets
-            from openenv_harness.rollout.taskset import script_for
-            from openenv_harness.testing.engine import EngineServer, Script
+            from openenv_harness.rollout.taskset import builtin_task_scripts
+            from openenv_harness.testing.engine import EngineConfig, EngineServer, Script
 
-            self.engine = EngineServer().start()
-            for task in self.tasks:
-                turns = task.reference_script or [{"content": "I cannot solve this task."}]
-                for preset in list_presets():
-                    self.engine.set_script(self.model_for(task, preset.name),
-                                           Script(turns=script_for(turns, preset.name), segmentation=self.segmentation))
+            scripts = {name: Script(turns=turns, segmentation=self.segmentation)
+                       for name, turns in builtin_task_scripts(self.tasks).items()}
+            self.engine = EngineServer(EngineConfig(chat_template=self.chat_template, scripts=scripts)).start()
             url = self.engine.url
         config = RecorderConfig(store_path=self.store_path, engine_url=url, admin_token=self.admin_token, **extra)
         try:

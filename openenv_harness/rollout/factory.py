@@ -83,6 +83,7 @@ class HarnessSessionFactory(ResourceSessionFactory):
         prompt_mode: str = "full_history",
         prompt_mode_strict: bool = False,
         pool: RecorderPool | None = None,
+        require_exact_template: bool = False,
     ) -> None:
         self.preset = get_preset(harness) if isinstance(harness, str) else harness
         #: the recorders sessions are placed on (least live sessions first); ``pool`` shares one
@@ -107,6 +108,8 @@ class HarnessSessionFactory(ResourceSessionFactory):
         self.upstream = upstream
         #: the recorder's prompt mode for these sessions (``recorder/prompt_mode.py``)
         self.prompt_mode, self.prompt_mode_strict = prompt_mode, prompt_mode_strict
+        #: sessions are refused where the served template is not certified exact
+        self.require_exact_template = require_exact_template
         wall = self.budgets.get("max_wall_clock_s")
         #: how long wait_for_completion(None) waits: the wall-clock budget plus a margin, else 30 min
         self.wait_timeout_s = wait_timeout_s if wait_timeout_s is not None else (float(wall) + 60.0 if wall else 1800.0)
@@ -137,6 +140,7 @@ class HarnessSessionFactory(ResourceSessionFactory):
                 trainer_template_fingerprint=self.trainer_template_fingerprint,
                 prompt_mode=self.prompt_mode,
                 prompt_mode_strict=self.prompt_mode_strict,
+                require_exact_template=self.require_exact_template,
             )
         except BaseException:
             sandbox.close()
@@ -171,6 +175,7 @@ class TRLSessionFactory:
     wait_timeout_s: float | None = None
     prompt_mode: str = "full_history"
     prompt_mode_strict: bool = False
+    require_exact_template: bool = False
 
     def __call__(self, sampling: dict[str, Any] | None = None) -> HarnessSessionFactory:
         tasks = None if self.tasks is None else {k: Task.model_validate(v) for k, v in self.tasks.items()}
@@ -190,4 +195,5 @@ class TRLSessionFactory:
             wait_timeout_s=self.wait_timeout_s,
             prompt_mode=self.prompt_mode,
             prompt_mode_strict=self.prompt_mode_strict,
+            require_exact_template=self.require_exact_template,
         )

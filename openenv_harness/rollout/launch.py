@@ -87,6 +87,7 @@ def launch_agent(
     trainer_template_fingerprint: str | None = None,
     prompt_mode: str = "full_history",
     prompt_mode_strict: bool = False,
+    require_exact_template: bool = False,
     session_id: str | None = None,
 ) -> LaunchedAgent:
     session_id = session_id or new_session_id()
@@ -121,6 +122,8 @@ def launch_agent(
         spec["trainer_template_fingerprint"] = trainer_template_fingerprint
     if prompt_mode != "full_history" or prompt_mode_strict:  # the recorder's SessionSpec validates both
         spec.update(prompt_mode=prompt_mode, prompt_mode_strict=prompt_mode_strict)
+    if require_exact_template:  # the recorder refuses the session (409) where its template is not certified
+        spec["require_exact_template"] = True
     info = client.create_session(**spec)
     launch = preset.prepare(setup_for(replace(endpoint, api_key=info["secret"])), instruction, executable)
     if launch.files != draft.files:

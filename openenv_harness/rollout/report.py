@@ -39,6 +39,9 @@ class RolloutReport:
     error: str | None = None
     final_answer: str | None = None
     wall_s: float = 0.0
+    #: what a trainer gets from the records (rows and trainable share per assembly strategy, constrained
+    #: calls), filled in by whoever assembles them (``openenv-harness run``)
+    training: dict[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

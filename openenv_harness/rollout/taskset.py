@@ -114,3 +114,27 @@ def script_for(turns: list[Any], harness: str) -> list[dict[str, Any]]:
             data["tool_calls"] = calls
         out.append(data)
     return out
+
+
+def reference_model_name(task_id: str, harness: str | None = None) -> str:
+    """The model name a rollout of ``task_id`` by ``harness`` asks the reference engine for: one per
+    shell-tool spelling, so each agent's scripted tool calls name its own shell tool."""
+    if harness is None:
+        return f"reference/{task_id}"
+    from openenv_harness.harnesses.registry import get_preset
+
+    name, _ = get_preset(harness).shell_tool
+    return f"reference/{task_id}" if name == "bash" else f"reference/{task_id}/{name}"
+
+
+def builtin_task_scripts(tasks: list[Task] | None = None) -> dict[str, list[dict[str, Any]]]:
+    """Scripted turns of each built-in task (or of ``tasks``) for every agent, by the model name
+    ``reference_model_name`` gives: what the reference engine serves so the real agents solve them."""
+    from openenv_harness.harnesses.registry import list_presets
+
+    out: dict[str, list[dict[str, Any]]] = {}
+    for task in tasks if tasks is not None else list(BUILTIN_TASKS.values()):
+        turns = task.reference_script or [{"content": "I cannot solve this task."}]
+        for preset in list_presets():
+            out[reference_model_name(task.id, preset.name)] = script_for(turns, preset.name)
+    return out

@@ -167,3 +167,27 @@ def test_serve_prints_a_one_time_viewer_link_and_never_the_given_token(tmp_path:
         proc.terminate()
         out, err = proc.communicate(timeout=30)
     assert token not in "".join(printed) + out + err
+
+
+@pytest.mark.cli
+def test_run_serves_the_chat_template_it_is_given(run_dir: Path, tmp_path: Path) -> None:
+    """``--chat-template`` reaches the embedded engine: the records name another template than the
+    default run's, and the agent still solves its task (TRL's own Qwen3 template, read from TRL)."""
+    trl = pytest.importorskip("trl")
+    template = Path(trl.__file__).parent / "chat_templates" / "qwen3.jinja"
+    assert template.is_file(), "TRL ships its chat templates"
+    out = tmp_path / "run"
+    done = cli("run", "--harness", "pi", "--task", "fix-add", "--chat-template", str(template), "--out", str(out))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    [report] = json.loads((out / "summary.json").read_text())
+    assert report["reward"] == 1.0
+
+    def fingerprint(store: Path, session: str) -> str:
+        rows = cli("trace", "export", session, "--store", str(store)).stdout.splitlines()
+        return json.loads(rows[0])["metadata"]["provenance"]["template_fingerprint"]
+
+    default_session = json.loads((run_dir / "summary.json").read_text())[0]["session_id"]
+    assert fingerprint(out / "records.db", report["session_id"]) != fingerprint(run_dir / "records.db", default_session)
+    assert "[probed via render]" in done.stdout, "the certification line is printed whole"
+    missing = cli("run", "--chat-template", str(tmp_path / "none.jinja"))
+    assert missing.returncode == 2 and "does not exist" in missing.stderr

@@ -164,7 +164,7 @@ class H1Engine(Upstream):
         if affinity_header is not None and not _TOKEN.match(affinity_header):
             raise ValueError(f"affinity header must be an HTTP header name, got {affinity_header!r}")
         self.base_url = normalize_engine_url(base_url)
-        self.name = f"http:{self.base_url}"
+        self.name = self.base_url  # what the records name as the engine: its URL (a white-box step names itself)
         self._api_key = api_key
         self._affinity_header = affinity_header
         parts = urlsplit(self.base_url)

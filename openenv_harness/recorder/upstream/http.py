@@ -55,7 +55,7 @@ class HTTPEngine(Upstream):
     ) -> None:
         check_engine_url(base_url)
         self.base_url = normalize_engine_url(base_url)
-        self.name = f"http:{self.base_url}"
+        self.name = self.base_url  # what the records name as the engine: its URL (a white-box step names itself)
         self._api_key = api_key
         self._affinity_header = affinity_header
         self._transport = transport

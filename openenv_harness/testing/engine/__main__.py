@@ -48,7 +48,16 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="vLLM 0.33: render answers a parse_context, generate takes output_mode='derender'")
     parser.add_argument("--no-dev-mode", action="store_true", help="Do not serve /pause, /resume, /is_paused")
     parser.add_argument("--script", type=Path, help="JSON file with the default Script")
+    parser.add_argument("--builtin-tasks", action="store_true",
+                        help="Serve the built-in tasks' scripted solutions by model name (reference/<task>, "
+                        "reference/<task>/<shell tool>), so `openenv-harness run --recorder-url` can drive real agents")
     return parser.parse_args(argv)
+
+
+def _builtin_scripts() -> dict[str, Script]:
+    from openenv_harness.rollout.taskset import builtin_task_scripts
+
+    return {name: Script(turns=turns) for name, turns in builtin_task_scripts().items()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -75,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         generate_derender=args.generate_derender,
         dev_mode=not args.no_dev_mode,
         default_script=default_script,
+        scripts=_builtin_scripts() if args.builtin_tasks else {},
     )
     sock = bind_socket(args.host, args.port)
     server = uvicorn.Server(uvicorn.Config(create_engine_app(config), log_level="warning", access_log=False,

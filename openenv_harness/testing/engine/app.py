@@ -181,6 +181,8 @@ def create_engine_app(config: EngineConfig | None = None) -> FastAPI:
     """Build a reference engine app; each app has its own scripts, faults, log and fence."""
     config = config or EngineConfig()
     state = EngineState(config)
+    for key, script in config.scripts.items():
+        state.set_script(key, script)
     app = EngineApp(title="openenv-harness reference engine", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.engine = state
 

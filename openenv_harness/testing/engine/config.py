@@ -87,6 +87,8 @@ class EngineConfig(BaseModel):
         False, description="404 for a model name that is neither served nor a script key (vLLM always checks)"
     )
     default_script: Script = Field(default_factory=Script, description="Script for keys with none registered")
+    scripts: dict[str, Script] = Field(default_factory=dict, description="Scripts by key (model name, session "
+                                       "header) from the start, as POST /_ref/scripts registers them later")
     decode_delay_s: float = Field(0.0, ge=0, description="Time per sampled token (lets tests straddle a pause)")
     prefill_delay_s: float = Field(0.0, ge=0, description="Time before the first token of each request")
     scale_out: bool = Field(True, description="vLLM --enable-scale-out: render, generate, derender routes")
