@@ -103,7 +103,7 @@ def _check_reachable(url: str | None, path: str, what: str) -> None:
                        f"is {url} a {'vLLM server' if what == 'engine' else 'recorder'}?") from None
     except httpx.HTTPError as exc:
         raise CLIError(f"the {what} at {url} is not reachable ({type(exc).__name__}: {exc})",
-                       f"start it first, or check the URL") from None
+                       "start it first, or check the URL") from None
 
 
 def _summary(reports: list[Any]) -> Table:
