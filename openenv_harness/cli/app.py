@@ -11,7 +11,8 @@ from openenv_harness.cli import cmd_doctor, cmd_run, cmd_serve, cmd_trace
 
 app = typer.Typer(
     name="openenv-harness",
-    help="Train the model behind unmodified coding agents (Pi, OpenCode) with exact token evidence.",
+    help="Train the model behind unmodified coding agents (Pi, OpenCode, Codex, Claude Code) with exact token "
+         "evidence.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
