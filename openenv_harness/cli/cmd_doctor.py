@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import sys
-
 import asyncio
 import platform
 import shutil
 import subprocess
-
+import sys
 from typing import Any
 
 import typer
@@ -43,7 +41,13 @@ def _engine_checks(url: str, model: str | None) -> list[tuple[str, bool, str]]:
         eng = HTTPEngine(url, timeout_s=60)
         await eng.start()
         try:
-            out.append(("engine version", True, await engine_version(eng) or "unknown"))
+            reachable = await eng.request("GET", "/v1/models")
+            if reachable.status != 200:
+                out.append(("engine", False, f"{url} answered /v1/models with HTTP {reachable.status}: not a vLLM "
+                            "server, or not ready"))
+                return
+            version = await engine_version(eng)
+            out.append(("engine version", True, version or "not reported (/version answered no version)"))
             body = {"model": model or "", "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 8,
                     "return_token_ids": True, "logprobs": True, "top_logprobs": 0}
             if not model:
@@ -147,6 +151,9 @@ def doctor(
         for name, ok, detail in _engine_checks(engine_url, model):
             bad += not ok
             t.add_row(name, "yes" if ok else "no", detail)
+    else:
+        t.add_row("engine", "skipped", "not checked: pass --engine-url URL to check token ids, logprobs and the "
+                  "served template")
     console.print(t)
     if bad:
         raise typer.Exit(1)

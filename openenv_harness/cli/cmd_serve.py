@@ -47,6 +47,7 @@ def serve(
                        "pass --admin-token (or OEH_ADMIN_TOKEN) when binding a non-loopback address")
     if index_priority not in PRIORITIES:
         raise CLIError(f"unknown --index-priority {index_priority!r}", f"use one of: {', '.join(PRIORITIES)}")
+    _check_port_free(host, port)
     if not engine_url:
         typer.echo("warning: no --engine-url: agent calls will get 503 until an engine is configured", err=True)
     token = admin_token or new_admin_token()
@@ -69,3 +70,18 @@ def serve(
                    f"after that log in at http://{host}:{port}/viewer/ with the admin token)")
 
     run_server(config, host=host, port=port, log_level=log_level, announce=announce)
+
+
+def _check_port_free(host: str, port: int) -> None:
+    """Refuse, before printing a URL or a login link or writing anything, a port another process holds:
+    those would name the other process."""
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds: a TIME_WAIT port is free
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            raise CLIError(f"cannot listen on {host}:{port}: {exc.strerror or exc}",
+                           "another process holds it: stop it, or pass --port") from None

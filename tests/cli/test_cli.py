@@ -102,6 +102,21 @@ def test_doctor_reports_the_harnesses() -> None:
     done = cli("doctor")
     assert "harness pi" in done.stdout and "harness opencode" in done.stdout and "python" in done.stdout
     assert "harness codex" in done.stdout and "harness claude-code" in done.stdout
+    [line] = [ln for ln in done.stdout.splitlines() if "│ engine" in ln]
+    assert "skipped" in line and "not checked" in line, "a doctor that checked no engine says so"
+
+
+def test_doctor_names_an_engine_that_is_not_there(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: nothing listens there
+    done = cli("doctor", "--engine-url", f"http://127.0.0.1:{port}")
+    assert done.returncode == 1
+    [line] = [ln for ln in done.stdout.splitlines() if "│ engine" in ln]
+    assert "│ no" in line and "unreachable" in line, line
+    assert "engine version" not in done.stdout, "nothing is reported of an engine that did not answer"
 
 
 def test_doctor_checks_an_engine_for_token_evidence() -> None:

@@ -26,3 +26,20 @@ def test_the_cli_serve_command_passes_each_setting(tmp_path: Path, monkeypatch: 
     assert result.exit_code == 0, result.output
     (config,) = seen
     assert {k: getattr(config, k) for k in EXPECTED} == EXPECTED
+
+
+def test_serve_refuses_a_busy_port_before_printing_or_writing_anything(tmp_path: Path) -> None:
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        done = subprocess.run([sys.executable, "-m", "openenv_harness.cli", "serve", "--port", str(port),
+                               "--store", str(tmp_path / "runs" / "r.db")], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert done.stdout == "", "no URL, token or login link of the other process"
+    assert done.stderr.startswith(f"error: cannot listen on 127.0.0.1:{port}")
+    assert not (tmp_path / "runs").exists(), "nothing left behind"
