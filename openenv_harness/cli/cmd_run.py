@@ -90,6 +90,16 @@ def _share(view: dict[str, Any] | None, strategy: str) -> str:
     return f"{got['rows']} / {'-' if share is None else f'{share:.0%}'}"
 
 
+def _failed(report: Any) -> bool:
+    """A rollout that did not end as designed. A budget stop is an outcome (the policy spent its budget;
+    the rollout is scored), not a failure, even though the agent exits on the refused call."""
+    if report.error and not report.session_id:
+        return True  # it never started
+    if report.stop_reason:
+        return report.reward is None and report.unscored_reason is not None
+    return report.exit_code != 0 or bool(report.error)
+
+
 def _check_reachable(url: str | None, path: str, what: str) -> None:
     """Fail before any rollout, in one line, when the engine or recorder named is not there."""
     if not url:
@@ -223,7 +233,7 @@ def run(
                 session.close()
             with lock:
                 state["running"] -= 1
-                state["done" if report.exit_code == 0 and not report.error else "failed"] += 1
+                state["failed" if _failed(report) else "done"] += 1
             return report
 
         with Live(_progress(stack, state), console=console, refresh_per_second=4, transient=True) as live:
@@ -258,7 +268,7 @@ def run(
         console.print(f"records: [bold]{store}[/]   summary: [bold]{run_dir / 'summary.json'}[/]")
         if reports and reports[0].session_id:
             console.print(f"inspect: openenv-harness trace show {reports[0].session_id} --store {store}")
-    failed = [r for r in reports if r.exit_code != 0 or r.error]
+    failed = [r for r in reports if _failed(r)]
     if failed:
         raise CLIError(f"{len(failed)} of {len(reports)} rollout(s) failed: "
                        + "; ".join(f"{r.harness}/{r.task}: {r.error or 'exit ' + str(r.exit_code)}" for r in failed[:3]),

@@ -206,3 +206,13 @@ def test_run_serves_the_chat_template_it_is_given(run_dir: Path, tmp_path: Path)
     assert "[probed via render]" in done.stdout, "the certification line is printed whole"
     missing = cli("run", "--chat-template", str(tmp_path / "none.jinja"))
     assert missing.returncode == 2 and "does not exist" in missing.stderr
+
+
+@pytest.mark.cli
+def test_a_budget_stop_is_an_outcome_not_a_failure(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    done = cli("run", "--harness", "pi", "--task", "fix-add", "--max-agent-calls", "2", "--out", str(out))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    [report] = json.loads((out / "summary.json").read_text())
+    assert report["stop_reason"] == "max_agent_calls" and report["agent_calls"] == 2
+    assert report["reward"] is not None, "a budget stop is scored: the policy spent its budget"
