@@ -128,6 +128,17 @@ class Provenance(BaseModel):
         "taken after the engine's mask, so they are not the policy's")
 
 
+class EnginePausedWait(BaseModel):
+    """How a call waited on an engine that somebody else paused."""
+
+    model_config = ConfigDict(extra="allow")
+
+    retries: int = Field(ge=0, description="Times the call was sent again after the engine refused it as paused")
+    waited_s: float = Field(ge=0, description="Seconds from the first refusal to the last answer")
+    resumed: bool = Field(description="Whether the engine took the call in the end (false: the refusal outlasted "
+                          "the recorder's pause_wait_s and was relayed)")
+
+
 class RecordMetadata(BaseModel):
     """Everything RFC 006 adds to a ``TraceEntry``; always under ``metadata``."""
 
@@ -162,6 +173,9 @@ class RecordMetadata(BaseModel):
     partial: bool = Field(False, description="The engine aborted the call part-way (finish_reason=abort)")
     logprobs_are_policy: bool = Field(
         True, description="False under a decoding constraint: exclude or correct these logprobs")
+    engine_paused: EnginePausedWait | None = Field(
+        None, description="Present when the engine, paused by someone else, refused the call and the recorder sent it "
+        "again (vLLM 0.33+ refuses new requests while paused in abort or wait mode)")
     weight_versions: list[dict[str, Any]] | None = Field(
         None, description="Per-token weight versions when the engine reports them (vLLM 0.33)")
     tool_limit: ToolLimitCut | None = Field(None, description="Present when a tool-call cap cut this reply")

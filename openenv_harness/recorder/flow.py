@@ -29,6 +29,7 @@ from openenv_harness.recorder import budget, keepalive
 from openenv_harness.recorder.auth import bearer_token, digests_match, secret_digest
 from openenv_harness.recorder.classify import classify_call
 from openenv_harness.recorder.context import RecorderContext
+from openenv_harness.recorder.engine_paused import send_through_pause
 from openenv_harness.recorder.errors import AgentError, session_closed
 from openenv_harness.recorder.prompt_mode import strategy_for
 from openenv_harness.recorder.relay_errors import relay_upstream_error, relay_upstream_failure
@@ -90,6 +91,8 @@ class Flow:
     #: what the prompt mode worked out for this call while in flight, which its commit reuses
     #: (``prompt_mode._Call``: the history's digests, the checkpoint continued, the prompt composed)
     prompt_mode_call: Any = None
+    #: how long the call waited on an engine paused by someone else (``engine_paused.py``), if it did
+    engine_paused: dict[str, Any] | None = None
 
     def cancel_for_close(self) -> None:
         """The session is closing and this call is still waiting (``SessionRegistry.close``)."""
@@ -240,7 +243,10 @@ async def forward(flow: Flow) -> None:
     try:
         try:
             # the session's prompt mode decides what the engine is asked to continue (prompt_mode.py)
-            flow.reply = await strategy_for(flow.session.spec.prompt_mode).send(flow, upstream)
+            strategy = strategy_for(flow.session.spec.prompt_mode)
+            # an engine paused by someone else refuses new calls (vLLM 0.33+): held, not failed
+            flow.reply = await send_through_pause(lambda: strategy.send(flow, upstream), ctx.config.pause_wait_s,
+                                                  lambda wait: setattr(flow, "engine_paused", wait))
         finally:
             flow.cancellable = False  # the engine answered (or failed): from here on a close waits
             ctx.fence.inflight -= 1

@@ -41,7 +41,7 @@ def _base_metadata(flow: Flow, status: str, trainable: bool) -> dict[str, Any]:
     session = flow.session
     if flow.call_index < 0:
         flow.call_index = session.take_call_index()
-    return {
+    md = {
         "schema_version": SCHEMA_VERSION,
         "node_id": f"{session.id}/{flow.call_index}",
         "session_id": session.id,
@@ -62,6 +62,9 @@ def _base_metadata(flow: Flow, status: str, trainable: bool) -> dict[str, Any]:
         "provenance": call_provenance(flow.ctx, session, flow.upstream_body or flow.body, flow.body,
                                       flow.reply.headers if flow.reply is not None else None),
     }
+    if flow.engine_paused is not None:
+        md["engine_paused"] = flow.engine_paused
+    return md
 
 
 async def record(flow: Flow) -> None:

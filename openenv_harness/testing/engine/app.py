@@ -29,7 +29,7 @@ from openenv_harness.testing.engine.chat import (
 )
 from openenv_harness.testing.engine.config import EngineConfig
 from openenv_harness.testing.engine.faults import Fault
-from openenv_harness.testing.engine.fence import PAUSE_MODES
+from openenv_harness.testing.engine.fence import PAUSE_MODES, EnginePaused
 from openenv_harness.testing.engine.messages import MessageError
 from openenv_harness.testing.engine.policy import Script
 from openenv_harness.testing.engine.scale_out import add_scale_out_routes
@@ -99,8 +99,17 @@ async def lean_reply(handler: Callable[[Request], Awaitable[Response]], request:
     gives (shared by the ASGI entry and the raw protocol, ``protocol.py``)."""
     try:
         return await handler(request)
+    except EnginePaused as exc:  # vLLM 0.33's RetryableRequestError
+        return paused_response(exc)
     except Exception as exc:  # noqa: BLE001 -- as ``_internal_error``: the client gets vLLM's error shape
         return error_response(500, f"{type(exc).__name__}: {exc}")
+
+
+def paused_response(exc: EnginePaused) -> Response:
+    """vLLM 0.33's answer to a request refused by a paused engine: ``RetryableRequestError`` as a 503
+    ``ServiceUnavailableError`` (``vllm/entrypoints/serve/exception_handling/error_response.py``)."""
+    body = {"error": {"message": str(exc), "type": "ServiceUnavailableError", "param": None, "code": 503}}
+    return Response(dumps(body), status_code=503, media_type="application/json")
 
 
 class _OneWrite:
@@ -185,6 +194,10 @@ def create_engine_app(config: EngineConfig | None = None) -> FastAPI:
         state.set_script(key, script)
     app = EngineApp(title="openenv-harness reference engine", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.engine = state
+
+    @app.exception_handler(EnginePaused)
+    async def _paused(request: Request, exc: EnginePaused) -> Response:
+        return paused_response(exc)
 
     @app.exception_handler(Exception)
     async def _internal_error(request: Request, exc: Exception) -> Response:

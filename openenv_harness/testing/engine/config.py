@@ -100,6 +100,9 @@ class EngineConfig(BaseModel):
         "output_mode='derender' (the parsed chat message in generate's reply); off: vLLM 0.32, whose generate "
         "answers ids only and whose render has no parse_context")
     dev_mode: bool = Field(True, description="Serve /pause, /resume, /is_paused (VLLM_SERVER_DEV_MODE=1)")
+    pause_rejects_new: bool = Field(
+        False, description="vLLM 0.33/0.34: while paused in abort or wait mode, new requests get a retryable 503 "
+        "('Generation is paused. Please retry after it resumes.') until /resume; off: vLLM 0.32, which holds them")
     max_recorded_requests: int = Field(1000, ge=0, description="Request log size for /_ref/requests (0: off)")
     api_key: str | None = Field(None, description="vLLM --api-key: /v1 routes answer 401 without this bearer key")
     version: str = ENGINE_VERSION

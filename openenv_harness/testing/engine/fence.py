@@ -9,6 +9,10 @@ behave correctly for a call that is in flight across that pause. vLLM offers thr
 - ``keep``: nothing errors; in-flight requests simply stop advancing, and new ones are held,
   until ``/resume``. One completion can therefore straddle a weight update.
 
+vLLM 0.33 and later (``reject_new``) no longer hold new requests in ``abort`` and ``wait`` mode:
+from the pause until ``/resume`` each is refused at once with a retryable 503 (``EnginePaused``:
+``Generation is paused. Please retry after it resumes.``); ``keep`` still queues them.
+
 A request is *in flight* from admission to its last token; the engine's per-token
 ``decode_delay_s`` gives tests a window to pause in.
 """
@@ -20,6 +24,17 @@ from typing import Literal, get_args
 
 PauseMode = Literal["abort", "wait", "keep"]
 PAUSE_MODES: tuple[str, ...] = get_args(PauseMode)
+
+
+#: what vLLM 0.33 answers a request that arrives while it is paused in abort or wait mode
+PAUSED_MESSAGE = "Generation is paused. Please retry after it resumes."
+
+
+class EnginePaused(Exception):
+    """A new request refused by an engine paused with vLLM 0.33's semantics (HTTP 503)."""
+
+    def __init__(self) -> None:
+        super().__init__(PAUSED_MESSAGE)
 
 
 class Generation:
@@ -44,7 +59,10 @@ class Generation:
 class Fence:
     """Admission and decode gates shared by every request of one engine."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, reject_new: bool = False) -> None:
+        #: vLLM 0.33+: new requests during an abort or wait pause are refused, not held
+        self.reject_new = reject_new
+        self._refusing = False
         self._paused = False
         self._admit = asyncio.Event()
         self._admit.set()
@@ -63,7 +81,10 @@ class Fence:
         return len(self._running)
 
     async def admit(self) -> Generation:
-        """Wait until the engine is not paused, then count the request as in flight."""
+        """Wait until the engine is not paused, then count the request as in flight; raise
+        ``EnginePaused`` instead where this engine refuses new requests while paused."""
+        if self._refusing:
+            raise EnginePaused()
         while not self._admit.is_set():
             await self._admit.wait()
         generation = Generation()
@@ -94,6 +115,7 @@ class Fence:
             raise ValueError(f"mode must be one of {', '.join(PAUSE_MODES)}; got {mode!r}")
         self._paused = True
         self._admit.clear()
+        self._refusing = self.reject_new and mode != "keep"
         if mode == "keep":
             self._decode.clear()
             return
@@ -105,5 +127,6 @@ class Fence:
 
     def resume(self) -> None:
         self._paused = False
+        self._refusing = False
         self._decode.set()
         self._admit.set()

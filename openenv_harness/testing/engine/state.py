@@ -41,7 +41,7 @@ class EngineState:
         self.system_fingerprint = f"vllm-{config.version}-{digest[:8]}"
         #: reads roles and open think blocks back out of id prompts (the scale-out routes)
         self.prompt_reader = PromptReader(self.tokenizer)
-        self.fence = Fence()
+        self.fence = Fence(reject_new=config.pause_rejects_new)
         self.faults = FaultBook()
         self._scripts: dict[str, Script] = {}
         self._requests: deque[dict[str, Any]] = deque(maxlen=config.max_recorded_requests)
