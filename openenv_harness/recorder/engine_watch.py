@@ -102,7 +102,17 @@ class EngineWatch:
             log.warning("recorder: the engine changed (%s): version %s -> %s, models %s -> %s, template %s -> %s",
                         reason, before[0], after[0], before[1], after[1], before[2], after[2])
         if self.certification is not None:
-            log.info("recorder: template %s (%s; probed via %s)%s", self.certification.status, reason,
-                     self.certification.probed_via, "".join(
-                f"\n  {p.name}: {'pass' if p.passed else 'FAIL' if p.passed is False else '?'} -- {p.detail}"
+            log.info("recorder: served template %s, probed via %s (probe: %s)%s", self.certification.status,
+                     self.certification.probed_via, reason, "".join(
+                f"\n  {p.name} ({'required' if p.required else 'info'}): {_mark(p)} -- {p.detail}"
                 for p in self.certification.properties) or f": {self.certification.reason}")
+
+
+def _mark(prop: Any) -> str:
+    """A property's verdict as the doctor prints it: an informational property that fails is a note,
+    not a FAIL next to a certified template."""
+    if prop.passed:
+        return "pass"
+    if prop.passed is None:
+        return "unchecked"
+    return "FAIL" if prop.required else "note"
