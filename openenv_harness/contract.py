@@ -245,16 +245,28 @@ def is_training_entry(entry: dict[str, Any]) -> bool:
     return len(completion) == len(logps)
 
 
-def training_trace_dict(entries: list[dict[str, Any]]) -> dict[str, Any]:
+def training_trace_dict(entries: list[dict[str, Any]], non_policy: str = "mask") -> dict[str, Any]:
     """The JSON form of OpenEnv's ``TrainingTrace`` for the selected entries, without importing OpenEnv.
 
     Served by the recorder (which must not pay OpenEnv's import); consumers validate it with
     OpenEnv's own ``TrainingTrace.model_validate`` (``to_training_trace`` below does).
     """
-    return {"schema_version": 1, "turns": [training_turn(e) for e in entries if is_training_entry(e)]}
+    return {"schema_version": 1, "turns": [training_turn(e, non_policy) for e in entries if is_training_entry(e)]}
 
 
-def training_turn(e: dict[str, Any]) -> dict[str, Any]:
+def training_loss_mask(e: dict[str, Any], non_policy: str = "mask") -> list[int]:
+    """The loss mask a trainer gets for an entry: the record's own, except that sampled ids whose
+    logprobs are not the policy's (``metadata.logprobs_are_policy: false``: a decoding constraint) are
+    mask 0 unless ``non_policy="keep"`` -- a trainer would take their post-mask logprobs as the old
+    policy's (``assembly/calls.py`` does the same for assembled rows)."""
+    if non_policy not in ("mask", "keep"):
+        raise ValueError(f"non_policy must be 'mask' or 'keep', not {non_policy!r}")
+    if non_policy == "mask" and (e.get("metadata") or {}).get("logprobs_are_policy") is False:
+        return [0] * len(e["loss_mask"])
+    return e["loss_mask"]
+
+
+def training_turn(e: dict[str, Any], non_policy: str = "mask") -> dict[str, Any]:
     """One turn of ``training_trace_dict``, from an entry ``is_training_entry`` accepts (exports stream these)."""
     md = e.get("metadata", {})
     return {
@@ -262,14 +274,14 @@ def training_turn(e: dict[str, Any]) -> dict[str, Any]:
         "prompt_token_ids": e["prompt_token_ids"],
         "completion_token_ids": e["completion_token_ids"],
         "per_token_logps": e["per_token_logps"],
-        "loss_mask": e["loss_mask"],
+        "loss_mask": training_loss_mask(e, non_policy),
         "request": e.get("request", {}),
         "response": e.get("response", {}),
         "metadata": md,
     }
 
 
-def to_training_trace(entries: list[dict[str, Any]]) -> Any:
+def to_training_trace(entries: list[dict[str, Any]], non_policy: str = "mask") -> Any:
     """Build OpenEnv's own ``TrainingTrace`` from recorded entries (agent calls only, in order).
 
     Raises ``ValueError`` (from OpenEnv's validators) if a selected entry is malformed: a trainer
@@ -277,7 +289,7 @@ def to_training_trace(entries: list[dict[str, Any]]) -> Any:
     """
     from openenv.core.harness import TrainingTrace  # lazy: importing OpenEnv costs seconds
 
-    selected = [e for e in entries if is_training_entry(e)]
+    selected = [{**e, "loss_mask": training_loss_mask(e, non_policy)} for e in entries if is_training_entry(e)]
     return TrainingTrace.from_entries(selected)
 
 

@@ -52,6 +52,23 @@ def test_training_trace_dict_validates_with_openenv_and_selects_agent_ok_calls()
     assert contract.to_training_trace(entries).model_dump() == trace.model_dump()
 
 
+def test_a_trainer_is_never_offered_post_mask_logprobs_as_the_policys() -> None:
+    """A call under a decoding constraint: its ids are mask 0 in the training trace by default
+    (``non_policy="keep"`` keeps the record's mask); the record itself is unchanged."""
+    from openenv.core.harness import TrainingTrace
+
+    entries = [_entry("s/0", [1, 2, 3], [4, 5], [-0.1, -0.2]),
+               _entry("s/1", [1, 2, 3, 4, 5, 6], [7, 8], [-1e-9, -12.0], logprobs_are_policy=False)]
+    masked = TrainingTrace.model_validate(contract.training_trace_dict(entries))
+    assert [t.loss_mask for t in masked.turns] == [[0, 0, 0, 1, 1], [0] * 8]
+    assert contract.to_training_trace(entries).model_dump() == masked.model_dump()
+    kept = contract.to_training_trace(entries, non_policy="keep")
+    assert kept.turns[1].loss_mask == [0] * 6 + [1, 1]
+    assert entries[1]["loss_mask"] == [0] * 6 + [1, 1], "the record keeps what was sampled"
+    with pytest.raises(ValueError, match="non_policy"):
+        contract.to_training_trace(entries, non_policy="trust")
+
+
 def test_openenv_rejects_what_we_must_never_emit() -> None:
     """OpenEnv's validator is the judge: positive logprobs or misaligned arrays are refused."""
     from openenv.core.harness import TrainingTrace

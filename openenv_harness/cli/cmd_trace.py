@@ -195,9 +195,9 @@ def export(
     format: str = typer.Option("entries", "--format", help="entries (TraceEntry JSONL) | training (OpenEnv "
                                "TrainingTrace JSON) | harness (HarnessTrace JSON)"),
     strategy: str = typer.Option("split", help="harness format: split | realign | approximate"),
-    non_policy: str = typer.Option("mask", "--non-policy", help="harness format: sampled ids whose logprobs are not "
-                                   "the policy's (decoding constraint): mask (loss_mask 0) | keep (trainable, "
-                                   "flagged per segment; the trainer recomputes old logprobs)"),
+    non_policy: str = typer.Option("mask", "--non-policy", help="training and harness formats: sampled ids whose "
+                                   "logprobs are not the policy's (decoding constraint): mask (loss_mask 0) | keep "
+                                   "(trainable, flagged per segment; the trainer recomputes old logprobs)"),
     out: str = typer.Option("-", "--out", help="File (default stdout)"),
 ) -> None:
     """Export a session's records. An unknown session is an error, never an empty file."""
@@ -211,7 +211,7 @@ def export(
     elif format == "training":
         from openenv_harness.contract import to_training_trace
 
-        text = to_training_trace(records).model_dump_json(indent=1)
+        text = to_training_trace(records, non_policy=non_policy).model_dump_json(indent=1)
     elif format == "harness":
         from openenv_harness.assembly import assemble_session
 

@@ -290,10 +290,13 @@ async def session_records(
 
 
 @router.get("/sessions/{session_id}/training_trace")
-async def training_trace(session_id: str, request: Request) -> Response:
+async def training_trace(session_id: str, request: Request,
+                         non_policy: str = Query("mask", pattern="^(mask|keep)$")) -> Response:
+    """OpenEnv's ``TrainingTrace`` of the session's agent calls; ids sampled under a decoding constraint
+    (logprobs not the policy's) are mask 0 unless ``non_policy=keep``."""
     ctx = _ctx(request)
     _session_or_404(ctx, session_id)
-    return await training_trace_response(ctx.store, session_id)
+    return await training_trace_response(ctx.store, session_id, non_policy)
 
 
 @router.get("/sessions/{session_id}/wait")

@@ -148,8 +148,8 @@ class RecorderClient:
         return self._call("GET", f"/admin/sessions/{session_id}/records",
                           params={"include": include, "after_seq": after_seq})
 
-    def training_trace_json(self, session_id: str) -> dict[str, Any]:
-        return self._call("GET", f"/admin/sessions/{session_id}/training_trace")
+    def training_trace_json(self, session_id: str, *, non_policy: str = "mask") -> dict[str, Any]:
+        return self._call("GET", f"/admin/sessions/{session_id}/training_trace", params={"non_policy": non_policy})
 
     def wait(self, session_id: str, *, timeout_s: float = 30.0, until: str = "closed",
              min_calls: int | None = None) -> dict[str, Any]:

@@ -63,9 +63,10 @@ async def records_response(store: RecordStore, session_id: str, *, after_seq: in
     return StreamingResponse(_chunked(_array(entries)), media_type="application/json")
 
 
-async def training_trace_response(store: RecordStore, session_id: str) -> StreamingResponse:
-    """What ``GET /admin/sessions/{id}/training_trace`` answers: ``contract.training_trace_dict``'s JSON."""
+async def training_trace_response(store: RecordStore, session_id: str, non_policy: str = "mask") -> StreamingResponse:
+    """What ``GET /admin/sessions/{id}/training_trace`` answers: ``contract.training_trace_dict``'s JSON
+    (sampled ids whose logprobs are not the policy's are mask 0 unless ``non_policy="keep"``)."""
     await store.caught_up()
-    turns = (training_turn(e) for e in store.iter_records(session_id) if is_training_entry(e))
+    turns = (training_turn(e, non_policy) for e in store.iter_records(session_id) if is_training_entry(e))
     return StreamingResponse(_chunked(_array(turns, b'{"schema_version":1,"turns":[', b"]}")),
                              media_type="application/json")

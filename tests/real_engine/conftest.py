@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from capture_proxy import CaptureProxy
+from openenv.core.harness import TrainingTrace
 from openenv_harness.engine import VLLMServer, VLLMSettings
 from openenv_harness.cli.stack import REAL_ENGINE_SAMPLING
 from openenv_harness.rollout import BUILTIN_TASKS, HarnessSessionFactory
@@ -88,9 +89,11 @@ def rollouts(vllm, tmp_path_factory) -> dict[str, Any]:
             report, session = run_rollout(factory, "fix-add", timeout_s=450)
             assert session is not None, report.error
             trace = session.fetch_training_trace()
+            trace_keep = TrainingTrace.model_validate(
+                session.client.training_trace_json(session.session_id, non_policy="keep"))
             records = stack.admin.records(session.session_id)
             session.close()
-            out[harness] = {"report": report, "trace": trace, "records": records,
+            out[harness] = {"report": report, "trace": trace, "session_trace_keep": trace_keep, "records": records,
                             "exchanges": [e for e in capture.chat_exchanges()]}
     finally:
         stack.close()

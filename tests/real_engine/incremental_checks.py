@@ -51,4 +51,7 @@ def assert_one_exact_chain(agent: list[dict[str, Any]], trace: Any, name: str) -
         assert diff["identical"] is False and diff["position"] < len(chain)  # a full render would have drifted
     rows, tally = _chain_to_sequences(_turns_from_training_trace(trace), name, 0)
     assert tally["clean"] == len(agent) - 1 and tally["fork"] == 0.0 and len(rows) == 1
-    assert sum(rows[0].completion_mask) == sum(len(r["completion_token_ids"]) for r in agent)
+    # every sampled token once -- those whose logprobs are the policy's (a call under tool_choice
+    # "required" carries post-mask logprobs: mask 0 in the training trace, contract.training_loss_mask)
+    assert sum(rows[0].completion_mask) == sum(len(r["completion_token_ids"]) for r in agent
+                                               if r["metadata"]["logprobs_are_policy"])

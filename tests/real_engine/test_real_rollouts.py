@@ -80,8 +80,19 @@ def test_trl_and_the_assembler_over_the_real_trace(harness: str, rollouts: dict[
     # fork threshold 0: every drifted transition forks, one row per call, each sampled token once
     assert tally["transitions"] == len(agent) - 1 and tally["fork"] == len(agent) - 1 and tally["clean"] == 0
     assert len(rows) == len(agent)
-    assert sum(sum(r.completion_mask) for r in rows) == sum(len(r["completion_token_ids"]) for r in agent)
+    sampled = sum(len(r["completion_token_ids"]) for r in agent)
+    # every call ran under tool_choice "required": its logprobs are taken after the grammar's mask, not
+    # the policy's, so neither TRL's rows nor the assembler's offer them as trainable by default
+    policy = sum(len(r["completion_token_ids"]) for r in agent if r["metadata"]["logprobs_are_policy"])
+    assert policy == 0
+    assert sum(sum(r.completion_mask) for r in rows) == policy
     split = assemble_session(run["records"], strategy="split")
     assert len(split.traces) == len(agent)
-    assert split.stats.trainable_tokens == sum(len(r["completion_token_ids"]) for r in agent)
+    assert split.stats.trainable_tokens == policy and split.stats.non_policy_tokens == sampled
+    assert all(not seg.logprobs_are_policy for t in split.traces for seg in t.metadata.segments)
     assert split.stats.replay_drift == len(agent) - 1
+    # a trainer that recomputes the old logprobs itself may keep them: then every sampled token, once
+    kept = assemble_session(run["records"], strategy="split", non_policy="keep")
+    assert kept.stats.trainable_tokens == sampled
+    kept_rows, _ = _chain_to_sequences(_turns_from_training_trace(run["session_trace_keep"]), "real", 0)
+    assert sum(sum(r.completion_mask) for r in kept_rows) == sampled

@@ -36,6 +36,8 @@ async def test_streamed_reads_are_the_whole_reads_bytes(tmp_path: Path, monkeypa
                 rec = _rec(session, t, prompt, completion, messages)
                 if t == 4:
                     rec.call_kind = rec.metadata["call_kind"] = "aux"
+                if t == 2:  # under a decoding constraint: its logprobs are not the policy's
+                    rec.metadata["logprobs_are_policy"] = False
                 if t == 6:
                     rec.status = rec.metadata["status"] = "failed"
                     rec.prompt_ids = rec.completion_ids = rec.logprobs = None
@@ -54,5 +56,9 @@ async def test_streamed_reads_are_the_whole_reads_bytes(tmp_path: Path, monkeypa
         got = await _body(await exports.training_trace_response(store, "a"))
         assert orjson.loads(got) == training_trace_dict(whole)
         assert len(orjson.loads(got)["turns"]) == sum(map(is_training_entry, whole)) == 9
+        constrained = next(t for t in orjson.loads(got)["turns"] if t["node_id"].endswith("/2"))
+        assert not any(constrained["loss_mask"]), "post-mask logprobs are not offered as trainable"
+        kept = orjson.loads(await _body(await exports.training_trace_response(store, "a", "keep")))
+        assert kept == training_trace_dict(whole, "keep") != orjson.loads(got)
     finally:
         store.close()
