@@ -52,11 +52,7 @@ MB = 1 << 20
 
 
 def baseline_tree(ref: str) -> Path:
-    out = Path(tempfile.mkdtemp(prefix="oeh-footprint-base-"))
-    archive = subprocess.run(["git", "archive", ref, "openenv_harness"], cwd=procs.ROOT, check=True,
-                             capture_output=True).stdout
-    subprocess.run(["tar", "-x", "-C", str(out)], input=archive, check=True)
-    return out
+    return procs.baseline_tree(ref, prefix="oeh-footprint-base-")
 
 
 def recorder(tree: Path, engine_url: str, store: Path, admin: str, logs: Path) -> procs.Proc:

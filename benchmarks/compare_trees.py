@@ -36,15 +36,6 @@ import procs
 TARGETS = ("baseline", "recorder", "capture", "direct")
 
 
-def baseline_tree(ref: str) -> Path:
-    """``git archive REF openenv_harness`` unpacked in a temporary folder."""
-    out = Path(tempfile.mkdtemp(prefix="oeh-compare-base-"))
-    archive = subprocess.run(["git", "archive", ref, "openenv_harness"], cwd=procs.ROOT, check=True,
-                             capture_output=True).stdout
-    subprocess.run(["tar", "-x", "-C", str(out)], input=archive, check=True)
-    return out
-
-
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--baseline", required=True, help="a git ref: the recorder to compare with")
@@ -129,7 +120,7 @@ def main(argv: list[str] | None = None) -> None:
     dirty = bool(subprocess.run(["git", "status", "--porcelain", "openenv_harness"], cwd=procs.ROOT,
                                 capture_output=True, text=True).stdout.strip())
     commit += "+changes" if dirty else ""
-    tree = baseline_tree(a.baseline) if "baseline" in a.targets else None
+    tree = procs.baseline_tree(a.baseline, prefix="oeh-compare-base-") if "baseline" in a.targets else None
     out = a.out or Path(tempfile.mkstemp(prefix="oeh-compare-", suffix=".jsonl")[1])
     logs = Path(tempfile.mkdtemp(prefix="oeh-compare-logs-"))
     print(f"baseline {a.baseline} ({tree}) vs this tree {commit}; results {out}; logs {logs}", flush=True)

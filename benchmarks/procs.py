@@ -223,6 +223,18 @@ def floor_proc(engine_url: str, journal: Path, logs: Path) -> Proc:
     return Proc("floor", argv, port, "/health", logs / f"floor-{port}.log")
 
 
+def baseline_tree(ref: str, prefix: str = "oeh-base-") -> Path:
+    """``git archive REF openenv_harness`` unpacked in a temporary folder: another version's code, whose
+    processes run from there (``Proc.cwd``) beside this tree's."""
+    import tempfile
+
+    out = Path(tempfile.mkdtemp(prefix=prefix))
+    archive = subprocess.run(["git", "archive", ref, "openenv_harness"], cwd=ROOT, check=True,
+                             capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(out)], input=archive, check=True)
+    return out
+
+
 def run_json(argv: list[str], timeout_s: float) -> dict:
     """Run a helper process (the load generator) and parse the JSON line it prints."""
     import json
