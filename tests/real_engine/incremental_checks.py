@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from openenv.core.harness import TrainingTrace
 from real_stack import MODEL, RealStack
 from openenv_harness.cli.stack import REAL_ENGINE_SAMPLING
 from openenv_harness.rollout import BUILTIN_TASKS, HarnessSessionFactory
@@ -27,15 +28,17 @@ def run_incremental_pi(stack: RealStack) -> tuple[list[dict[str, Any]], list[dic
                                     prompt_mode_strict=True)
     report, session = run_rollout(factory, "fix-add", timeout_s=450)
     assert session is not None, report.error
-    trace = session.fetch_training_trace()
+    trace = session.fetch_training_trace()  # what TRL gets by default
+    # the same with the constrained calls' ids kept trainable (their logprobs are post-mask, not the policy's)
+    kept = TrainingTrace.model_validate(session.client.training_trace_json(session.session_id, non_policy="keep"))
     records = stack.admin.records(session.session_id)
     session.close()
     agent = [r for r in records if r["metadata"]["call_kind"] == "agent"]
     assert len(agent) >= 2, [r["metadata"]["status"] for r in records]
-    return records, agent, trace
+    return records, agent, (trace, kept)
 
 
-def assert_one_exact_chain(agent: list[dict[str, Any]], trace: Any, name: str) -> None:
+def assert_one_exact_chain(agent: list[dict[str, Any]], traces: tuple[Any, Any], name: str) -> None:
     """Root then exact transitions, each continued from exactly the previous prompt + sampled ids
     (the tag sampled as text, where a full render would have drifted), and TRL's reconciler sees
     one clean row training every sampled token."""
@@ -49,9 +52,12 @@ def assert_one_exact_chain(agent: list[dict[str, Any]], trace: Any, name: str) -
         assert call["prompt_token_ids"][:len(chain)] == chain  # ... and the engine continued from exactly that
         diff = call["metadata"]["prompt_mode"]["full_render_diff"]
         assert diff["identical"] is False and diff["position"] < len(chain)  # a full render would have drifted
-    rows, tally = _chain_to_sequences(_turns_from_training_trace(trace), name, 0)
+    trace, kept = traces
+    rows, tally = _chain_to_sequences(_turns_from_training_trace(kept), name, 0)
     assert tally["clean"] == len(agent) - 1 and tally["fork"] == 0.0 and len(rows) == 1
-    # every sampled token once -- those whose logprobs are the policy's (a call under tool_choice
-    # "required" carries post-mask logprobs: mask 0 in the training trace, contract.training_loss_mask)
-    assert sum(rows[0].completion_mask) == sum(len(r["completion_token_ids"]) for r in agent
-                                               if r["metadata"]["logprobs_are_policy"])
+    assert sum(rows[0].completion_mask) == sum(len(r["completion_token_ids"]) for r in agent)
+    # by default a call under tool_choice "required" (post-mask logprobs) is mask 0 in the training trace
+    # (contract.training_loss_mask): TRL trains only the policy's tokens, and keeps no row without any
+    policy = sum(len(r["completion_token_ids"]) for r in agent if r["metadata"]["logprobs_are_policy"])
+    default_rows, _ = _chain_to_sequences(_turns_from_training_trace(trace), name, 0)
+    assert sum(sum(r.completion_mask) for r in default_rows) == policy

@@ -76,16 +76,19 @@ def test_trl_and_the_assembler_over_the_real_trace(harness: str, rollouts: dict[
     turns = _turns_from_training_trace(trace)
     assert [t.prompt_ids for t in turns] == [r["prompt_token_ids"] for r in agent]
     assert [t.output_ids for t in turns] == [r["completion_token_ids"] for r in agent]
-    rows, tally = _chain_to_sequences(turns, "real", 0)
-    # fork threshold 0: every drifted transition forks, one row per call, each sampled token once
-    assert tally["transitions"] == len(agent) - 1 and tally["fork"] == len(agent) - 1 and tally["clean"] == 0
-    assert len(rows) == len(agent)
     sampled = sum(len(r["completion_token_ids"]) for r in agent)
     # every call ran under tool_choice "required": its logprobs are taken after the grammar's mask, not
-    # the policy's, so neither TRL's rows nor the assembler's offer them as trainable by default
+    # the policy's, so by default TRL gets them mask 0 -- and keeps no row without a trainable token
     policy = sum(len(r["completion_token_ids"]) for r in agent if r["metadata"]["logprobs_are_policy"])
     assert policy == 0
-    assert sum(sum(r.completion_mask) for r in rows) == policy
+    rows, tally = _chain_to_sequences(turns, "real", 0)
+    assert tally["transitions"] == len(agent) - 1 and rows == []
+    # with them kept (a trainer that recomputes old logprobs): fork threshold 0, every drifted transition
+    # forks, one row per call, each sampled token once
+    kept_rows, tally = _chain_to_sequences(_turns_from_training_trace(run["session_trace_keep"]), "real", 0)
+    assert tally["transitions"] == len(agent) - 1 and tally["fork"] == len(agent) - 1 and tally["clean"] == 0
+    assert len(kept_rows) == len(agent)
+    assert sum(sum(r.completion_mask) for r in kept_rows) == sampled
     split = assemble_session(run["records"], strategy="split")
     assert len(split.traces) == len(agent)
     assert split.stats.trainable_tokens == policy and split.stats.non_policy_tokens == sampled
@@ -94,5 +97,3 @@ def test_trl_and_the_assembler_over_the_real_trace(harness: str, rollouts: dict[
     # a trainer that recomputes the old logprobs itself may keep them: then every sampled token, once
     kept = assemble_session(run["records"], strategy="split", non_policy="keep")
     assert kept.stats.trainable_tokens == sampled
-    kept_rows, _ = _chain_to_sequences(_turns_from_training_trace(run["session_trace_keep"]), "real", 0)
-    assert sum(sum(r.completion_mask) for r in kept_rows) == sampled
