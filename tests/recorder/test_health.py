@@ -63,6 +63,9 @@ def test_a_store_whose_index_process_keeps_dying_is_unhealthy_everywhere_and_rec
             if death < indexer_module.MAX_RESTARTS:
                 _until(lambda: store._indexer.pid not in (None, pid), "the replacement index process")
         _until(lambda: store.failure() is not None, "the store to give up")
+        # the failed index process's unacknowledged records are handed back to the store on a thread of
+        # their own (``ProcessIndexer._fail``), just after the failure is set: seen late under load
+        _until(lambda: store.stats()["journal_unindexed"] >= 2, "the unindexed records to be counted")
 
         refused = _chat(s, "refused")
         assert refused.status_code == 503 and refused.json()["error"]["code"] == "store_unavailable"
