@@ -36,7 +36,8 @@ from openenv_harness.recorder.upstream.http import HTTPEngine  # noqa: E402
 #: the subset the test suite certifies too (tests/recorder/test_certify_templates.py) and rollouts run on
 SUBSET = ("qwen2_5.jinja", "qwen3.jinja", "qwen3_training.jinja", "qwen3_5_think.jinja",
           "qwen3_5_think_training.jinja", "llama3.jinja", "gptoss.jinja")
-PROPERTIES = ("tool_prefix", "assistant_stable", "assistant_stable_across_user", "junction", "tool_args_roundtrip",
+PROPERTIES = ("tool_prefix", "assistant_stable", "assistant_stable_across_user", "turn_start", "junction",
+              "tool_args_roundtrip",
               "content_parts")
 
 
@@ -161,14 +162,15 @@ def _engine_version(url: str) -> str:
 
 
 def _table(rows: list[tuple[str, Certification]]) -> list[str]:
-    lines = ["| template | verdict | " + " | ".join(PROPERTIES) + " | reasoning field rendered | probed via | "
-             "failed because |", "|---|---|" + "---|" * len(PROPERTIES) + "---|---|---|"]
+    lines = ["| template | verdict | exact in | " + " | ".join(PROPERTIES) + " | reasoning field rendered | probed via | "
+             "failed because |", "|---|---|---|" + "---|" * len(PROPERTIES) + "---|---|---|"]
     for name, cert in rows:
         stable = next((p for p in cert.properties if p.name == "assistant_stable"), None)
         rendered = (stable.facts or {}).get("rendered") if stable else None
         fields = ", ".join(k for k, v in (rendered or {}).items() if v) or ("none" if rendered is not None else "–")
         why = "; ".join(p.detail for p in cert.properties if p.passed is False and p.required) or (cert.reason or "")
-        lines.append(f"| {name} | {cert.status} | " + " | ".join(_mark(cert, p) for p in PROPERTIES)
+        exact = ", ".join(m.replace("_", " ") for m in cert.exact_in) or "–"
+        lines.append(f"| {name} | {cert.status} | {exact} | " + " | ".join(_mark(cert, p) for p in PROPERTIES)
                      + f" | {fields} | {cert.probed_via or '–'} | {why.replace('|', '/')} |")
     return lines
 
@@ -213,22 +215,27 @@ def main() -> int:
         "`reasoning` before templating, its `/tokenize` drops it, so a /tokenize certificate would say "
         "`reasoning_content` is not rendered where the chat route renders it (the reference engine does the same; "
         "`tests/real_engine/test_engine_conformance.py` holds it to the real one). "
-        "Required properties decide *certified*: ✓ pass, ✗ fail. The recorder shows the same report in "
-        "`openenv-harness doctor`, `/admin/health`, `/metrics` and each session's provenance, and "
-        "`require_exact_template` refuses a session on a failed required property.",
+        "Each required property is needed by a prompt mode: full history replays the whole history through the "
+        "template each turn, incremental mode continues the model's own ids and renders only the new messages. "
+        "*Exact in* lists the modes whose required properties all pass; *certified* means both. ✓ pass, ✗ fail, ? "
+        "the template refused that property's probe (the others stand). The recorder shows the same report in "
+        "`openenv-harness doctor`, `/admin/health`, `/metrics` and each session's provenance; a session whose "
+        "prompt mode the template is not exact in is warned at creation, and `require_exact_template` refuses it.",
         "",
-        "| property | required | what it checks |",
+        "| property | needed by | what it checks |",
         "|---|---|---|",
-        "| tool_prefix | yes | [user, assistant tool call] renders as a prefix of the same plus a tool result (TRL's "
-        "`is_chat_template_prefix_preserving`) |",
-        "| assistant_stable | yes | an assistant turn with reasoning (non-empty and empty) renders the same once a tool "
-        "result follows it, under the reasoning field the engine renders |",
-        "| assistant_stable_across_user | no | the same once a new user message follows (Qwen3 drops earlier reasoning "
-        "there by design) |",
-        "| junction | yes | every assistant turn ends with the same ids (end-of-turn + trailer), so a sampled turn can "
-        "be continued |",
-        "| tool_args_roundtrip | no | spaced / compact / reordered tool arguments render the same |",
-        "| content_parts | no | content as a string and as text parts render the same |",
+        "| tool_prefix | full history | [user, assistant tool call] renders as a prefix of the same plus a tool result "
+        "(TRL's `is_chat_template_prefix_preserving`) |",
+        "| assistant_stable | full history | an assistant turn with reasoning (non-empty and empty) renders the same "
+        "once a tool result follows it, under the reasoning field the engine renders |",
+        "| assistant_stable_across_user | – (informational) | the same once a new user message follows (Qwen3 drops "
+        "earlier reasoning there by design) |",
+        "| turn_start | full history | the generation prompt is a token prefix of a rendered assistant turn (think "
+        "templates whose prompt ends in `<think>\\n` fail it where the tokenizer merges newlines) |",
+        "| junction | incremental | every assistant turn ends with the same ids (end-of-turn + trailer), so a sampled "
+        "turn can be continued |",
+        "| tool_args_roundtrip | – (informational) | spaced / compact / reordered tool arguments render the same |",
+        "| content_parts | – (informational) | content as a string and as text parts render the same |",
         "",
         *_table(real + rows),
     ]

@@ -29,7 +29,7 @@ def _node_version() -> str:
 def _engine_checks(url: str, model: str | None) -> list[tuple[str, bool, str]]:
     import httpx
 
-    from openenv_harness.recorder.certify import certify_template
+    from openenv_harness.recorder.certify import certify_template, exact_in_words
     from openenv_harness.recorder.provenance import engine_version, probe_template
     from openenv_harness.recorder.upstream.http import HTTPEngine
     from openenv_harness.recorder.upstream.reply_parse import parse_json_object
@@ -71,7 +71,9 @@ def _engine_checks(url: str, model: str | None) -> list[tuple[str, bool, str]]:
             else:
                 via = f"probed via {cert.probed_via}" + (f": {cert.render_unavailable}, so /tokenize, which can "
                                                           "differ from the chat route" if cert.render_unavailable else "")
-                out.append(("template certification", cert.status == "certified", f"{cert.status} ({via})"))
+                partial = "" if cert.status == "certified" else f"; {exact_in_words(cert.exact_in)}" + (
+                    " (run with --prompt-mode incremental)" if cert.exact_in == ["incremental"] else "")
+                out.append(("template certification", cert.status == "certified", f"{cert.status} ({via}){partial}"))
                 for prop in cert.properties:
                     # a failed informational property is reported, and fails nothing
                     ok = prop.passed is not False or not prop.required

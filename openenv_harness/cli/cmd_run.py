@@ -255,8 +255,13 @@ def run(
         failed = "; ".join(f"{f['property']}: {f['detail']}" for f in cert.get("failed") or [])
         from rich.markup import escape
 
+        from openenv_harness.recorder.certify import exact_in_words
+
+        modes = "" if cert.get("status") == "certified" or "exact_in" not in cert else (
+            f", {exact_in_words(cert['exact_in'])}" + (f"; this run used {prompt_mode.replace('_', ' ')}"
+                                                      if prompt_mode not in cert["exact_in"] else ""))
         console.print(f"template: [bold]{escape(str(cert['status']))}[/]" + escape(
-            (f" ({failed})" if failed else "") + (f" [probed via {cert['probed_via']}]" if cert.get("probed_via") else "")
+            modes + (f" ({failed})" if failed else "") + (f" [probed via {cert['probed_via']}]" if cert.get("probed_via") else "")
             + (f" ({cert.get('reason')})" if cert.get("reason") else "")))
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "summary.json").write_text(json.dumps([r.as_dict() for r in reports], indent=2))

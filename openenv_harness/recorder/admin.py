@@ -135,21 +135,30 @@ _ADVICE = {
                    "qwen3_training.jinja for Qwen3) or use the incremental prompt mode",
     "assistant_stable": "serve a template that renders earlier assistant turns unchanged (TRL's *_training.jinja "
                         "keep reasoning), or use the incremental prompt mode",
+    "turn_start": "use the incremental prompt mode (it continues the model's own ids, so the turn's start is "
+                  "never re-rendered)",
     "junction": "serve a template whose assistant turns end the same way every time",
 }
 
 
-def exact_template_refusal(certification: dict[str, Any] | None) -> str | None:
-    """Why ``require_exact_template`` refuses a session (None when the template is certified)."""
-    if not certification or certification.get("status") == "uncertified":
+def exact_template_refusal(certification: dict[str, Any] | None, prompt_mode: str = "full_history") -> str | None:
+    """Why ``require_exact_template`` refuses a session in ``prompt_mode`` (None when the template
+    is exact in that mode)."""
+    if not certification or (certification.get("status") == "uncertified" and not certification.get("properties")):
         reason = (certification or {}).get("reason", "no certification")
         return (f"require_exact_template: the served template could not be certified ({reason}); an engine with "
                 "/tokenize and /detokenize is needed")
-    failed = certification.get("failed") or []
-    if certification.get("status") == "certified" and not failed:
+    exact_in = certification.get("exact_in")
+    if exact_in is None:  # a certificate from before modes were named: certified meant exact in both
+        exact_in = ["full_history", "incremental"] if certification.get("status") == "certified" else []
+    if prompt_mode in exact_in:
         return None
+    failed = [f for f in certification.get("failed") or [] if prompt_mode in (f.get("modes") or [prompt_mode])]
     parts = [f"{f['property']}: {f['detail']} -- {_ADVICE.get(f['property'], 'see docs/templates.md')}" for f in failed]
-    return "require_exact_template: the served template fails " + "; ".join(parts)
+    parts += [f"{u['property']}: {u['detail']}" for u in certification.get("unchecked") or []]
+    where = f" (exact in {' and '.join(m.replace('_', ' ') + ' mode' for m in exact_in)} only)" if exact_in else ""
+    return (f"require_exact_template: the served template is not exact in {prompt_mode.replace('_', ' ')} "
+            f"mode{where}: " + "; ".join(parts or ["no property says so"]))
 
 
 @router.post("/engine/reprobe")
@@ -202,11 +211,13 @@ async def _create(ctx: RecorderContext, request: Request, spec: SessionSpec, ses
     session.template_certification = info.get("template_certification") or (
         {"status": "uncertified", "reason": "not the default engine: its template is the trainer's own"}
         if not default else {"status": "uncertified", "reason": "template probing is off"})
-    if spec.require_exact_template:
-        refusal = exact_template_refusal(session.template_certification)
-        if refusal:
-            raise HTTPException(status_code=409, detail=refusal)
+    refusal = exact_template_refusal(session.template_certification, spec.prompt_mode)
+    if refusal and spec.require_exact_template:
+        raise HTTPException(status_code=409, detail=refusal)
     warnings: list[str] = []
+    if refusal and session.template_certification.get("properties"):
+        # said up front, with the remedy: the records will show the drift or break it causes
+        warnings.append(refusal.removeprefix("require_exact_template: "))
     if spec.trainer_template_fingerprint is not None:
         if session.template_fingerprint is None:
             session.template_status = "unverified"

@@ -39,8 +39,8 @@ break (the history itself changed):
   the reply of a recent compaction call, or the conversation did not grow past the parent.
 - ``edited_message``: an earlier message changed, the conversation kept its length.
 - ``junction_retokenized``: no message changed, the conversation grew, yet the prompt departs inside
-  the parent's own prompt, and the certification's junction failed: the template tokenizes the end
-  of the generation prompt together with the sampled turn (Qwen3.5's think templates, a turn with no
+  the parent's own prompt, and the certification's ``turn_start`` failed: the template tokenizes the
+  end of the generation prompt together with the sampled turn (Qwen3.5's think templates, a turn with no
   reasoning after ``<think>\\n``).
 - ``unknown``.
 
@@ -255,8 +255,11 @@ def break_cause(parent: TurnView, messages: list[Any], same_prompt: bool, summar
         if len(crcs) < len(old):
             return "history_rewritten"
         # the messages only grew, yet the prompt departs inside the parent's: the template re-renders
-        # the generation prompt's end together with the sampled turn (certified junction failure)
-        return "junction_retokenized" if _failed(certification, "junction") else "unknown"
+        # the generation prompt's end together with the sampled turn (a failed certified turn start;
+        # certificates before version 3 held that fact in their junction)
+        retokenized = _failed(certification, "turn_start") or (
+            getattr(certification, "version", 3) < 3 and _failed(certification, "junction"))
+        return "junction_retokenized" if retokenized else "unknown"
     if len(crcs) < len(old) + 1:  # the conversation did not grow past the parent: it was rewritten
         same_after = sum(1 for a, b in zip(old[first + 1:], crcs[first + 1:]) if a == b)
         if len(crcs) == len(old) and same_after == len(old) - first - 1:

@@ -16,7 +16,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-from openenv_harness.recorder.certify import Certification, certify_template
+from openenv_harness.recorder.certify import Certification, certify_template, exact_in_words
 from openenv_harness.recorder.provenance import (
     engine_models, engine_sampling_defaults, engine_version, probe_template,
 )
@@ -102,8 +102,8 @@ class EngineWatch:
             log.warning("recorder: the engine changed (%s): version %s -> %s, models %s -> %s, template %s -> %s",
                         reason, before[0], after[0], before[1], after[1], before[2], after[2])
         if self.certification is not None:
-            log.info("recorder: served template %s, probed via %s (probe: %s)%s", self.certification.status,
-                     self.certification.probed_via, reason, "".join(
+            log.info("recorder: served template %s (%s), probed via %s (probe: %s)%s", self.certification.status,
+                     exact_in_words(self.certification.exact_in), self.certification.probed_via, reason, "".join(
                 f"\n  {p.name} ({'required' if p.required else 'info'}): {_mark(p)} -- {p.detail}"
                 for p in self.certification.properties) or f": {self.certification.reason}")
 

@@ -10,6 +10,7 @@ and start the agent.
 
 from __future__ import annotations
 
+import logging
 import secrets
 import time
 from dataclasses import dataclass, replace
@@ -19,6 +20,8 @@ from openenv_harness.harnesses.base import HarnessOptions, HarnessPreset, Harnes
 from openenv_harness.harnesses.launch import place_files
 from openenv_harness.recorder.client import RecorderClient
 from openenv_harness.sandbox.base import BackgroundProcess, Sandbox
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -125,6 +128,8 @@ def launch_agent(
     if require_exact_template:  # the recorder refuses the session (409) where its template is not certified
         spec["require_exact_template"] = True
     info = client.create_session(**spec)
+    for warning in info.get("warnings") or []:  # the recorder's own words (e.g. a template not exact in this mode)
+        log.warning("session %s: %s", session_id, warning)
     launch = preset.prepare(setup_for(replace(endpoint, api_key=info["secret"])), instruction, executable)
     if launch.files != draft.files:
         raise RuntimeError(f"{preset.name}: config files depend on the API key; refusing to leak it into files")

@@ -26,7 +26,15 @@ from openenv_harness.rollout.report import run_rollout
 from real_stack import AGENT_CALLS, MODEL, RealStack, engine_parts, start_vllm
 
 
+#: a real-engine test's bound, its fixtures included: the first one starts vLLM (minutes on a CPU
+#: without AVX-512) and runs every agent's rollout for the session
+REAL_ENGINE_TIMEOUT_S = 2400
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if "real_engine" in item.keywords and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(REAL_ENGINE_TIMEOUT_S))
     if os.environ.get("OEH_WITH_ENGINE", "1") != "0":
         return
     skip = pytest.mark.skip(reason="OEH_WITH_ENGINE=0: the real-engine tier was deselected on purpose")

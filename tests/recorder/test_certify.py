@@ -29,7 +29,9 @@ def test_the_reference_template_is_certified_and_sessions_carry_it(tmp_path: Pat
             created = admin.create_session(require_exact_template=True)
             metrics = httpx.get(f"{server.url}/metrics", headers={"authorization": f"Bearer {ADMIN}"}).text
     assert cert["status"] == "certified" and cert["failed"] == []
+    assert cert["exact_in"] == ["full_history", "incremental"]
     assert cert["properties"]["tool_prefix"] is True and cert["properties"]["junction"] is True
+    assert cert["properties"]["turn_start"] is True
     assert created["template_certification"] == cert
     assert "oeh_template_certified 1.0" in metrics
     assert 'oeh_template_property{property="tool_prefix"} 1.0' in metrics
@@ -145,3 +147,51 @@ def test_certification_renders_as_the_chat_route_does_when_the_engine_serves_ren
     no_rename = _certify_direct(EngineConfig(reasoning_content="drop"))
     rendered = next(p for p in no_rename.properties if p.name == "assistant_stable").facts["rendered"]
     assert no_rename.probed_via == "render" and rendered == {"reasoning": True, "reasoning_content": False}
+
+
+def test_a_refusal_names_the_mode_and_what_the_template_is_exact_in() -> None:
+    from openenv_harness.recorder.admin import exact_template_refusal
+
+    think = {"status": "failed", "exact_in": ["incremental"], "properties": {"turn_start": False, "junction": True},
+             "failed": [{"property": "turn_start", "detail": "the generation prompt is not a token prefix",
+                         "modes": ["full_history"]}]}
+    assert exact_template_refusal(think, "incremental") is None
+    refusal = exact_template_refusal(think, "full_history")
+    assert refusal is not None and "not exact in full history mode (exact in incremental mode only)" in refusal
+    assert "turn_start" in refusal and "use the incremental prompt mode" in refusal
+    # a certificate stored before modes were named: certified meant exact in both, failed in neither
+    assert exact_template_refusal({"status": "certified", "failed": [], "properties": {}}, "incremental") is None
+    old_failed = {"status": "failed", "properties": {"junction": False},
+                  "failed": [{"property": "junction", "detail": "no common ending"}]}
+    assert "junction" in (exact_template_refusal(old_failed, "incremental") or "")
+    assert "could not be certified" in (exact_template_refusal(None) or "")
+
+
+def test_a_probe_the_template_refuses_leaves_only_its_property_unchecked(tmp_path: Path) -> None:
+    """A template that refuses tool calls as the engine passes them (arguments as objects): the tool
+    properties are unchecked with the engine's words, the rest is certified, and the certificate is
+    ``uncertified`` for full history only where nothing failed."""
+    template = tmp_path / "no_tool_calls.jinja"
+    template.write_text(
+        "{% for m in messages %}{% if m.tool_calls %}{{ raise_exception('tool calls are not supported') }}{% endif %}"
+        "<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    with EngineServer(EngineConfig(chat_template=template)) as engine:
+        async def go() -> Any:
+            from openenv_harness.recorder.certify import certify_template
+
+            upstream = HTTPEngine(engine.url)
+            await upstream.start()
+            try:
+                return await certify_template(upstream)
+            finally:
+                await upstream.aclose()
+
+        cert = asyncio.run(go())
+    props = {p.name: p for p in cert.properties}
+    assert props["tool_prefix"].passed is None and "tool calls are not supported" in props["tool_prefix"].detail
+    assert props["turn_start"].passed is True and props["junction"].passed is True
+    assert props["content_parts"].passed is True
+    assert cert.status == "uncertified" and "tool_prefix" in (cert.reason or "")
+    assert cert.exact_in == ["incremental"]
+    assert cert.summary()["unchecked"][0]["property"] == "tool_prefix"

@@ -5,9 +5,10 @@ Expected verdicts, and what they mean:
 - qwen2_5, qwen3_training: certified.
 - qwen3 (the original): fails tool_prefix and assistant_stable -- the last assistant turn carries an
   empty ``<think></think>`` block that disappears once a tool result follows it.
-- qwen3_5_think and its training variant: fail the junction -- the generation prompt ends in
-  ``<think>\\n``, which a rendered assistant turn tokenizes together with what follows; the original
-  also changes earlier turns across a user message, the training variant does not.
+- qwen3_5_think and its training variant: fail the turn start -- the generation prompt ends in
+  ``<think>\\n``, which a rendered assistant turn tokenizes together with what follows -- and keep the
+  turn's end: exact in incremental mode only. The original also changes earlier turns across a user
+  message, the training variant does not.
 - llama3, gptoss: fail tool_prefix here. Served with the Qwen2.5 tokenizer their special markers are
   plain text, and adjacent markers merge into other tokens: the verdict is this template with this
   tokenizer's (TRL's check, on the same tokenizer, agrees), not with the family's own tokenizer.
@@ -29,14 +30,14 @@ from openenv_harness.testing.engine import EngineConfig, EngineServer
 pytestmark = pytest.mark.slow
 
 EXPECTED: dict[str, dict[str, Any]] = {
-    "qwen2_5.jinja": {"status": "certified"},
+    "qwen2_5.jinja": {"status": "certified", "exact_in": ["full_history", "incremental"]},
     "qwen3_training.jinja": {"status": "certified", "assistant_stable_across_user": True},
     "qwen3.jinja": {"status": "failed", "tool_prefix": False, "assistant_stable": False,
                     "assistant_stable_across_user": False},
-    "qwen3_5_think.jinja": {"status": "failed", "junction": False, "tool_prefix": True,
-                            "assistant_stable_across_user": False},
-    "qwen3_5_think_training.jinja": {"status": "failed", "junction": False, "tool_prefix": True,
-                                     "assistant_stable_across_user": True},
+    "qwen3_5_think.jinja": {"status": "failed", "turn_start": False, "junction": True, "tool_prefix": True,
+                            "assistant_stable_across_user": False, "exact_in": ["incremental"]},
+    "qwen3_5_think_training.jinja": {"status": "failed", "turn_start": False, "junction": True, "tool_prefix": True,
+                                     "assistant_stable_across_user": True, "exact_in": ["incremental"]},
     "llama3.jinja": {"status": "failed", "tool_prefix": False},
     "gptoss.jinja": {"status": "failed", "tool_prefix": False},
 }
@@ -83,8 +84,9 @@ def test_trl_templates_get_the_expected_verdicts(name: str) -> None:
     props = {p.name: p for p in cert.properties}
     expected = EXPECTED[name]
     assert cert.status == expected["status"], [(p.name, p.passed, p.detail) for p in cert.properties]
+    assert cert.exact_in == expected.get("exact_in", cert.exact_in)
     for prop, passed in expected.items():
-        if prop != "status":
+        if prop not in ("status", "exact_in"):
             assert props[prop].passed is passed, (prop, props[prop].detail, props[prop].expected, props[prop].found)
     for prop in cert.failed:  # every failure says where and what, in text
         assert prop.detail and (prop.at is not None or prop.name == "junction")

@@ -172,18 +172,26 @@ def test_a_template_that_re_renders_a_finished_turn_is_the_cause() -> None:
     assert _drift(reply, replayed, completion=ids(151657, 5), certification=cert) == "tool_arguments_restyled"
 
 
-def test_a_break_in_an_unchanged_history_under_a_failed_junction_is_the_junction() -> None:
+def test_a_break_in_an_unchanged_history_under_a_failed_turn_start_is_the_junction() -> None:
     """Qwen3.5's think templates end the generation prompt in ``<think>\\n``; a turn sampled with no
     reasoning re-renders that newline merged with the next one, so the next prompt departs inside the
-    parent's own prompt (a break) although no message changed: the certification's junction says why."""
+    parent's own prompt (a break) although no message changed: the certification's turn start says why
+    (a version 2 certificate said it in its junction)."""
     history = [SYSTEM, USER]
     parent = turn_view(history, {"role": "assistant", "content": "", "tool_calls": [CALL]}, ids(5))
     grown = [*history, {"role": "assistant", "content": "", "tool_calls": [CALL]},
              {"role": "tool", "tool_call_id": "c1", "content": "a.py"}]
-    junction = SimpleNamespace(properties=[SimpleNamespace(name="junction", required=True, passed=False, facts={})],
-                               tool_call_open_ids=[])
+    start = SimpleNamespace(properties=[SimpleNamespace(name="turn_start", required=True, passed=False, facts={})],
+                            tool_call_open_ids=[], version=3)
+    old = SimpleNamespace(properties=[SimpleNamespace(name="junction", required=True, passed=False, facts={})],
+                          tool_call_open_ids=[], version=2)
+    # version 3: a failed junction is the turn's end, not its start
+    end_only = SimpleNamespace(properties=[SimpleNamespace(name="junction", required=True, passed=False, facts={})],
+                               tool_call_open_ids=[], version=3)
     assert break_cause(parent, grown, same_prompt=False) == "unknown"
-    assert break_cause(parent, grown, same_prompt=False, certification=junction) == "junction_retokenized"
+    assert break_cause(parent, grown, same_prompt=False, certification=start) == "junction_retokenized"
+    assert break_cause(parent, grown, same_prompt=False, certification=old) == "junction_retokenized"
+    assert break_cause(parent, grown, same_prompt=False, certification=end_only) == "unknown"
 
 
 def test_the_tag_at_the_divergence_names_the_cause_first() -> None:

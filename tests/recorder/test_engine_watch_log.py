@@ -15,7 +15,7 @@ def test_the_template_log_line_reads_as_the_doctor_does(admin: RecorderClient, c
         admin._call("POST", "/admin/engine/reprobe")
     [line] = [r.getMessage() for r in caplog.records if "served template" in r.getMessage()]
     head, *properties = line.splitlines()
-    assert head.startswith("recorder: served template certified, probed via render (probe: ")
+    assert head.startswith("recorder: served template certified (exact in both prompt modes), probed via render (probe: ")
     assert properties and all(" (required): " in p or " (info): " in p for p in properties)
     assert not any("FAIL" in p for p in properties), "a certified template fails no required property"
     assert any("(info): note" in p for p in properties), "the reference template's argument round trip is a note"

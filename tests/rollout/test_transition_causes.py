@@ -12,7 +12,7 @@ tool loop, so what an agent does with reasoning shows in the ids).
   (certification: ``tool_prefix`` fails): ``template_rerenders_turn``; its training variant keeps it: exact.
 - Qwen3.5's think templates end the generation prompt in ``<think>\\n``; a turn sampled without
   reasoning re-renders that newline merged with the next: the next prompt departs inside the parent's,
-  no message changed, the certified junction failed: ``junction_retokenized`` (a break).
+  no message changed, the certified turn start failed: ``junction_retokenized`` (a break).
 - Compaction (Pi after an overflow error, OpenCode at its context limit) replaces the history with a
   summary the agent asked the model for: ``history_rewritten``, not an edited message.
 """
@@ -154,10 +154,11 @@ def test_a_template_that_drops_an_empty_think_block_is_named(template: str, expe
     assert _transitions(records) == expected
 
 
-def test_a_failed_junction_is_named_on_the_break_it_causes(cli_paths) -> None:
+def test_a_failed_turn_start_is_named_on_the_break_it_causes(cli_paths) -> None:
     script = Script(turns=[Turn(tool_calls=[WRITE]), Turn(content="Wrote greeting.txt.")])  # no reasoning
     # the merge is the real Qwen tokenizer's ("\\n\\n" is one id): the built-in test tokenizer has none
     records, certification = _rollout("opencode", script, template="qwen3_5_think_training.jinja",
                                       real_tokenizer=True, tool_call_parser="qwen3_xml")
-    assert certification["properties"]["junction"] is False
+    assert certification["properties"]["turn_start"] is False and certification["properties"]["junction"] is True
+    assert certification["exact_in"] == ["incremental"]
     assert _transitions(records) == [("root", None), ("break", "junction_retokenized")]

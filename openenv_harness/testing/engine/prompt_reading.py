@@ -34,6 +34,8 @@ _ROLE = re.compile(r"(\w+)\n")
 _TOOLS_MARK = "\n<tools>\n"
 _TOOL_RESPONSE = "<tool_response>"
 _GENERATION_PROMPT = "assistant\n"
+#: a think template's generation prompt opens the think block (Qwen3.5 and later)
+_GENERATION_PROMPTS = (_GENERATION_PROMPT, _GENERATION_PROMPT + THINK_OPEN + "\n")
 MAX_MEMO_TURNS = 4096
 
 
@@ -51,7 +53,7 @@ def turn_body_from_text(text: str) -> dict[str, Any]:
     Qwen templates render a tool result as a ``user`` turn holding ``<tool_response>``: a tool turn."""
     roles = ["tool" if m.group(1) == "user" and text.startswith(_TOOL_RESPONSE, m.end()) else m.group(1)
              for m in _ROLE_HEADER.finditer(text)]
-    if roles and roles[-1] == "assistant" and text.endswith(IM_START + _GENERATION_PROMPT):
+    if roles and roles[-1] == "assistant" and text.endswith(tuple(IM_START + p for p in _GENERATION_PROMPTS)):
         roles = roles[:-1]  # the generation prompt
     return {"messages": [{"role": r} for r in roles], "tools": [{}] if _TOOLS_MARK in text else None}
 
@@ -104,7 +106,7 @@ class PromptReader:
                 if role == "user" and text.startswith(_TOOL_RESPONSE, match.end()):
                     role = "tool"
         reading = _TurnReading(role=role, tools_mark=_TOOLS_MARK in text,
-                               generation_prompt=header and role == "assistant" and text == _GENERATION_PROMPT)
+                               generation_prompt=header and role == "assistant" and text in _GENERATION_PROMPTS)
         self._memo[key] = reading
         while len(self._memo) > MAX_MEMO_TURNS:  # oldest first (dicts keep insertion order)
             del self._memo[next(iter(self._memo))]
