@@ -78,6 +78,30 @@ async def sample_and_parse(upstream: Upstream, sampler: IdSampler, prompt: list[
     """Sample from ``prompt`` and parse it as the reply to ``chat_body``; ``meta`` (the record's
     prompt-mode metadata) learns how it was parsed (``parsed_via``) or where it failed (``failed_at``).
     A non-200 reply is the engine's, relayed as it is."""
+    reply = await _sample_and_parse(upstream, sampler, prompt, params, render, chat_body, meta, model=model,
+                                    session_id=session_id, affinity=affinity)
+    if reply.status == 200 and reply.json is not None:
+        finish_as_chat_route(reply.json, chat_body)
+    return reply
+
+
+def finish_as_chat_route(reply: dict[str, Any], chat_body: dict[str, Any]) -> None:
+    """The chat route's finish reason on a parsed reply. Generate and derender report the engine's own
+    (``stop``); the chat route says ``tool_calls`` where its parser found calls under ``tool_choice``
+    auto (or none given) or ``required`` -- a named tool choice stays ``stop``, as in OpenAI's API --
+    so one kind of turn gets one finish reason in both prompt modes. (vLLM 0.33's derender applies the
+    same rule itself; 0.32's reports the engine's.)"""
+    choice = (reply.get("choices") or [None])[0]
+    if not isinstance(choice, dict) or choice.get("finish_reason") != "stop":
+        return
+    message = choice.get("message")
+    if isinstance(message, dict) and message.get("tool_calls") and not isinstance(chat_body.get("tool_choice"), dict):
+        choice["finish_reason"] = "tool_calls"
+
+
+async def _sample_and_parse(upstream: Upstream, sampler: IdSampler, prompt: list[int], params: dict[str, Any],
+                            render: dict[str, Any], chat_body: dict[str, Any], meta: dict[str, Any], *,
+                            model: str | None, session_id: str, affinity: str | None) -> UpstreamReply:
     context = one_step_context(upstream, sampler, render, params)
     if context is not None:
         generated = await sampler.sample(upstream, prompt, params, model=model, session_id=session_id,

@@ -35,6 +35,26 @@ def test_respaced_tool_arguments_give_one_exact_chain(engine: EngineServer, reco
         assert rec["prompt_token_ids"][:len(chain)] == chain
     # the replies the agent got are what a chat call returns: a finished run, tool calls parsed
     assert records[-1]["response"]["choices"][0]["message"]["content"] == "All done."
+    # one finish reason per kind of turn in both modes (generate and derender say "stop" for a tool call)
+    def finishes(recs: list[dict]) -> list[tuple[str, str]]:
+        return [(r["response"]["choices"][0]["finish_reason"], r["metadata"]["finish_reason"]) for r in recs]
+
+    assert finishes(records) == finishes(full) == [("tool_calls", "tool_calls")] * 3 + [("stop", "stop")]
+
+
+def test_the_chat_routes_finish_reason_rule() -> None:
+    from openenv_harness.recorder.sample_parse import finish_as_chat_route
+
+    def finish(tool_choice: object, calls: bool, reported: str = "stop") -> str:
+        reply = {"choices": [{"message": {"role": "assistant", "tool_calls": [{"id": "c"}] if calls else None},
+                              "finish_reason": reported}]}
+        body = {} if tool_choice is None else {"tool_choice": tool_choice}
+        finish_as_chat_route(reply, body)
+        return reply["choices"][0]["finish_reason"]
+
+    assert finish(None, True) == finish("auto", True) == finish("required", True) == "tool_calls"
+    assert finish({"type": "function", "function": {"name": "bash"}}, True) == "stop"  # named: OpenAI says stop
+    assert finish("auto", False) == "stop" and finish("auto", True, reported="length") == "length"
 
 
 def test_noncanonical_segmentation_stays_exact(engine: EngineServer, recorder: RecorderServer,

@@ -325,7 +325,9 @@ def _derendered_message(state: EngineState, ids: list[int], chat: dict[str, Any]
     if parsed.tool_calls:
         message["tool_calls"] = [{"id": new_id("chatcmpl-tool-"), "type": "function",
                                   "function": {"name": c.name, "arguments": c.arguments}} for c in parsed.tool_calls]
-        if finish == "stop":
+        # vLLM 0.33's derender reports the chat route's finish reason (a named tool choice stays "stop");
+        # 0.32's passes generate's on as it is
+        if finish == "stop" and config.generate_derender and not isinstance(chat.get("tool_choice"), dict):
             finish = "tool_calls"
     # vLLM drops the parsed reasoning when the request asks for none (include_reasoning=false)
     message[state.config.reasoning_field] = parsed.reasoning if chat.get("include_reasoning", True) is not False \
