@@ -48,17 +48,13 @@ def trl_templates() -> list[Path]:
 
 
 def engine_config(template: Path, **extra: Any) -> Any:
-    """The reference engine serving ``template`` with the parsers its family needs."""
+    """The reference engine serving ``template`` as its family would be served: the real Qwen2.5
+    tokenizer (the built-in BPE without the model folder) with the template's own control markers as
+    special tokens, and the parsers its format needs (``template_tokens.template_engine_config``)."""
     from openenv_harness.engine import engine_home, prepared_model_dir
-    from openenv_harness.testing.engine import EngineConfig
+    from openenv_harness.testing.engine.template_tokens import template_engine_config
 
-    source = template.read_text()
-    parsers = {"tool_call_parser": "qwen3_xml" if "<function=" in source else "hermes",
-               "reasoning_parser": "think" if "<think>" in source else None}
-    folder = prepared_model_dir(engine_home())
-    if folder is not None:
-        return EngineConfig.for_model(folder, chat_template=template, **parsers, **extra)
-    return EngineConfig(chat_template=template, **parsers, **extra)
+    return template_engine_config(template, prepared_model_dir(engine_home()), **extra)
 
 
 async def _certify(url: str, model: str | None = None) -> Certification:
@@ -70,11 +66,18 @@ async def _certify(url: str, model: str | None = None) -> Certification:
         await engine.aclose()
 
 
-def certify_served(template: Path) -> Certification:
+def certify_served(template: Path) -> tuple[Certification, str]:
+    """The certificate, and how tool arguments were passed: as objects (vLLM's chat route parses them
+    before templating), else -- where the template refused that form -- as the strings it takes."""
     from openenv_harness.testing.engine import EngineServer
 
     with EngineServer(engine_config(template)) as engine:
-        return asyncio.run(_certify(engine.url))
+        cert = asyncio.run(_certify(engine.url))
+    refused = [p for p in cert.properties if p.passed is None and "dict" in p.detail and "str" in p.detail]
+    if not refused:
+        return cert, "objects"
+    with EngineServer(engine_config(template, tool_arguments="verbatim")) as engine:
+        return asyncio.run(_certify(engine.url)), "strings (vLLM passes objects: this template refuses them)"
 
 
 def _mark(cert: Certification, name: str) -> str:
@@ -161,17 +164,38 @@ def _engine_version(url: str) -> str:
         return "?"
 
 
-def _table(rows: list[tuple[str, Certification]]) -> list[str]:
-    lines = ["| template | verdict | exact in | " + " | ".join(PROPERTIES) + " | reasoning field rendered | probed via | "
-             "failed because |", "|---|---|---|" + "---|" * len(PROPERTIES) + "---|---|---|"]
-    for name, cert in rows:
+#: what a row's tokenizer column says
+QWEN_TOKENIZER = "Qwen2.5"
+
+
+def _trl_cell(template: Path | None, cert: Certification) -> str:
+    """TRL's own tool-prefix verdict on the same tokenizer, and whether it is ours."""
+    from openenv_harness.engine import engine_home, prepared_model_dir
+    from openenv_harness.testing.engine.template_tokens import trl_prefix_verdict
+
+    folder = prepared_model_dir(engine_home())
+    if template is None or folder is None:
+        return "–"
+    theirs = trl_prefix_verdict(template, folder)
+    ours = next((p.passed for p in cert.properties if p.name == "tool_prefix"), None)
+    if isinstance(theirs, str):
+        return f"refused its probe ({theirs[:80]})".replace("|", "/")
+    return ("✓" if theirs else "✗") + ("" if theirs is ours else " (differs)")
+
+
+def _table(rows: list[tuple[str, Certification, str, str, Path | None]]) -> list[str]:
+    lines = ["| template | verdict | exact in | " + " | ".join(PROPERTIES) + " | TRL's tool-prefix check | tokenizer | "
+             "tool arguments | reasoning field rendered | probed via | failed because |",
+             "|---|---|---|" + "---|" * len(PROPERTIES) + "---|---|---|---|---|---|"]
+    for name, cert, tokenizer, arguments, template in rows:
         stable = next((p for p in cert.properties if p.name == "assistant_stable"), None)
         rendered = (stable.facts or {}).get("rendered") if stable else None
         fields = ", ".join(k for k, v in (rendered or {}).items() if v) or ("none" if rendered is not None else "–")
         why = "; ".join(p.detail for p in cert.properties if p.passed is False and p.required) or (cert.reason or "")
         exact = ", ".join(m.replace("_", " ") for m in cert.exact_in) or "–"
         lines.append(f"| {name} | {cert.status} | {exact} | " + " | ".join(_mark(cert, p) for p in PROPERTIES)
-                     + f" | {fields} | {cert.probed_via or '–'} | {why.replace('|', '/')} |")
+                     + f" | {_trl_cell(template, cert)} | {tokenizer} | {arguments} | {fields} | "
+                     f"{cert.probed_via or '–'} | {why.replace('|', '/')} |")
     return lines
 
 
@@ -184,29 +208,38 @@ def main() -> int:
     import trl
 
     started = time.time()
-    rows: list[tuple[str, Certification]] = []
+    from openenv_harness.testing.engine.template_tokens import template_special_tokens
+
+    rows: list[tuple[str, Certification, str, str, Path | None]] = []
     for path in trl_templates():
+        markers = template_special_tokens(path.read_text())
+        tokenizer = f"{QWEN_TOKENIZER} + {len(markers)} of its own special tokens" if markers else QWEN_TOKENIZER
         try:
-            rows.append((path.name, certify_served(path)))
+            cert, arguments = certify_served(path)
         except Exception as exc:  # a template the reference engine cannot serve is listed as such
-            rows.append((path.name, Certification("uncertified", 0, [], time.time(),
-                                                  reason=f"{type(exc).__name__}: {exc}"[:160])))
-        print(f"{path.name}: {rows[-1][1].status}", file=sys.stderr, flush=True)
-    real: list[tuple[str, Certification]] = []
+            cert, arguments = Certification("uncertified", 0, [], time.time(),
+                                            reason=f"{type(exc).__name__}: {exc}"[:160]), "–"
+        rows.append((path.name, cert, tokenizer, arguments, path))
+        print(f"{path.name}: {cert.status}", file=sys.stderr, flush=True)
+    real: list[tuple[str, Certification, str, str, Path | None]] = []
     vllm_url = f"http://127.0.0.1:{args.vllm_port}"
     if args.vllm_port:
         from openenv_harness.engine.model import QWEN25_CODER_05B
 
         version = _engine_version(vllm_url)
         real = [(f"real vLLM {version}: {QWEN25_CODER_05B.served_name}'s own template",
-                 asyncio.run(_certify(vllm_url, QWEN25_CODER_05B.served_name)))]
+                 asyncio.run(_certify(vllm_url, QWEN25_CODER_05B.served_name)), f"{QWEN_TOKENIZER} (its own)",
+                 "objects", None)]
     command = "python scripts/certify_templates.py" + (" --rollouts" if args.rollouts else "") + (
         " --vllm-port N" if args.vllm_port else "")
     lines = [
         "# Chat templates: which keep chains exact",
         "",
         f"Generated by `{command}` with TRL {trl.__version__} (templates read from its installed package) and the "
-        "reference engine serving each one with the real Qwen2.5 tokenizer"
+        "reference engine serving each one as its family would be served: the real Qwen2.5 tokenizer with the "
+        "template's own control markers (`<|eot_id|>`, `<|start|>`, `<｜end▁of▁sentence｜>`, ...) registered as "
+        "special tokens (`openenv_harness/testing/engine/template_tokens.py`; without them another family's markers "
+        "are plain text that merges across turns, and a verdict would be the tokenizer's, not the template's)"
         + (", plus the real vLLM serving its model (first row)" if real else "")
         + "; the properties are the recorder's own certification (`openenv_harness/recorder/certify.py`), "
         "probed through the engine's render route (`POST /v1/chat/completions/render`: a chat request's prompt ids "

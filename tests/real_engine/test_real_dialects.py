@@ -5,8 +5,11 @@ what vLLM sampled -- prompt ids, sampled ids, logprobs, checked against vLLM's o
 capture proxy saw them. Sampling is pinned as for Pi and OpenCode (greedy, seeded, tool calls
 required: this 0.5B model answers in a JSON code block otherwise; 256 tokens at most, 64 for Claude
 Code). What each CLI sends back of the model's turn is its own: every non-root transition carries its
-class and a named cause. Claude Code's prompt is ~12k tokens (its tools' schemas): a minute of CPU
-prefill a call, which the recorder's stream keepalives carry past the CLI's five-minute idle limit.
+class and a named cause. Claude Code's default prompt is ~12k tokens (its system prompt and tools'
+schemas): minutes of prefill a call on a CPU without AVX-512, more than a rollout can wait. Here it
+runs with its own ``--tools Bash,Read,Edit`` and a short ``--system-prompt`` (the same CLI, the same
+Messages wire format, a prompt a CPU prefills in seconds); the reference-engine tier runs it with its
+full default prompt (``tests/recorder/dialects``, ``tests/rollout/test_dialect_agents.py``).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from openenv.core.harness import TrainingTurn
 from capture_proxy import CaptureProxy
 from real_stack import ADMIN, AGENT_CALLS, MODEL, RealStack
 from openenv_harness.cli.stack import REAL_ENGINE_SAMPLING
+from openenv_harness.harnesses.base import HarnessOptions
 from openenv_harness.rollout import BUILTIN_TASKS, HarnessSessionFactory
 from openenv_harness.rollout.report import run_rollout
 
@@ -28,9 +32,11 @@ DIALECTS = {"codex": "responses", "claude-code": "anthropic"}
 #: Claude Code's calls run to the cap whatever it is (its tool arguments are long; the cut is part of what is
 #: tested), and decoding is what a loaded CPU slows most (vLLM's threads are bound to the cores): 64 for it.
 MAX_TOKENS = {"codex": REAL_ENGINE_SAMPLING["max_tokens"], "claude-code": 64}
-#: Claude Code's first prompt is its long system prompt and tool list: on a CPU without AVX-512 its prefill
-#: alone took over 400 s under load (the call was still at the engine when the session closed)
-WALL_S = {"codex": 400, "claude-code": 900}
+WALL_S = {"codex": 400, "claude-code": 400}
+#: Claude Code's own options for a prompt a CPU prefills in seconds: three built-in tools, a short system prompt
+OPTIONS = {"codex": HarnessOptions(), "claude-code": HarnessOptions(extra_args=(
+    "--tools", "Bash,Read,Edit", "--system-prompt",
+    "You are a coding agent working in the current directory. Use the tools to read, edit and test code."))}
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +54,8 @@ def dialect_rollouts(vllm, tmp_path_factory) -> dict[str, Any]:
                                             model=MODEL, tasks={"fix-add": BUILTIN_TASKS["fix-add"]},
                                             budgets={"max_agent_calls": AGENT_CALLS,
                                                      "max_wall_clock_s": WALL_S[harness]},
-                                            sampling={**REAL_ENGINE_SAMPLING, "max_tokens": MAX_TOKENS[harness]})
+                                            sampling={**REAL_ENGINE_SAMPLING, "max_tokens": MAX_TOKENS[harness]},
+                                            options=OPTIONS[harness])
             report, session = run_rollout(factory, "fix-add", timeout_s=WALL_S[harness] + 50)
             assert session is not None, report.error
             records = stack.admin.records(session.session_id)

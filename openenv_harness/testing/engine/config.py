@@ -60,6 +60,10 @@ class EngineConfig(BaseModel):
     tokenizer: Path | None = Field(
         None, description="A model folder or its tokenizer.json (the real Qwen2.5 one, say); None: the built-in BPE. "
         "A folder also supplies its chat template and special tokens, like vLLM --model DIR")
+    added_special_tokens: list[str] = Field(
+        default_factory=list, description="Special tokens registered on the tokenizer, each one atomic id: a "
+        "template family's own control markers over a base BPE (template_tokens.template_special_tokens), so its "
+        "template is judged with its own special tokens, not as merged plain text")
     chat_template: Path | None = Field(
         None, description="vLLM --chat-template: any Hugging Face template file (TRL's, say); None: the model "
         "folder's own, else the reference template")

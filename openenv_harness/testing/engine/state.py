@@ -30,8 +30,9 @@ class EngineState:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
         folder = config.tokenizer if config.tokenizer is not None and config.tokenizer.is_dir() else None
-        self.tokenizer: ReferenceTokenizer = (hf_tokenizer(config.tokenizer) if config.tokenizer is not None
-                                              else reference_tokenizer())
+        added = tuple(config.added_special_tokens)
+        self.tokenizer: ReferenceTokenizer = (hf_tokenizer(config.tokenizer, added) if config.tokenizer is not None
+                                              else reference_tokenizer(added))
         self.template: ChatTemplate = load_chat_template(config.chat_template, folder)
         #: what ``GET /v1/models`` reports as ``root`` (vLLM: the model path it loaded)
         self.model_root = str(folder) if folder is not None else config.served_model_name

@@ -218,10 +218,15 @@ def _build_lookups(tokenizer: Tokenizer, atomic_texts: tuple[str, ...], special_
     return ReferenceTokenizer(tokenizer, texts, raw, parts, atomic, special, source, piecewise)
 
 
-@functools.lru_cache(maxsize=1)
-def reference_tokenizer() -> ReferenceTokenizer:
-    """The process-wide reference tokenizer (trained on first use, then cached)."""
-    return build_reference_tokenizer()
+@functools.lru_cache(maxsize=4)
+def reference_tokenizer(added_special: tuple[str, ...] = ()) -> ReferenceTokenizer:
+    """The process-wide reference tokenizer (trained on first use, then cached), with
+    ``added_special`` registered as special tokens."""
+    if not added_special:
+        return build_reference_tokenizer()
+    base = reference_tokenizer()
+    tokenizer = Tokenizer.from_str(base.tokenizer.to_str())
+    return _with_special(tokenizer, added_special, source="reference")
 
 
 def build_reference_tokenizer() -> ReferenceTokenizer:
@@ -234,17 +239,23 @@ def tokenizer_file(path: Path) -> Path:
     return path / "tokenizer.json" if path.is_dir() else path
 
 
-@functools.lru_cache(maxsize=4)
-def _load(file: str) -> ReferenceTokenizer:
-    tokenizer = Tokenizer.from_file(file)
+@functools.lru_cache(maxsize=8)
+def _load(file: str, added_special: tuple[str, ...] = ()) -> ReferenceTokenizer:
+    return _with_special(Tokenizer.from_file(file), added_special, source=file)
+
+
+def _with_special(tokenizer: Tokenizer, added_special: tuple[str, ...], *, source: str) -> ReferenceTokenizer:
+    """The tokenizer's lookups, ``added_special`` first registered as special tokens (one id each)."""
+    if added_special:
+        tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in added_special])
     added = tokenizer.get_added_tokens_decoder()
     atomic = tuple(token.content for token in added.values())
     special = tuple(token.content for token in added.values() if token.special)
     exact = all(not (t.lstrip or t.rstrip or t.single_word or t.normalized) for t in added.values())
-    return _build_lookups(tokenizer, atomic, special, source=file, piecewise=exact)
+    return _build_lookups(tokenizer, atomic, special, source=source, piecewise=exact)
 
 
-def hf_tokenizer(path: Path | str) -> ReferenceTokenizer:
+def hf_tokenizer(path: Path | str, added_special: tuple[str, ...] = ()) -> ReferenceTokenizer:
     """A model's own tokenizer (``tokenizer.json``, or a model folder holding one), loaded once.
 
     Raises ``FileNotFoundError`` when there is none and ``ValueError`` for a tokenizer that is not
@@ -253,7 +264,7 @@ def hf_tokenizer(path: Path | str) -> ReferenceTokenizer:
     file = tokenizer_file(Path(path)).resolve()
     if not file.is_file():
         raise FileNotFoundError(f"no tokenizer.json at {file}")
-    return _load(str(file))
+    return _load(str(file), tuple(added_special))
 
 
 def is_noncanonical(tokenizer: ReferenceTokenizer, ids: list[int]) -> bool:
