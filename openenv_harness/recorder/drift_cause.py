@@ -176,13 +176,20 @@ def holds_id(ids: bytes, tag: bytes) -> bool:
 
 
 def drift_cause(parent: TurnView, messages: list[Any], prompt: bytes, certification: Any = None,
-                divergence_at: int | None = None) -> str:
+                divergence_at: int | None = None, summaries: Any = ()) -> str:
     """The cause of a replay drift of ``messages`` (this call's request) from ``parent``; where the
-    ids first depart (``divergence_at``, a token index) decides when it shows the tag as text."""
+    ids first depart (``divergence_at``, a token index) decides when it shows the tag as text.
+
+    A rewritten history can still share most of the parent's ids (a long system prompt and tool list
+    kept by compaction): it is classified a drift by its ids, and named here by its messages -- a
+    compaction summary, or (no replayed assistant turn where the parent's reply was) the change a
+    break would be named by."""
+    if summaries and _carries_summary(messages, [_crc(m) for m in messages], parent.message_crcs, summaries):
+        return "history_rewritten"
     n = len(parent.message_crcs)
     replayed = messages[n] if len(messages) > n and isinstance(messages[n], dict) else None
     if replayed is None or replayed.get("role") != "assistant":
-        return "unknown"
+        return break_cause(parent, messages, same_prompt=False, summaries=summaries, certification=certification)
     if _tag_at(prompt, divergence_at, parent.completion, list(getattr(certification, "tool_call_open_ids", None) or [])):
         return "tag_sampled_as_text"  # the first difference: whatever else the agent changed comes later
     rendered: dict[str, bool] = {}

@@ -158,8 +158,8 @@ def observe_cause(flow: Flow, md: dict[str, Any], transition: Any, ev: Evidence)
         if parent is None:
             cause = "unknown"
         elif transition.fidelity == "replay_drift":
-            cause = "resample" if transition.drift_tokens == 0 else drift_cause(parent, messages, prompt, certification,
-                                                                              transition.divergence_at)
+            cause = "resample" if transition.drift_tokens == 0 else drift_cause(
+                parent, messages, prompt, certification, transition.divergence_at, session.compaction_summaries)
         else:
             cause = break_cause(parent, messages, same_prompt=False, summaries=session.compaction_summaries,
                                 certification=certification)

@@ -152,6 +152,13 @@ def test_a_history_carrying_a_compaction_summary_is_rewritten() -> None:
     pi = [SYSTEM, {"role": "user", "content": [{"type": "text", "text": compacted}]},
           USER, {"role": "assistant", "content": None, "tool_calls": [CALL]}]
     assert break_cause(parent, pi, same_prompt=False, summaries=[summary]) == "history_rewritten"
+    # the same histories classified a drift by their ids (a long kept system prompt and tool list share most
+    # of the parent's): named by their messages all the same
+    assert drift_cause(parent, opencode, ids(1), summaries=[summary]) == "history_rewritten"
+    assert drift_cause(parent, pi, ids(1), summaries=[summary]) == "history_rewritten"
+    # no assistant turn where the reply was: the message-level change, as a break's (not "unknown")
+    assert drift_cause(parent, [SYSTEM], ids(1)) == "history_rewritten"
+    assert drift_cause(parent, [SYSTEM, {"role": "user", "content": "Start over."}], ids(1)) == "edited_message"
     # a summary the parent already carried (an earlier compaction) says nothing about this break
     later = turn_view(opencode, {"role": "assistant", "content": "ok"}, ids(5))
     edited = [*opencode[:3], {"role": "user", "content": "Stop instead."}]
