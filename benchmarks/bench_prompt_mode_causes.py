@@ -65,6 +65,9 @@ class Case:
     factory: dict[str, Any] = field(default_factory=dict)
     fault: Fault | None = None
     template: str = "qwen3_training.jinja"
+    #: served as the family would be: the real Qwen2.5 tokenizer (``./dev setup``'s model folder) with the
+    #: template's markers as special tokens and its parsers (``template_tokens.template_engine_config``)
+    real_tokenizer: bool = False
 
 
 def cases() -> list[Case]:
@@ -84,7 +87,28 @@ def cases() -> list[Case]:
              Script(turns=[Turn(tool_calls=[WRITE]), done], aux_text="Summary: the agent wrote greeting.txt."),
              fault=Fault(status=400, message=OVERFLOW, on_turn=1),
              factory={"options": HarnessOptions(compaction=True), "budgets": {"max_agent_calls": 4}}),
+        *think_cases(),
     ]
+
+
+#: Qwen3.5 and later: the generation prompt opens a think block, which the real tokenizer merges with the
+#: next newline when a turn sampled without reasoning is rendered back (certification: turn_start fails)
+THINK_TEMPLATES = ("qwen3_5_think.jinja", "qwen3_5_think_training.jinja", "qwen3_6.jinja", "qwen3_8.jinja")
+
+
+def think_cases() -> list[Case]:
+    done = Turn(content="Wrote greeting.txt.")
+    out = []
+    for template in THINK_TEMPLATES:
+        for harness in ("pi", "opencode"):
+            out.append(Case(f"think template {template}, no reasoning", harness,
+                            Script(turns=[Turn(tool_calls=[LS]), Turn(tool_calls=[WRITE]), done]),
+                            template=template, real_tokenizer=True))
+        out.append(Case(f"think template {template}, with reasoning", "opencode",
+                        Script(turns=[Turn(reasoning="List first.", tool_calls=[LS]),
+                                      Turn(reasoning="Now write it.", tool_calls=[WRITE]), done]),
+                        template=template, real_tokenizer=True))
+    return out
 
 
 #: the cause only the real model on the real vLLM shows (no script: the model samples it)
@@ -124,7 +148,16 @@ def real_rollout(port: int, mode: str) -> tuple[list[dict], TrainingTrace]:
 
 def rollout(case: Case, mode: str) -> tuple[list[dict], TrainingTrace]:
     assert case.script is not None
-    config = EngineConfig(chat_template=_template(case.template), **case.engine)
+    if case.real_tokenizer:
+        from openenv_harness.engine import engine_home, prepared_model_dir
+        from openenv_harness.testing.engine.template_tokens import template_engine_config
+
+        folder = prepared_model_dir(engine_home())
+        if folder is None:
+            raise SystemExit("the think-template cases need the Qwen2.5 model folder: run ./dev setup")
+        config = template_engine_config(_template(case.template), folder, **case.engine)
+    else:
+        config = EngineConfig(chat_template=_template(case.template), **case.engine)
     with tempfile.TemporaryDirectory() as tmp, EngineServer(config) as server:
         server.set_script(MODEL, case.script)
         if case.fault is not None:

@@ -23,7 +23,7 @@ from openenv_harness.engine import VLLMServer, VLLMSettings
 from openenv_harness.cli.stack import REAL_ENGINE_SAMPLING
 from openenv_harness.rollout import BUILTIN_TASKS, HarnessSessionFactory
 from openenv_harness.rollout.report import run_rollout
-from real_stack import AGENT_CALLS, MODEL, RealStack, engine_parts, start_vllm
+from real_stack import AGENT_CALLS, MODEL, THINK_TEMPLATE, RealStack, engine_parts, start_vllm
 
 
 #: a real-engine test's bound, its fixtures included: the first one starts vLLM (minutes on a CPU
@@ -55,6 +55,20 @@ def vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer]:
         yield VLLMServer(VLLMSettings(model_dir=model, served_name=MODEL, python=python, port=int(port)))
         return
     server = start_vllm(tmp_path_factory.mktemp("vllm"))
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def think_vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer]:
+    """A second real vLLM serving ``THINK_TEMPLATE`` (``--chat-template``), no reasoning parser: under
+    ``tool_choice: "required"`` the grammar applies from the first sampled id."""
+    import trl
+
+    template = Path(trl.__file__).parent / "chat_templates" / THINK_TEMPLATE
+    server = start_vllm(tmp_path_factory.mktemp("vllm-think"), chat_template=template, kv_cache_gib=1)
     try:
         yield server
     finally:

@@ -29,6 +29,11 @@ def engine_parts() -> tuple[Path, Path]:
     return python, model
 
 
+#: a reasoning template of today's families, served by a second real vLLM: TRL's Qwen3.5 think template
+#: (training variant: it renders replayed reasoning on every turn; its generation prompt opens ``<think>``)
+THINK_TEMPLATE = "qwen3_5_think_training.jinja"
+
+
 def start_vllm(tmp: Path, **overrides: object) -> VLLMServer:
     python, model = engine_parts()
     settings = VLLMSettings(model_dir=model, served_name=MODEL, python=python,

@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 import pytest
 
-from real_stack import MODEL, start_vllm
+from real_stack import MODEL, THINK_TEMPLATE
 from openenv_harness.engine import VLLMServer
 from openenv_harness.testing.engine import EngineConfig, EngineServer, Script, ToolCallSpec, Turn
 from openenv_harness.testing.shapes import assert_same_shape, assert_same_stream_shape
@@ -240,19 +240,16 @@ def test_the_render_route_renders_as_the_chat_route_does(pair: Pair) -> None:
 
 
 @pytest.fixture(scope="module")
-def qwen3_pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
-    """A second real vLLM serving TRL's qwen3 template (it renders replayed reasoning), and its mirror."""
+def qwen3_pair(think_vllm: VLLMServer) -> Iterator[Pair]:
+    """The second real vLLM, serving TRL's Qwen3.5 think template (it renders replayed reasoning), and
+    its mirror."""
     import trl
 
-    template = Path(trl.__file__).parent / "chat_templates" / "qwen3.jinja"
-    real = start_vllm(tmp_path_factory.mktemp("vllm-qwen3"), chat_template=template, kv_cache_gib=1)
-    try:
-        with EngineServer(mirror_config(real.url, chat_template=template)) as reference:
-            engines = Pair(real.url, reference.url)
-            yield engines
-            engines.close()
-    finally:
-        real.stop()
+    template = Path(trl.__file__).parent / "chat_templates" / THINK_TEMPLATE
+    with EngineServer(mirror_config(think_vllm.url, chat_template=template)) as reference:
+        engines = Pair(think_vllm.url, reference.url)
+        yield engines
+        engines.close()
 
 
 @pytest.mark.slow
