@@ -203,6 +203,8 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rollouts", action="store_true", help="also run the real CLIs on the subset")
     parser.add_argument("--vllm-port", type=int, default=0, help="also certify (and roll out on) this real vLLM")
+    parser.add_argument("--no-real-rollouts", action="store_true", help="with --vllm-port and --rollouts: "
+                        "certify the real vLLM's template but run no rollouts on it (it is busy, or slow)")
     parser.add_argument("--out", default=str(ROOT / "docs" / "templates.md"))
     args = parser.parse_args()
     import trl
@@ -231,7 +233,7 @@ def main() -> int:
                  asyncio.run(_certify(vllm_url, QWEN25_CODER_05B.served_name)), f"{QWEN_TOKENIZER} (its own)",
                  "objects", None)]
     command = "python scripts/certify_templates.py" + (" --rollouts" if args.rollouts else "") + (
-        " --vllm-port N" if args.vllm_port else "")
+        " --vllm-port N" if args.vllm_port else "") + (" --no-real-rollouts" if args.no_real_rollouts else "")
     lines = [
         "# Chat templates: which keep chains exact",
         "",
@@ -280,17 +282,19 @@ def main() -> int:
                   "so only the subset runs) the engine replays the task's solution (with a short reasoning on each tool "
                   "turn, and without), through the template, sampling each turn as the template renders it: a "
                   "template's failure shows where the turns it bites are sampled (Qwen3's original drops an empty "
-                  "think block, the Qwen3.5 think templates' junction fails after a turn without reasoning: both "
+                  "think block, the Qwen3.5 think templates' turn start fails after a turn without reasoning: both "
                   "show only in the rows without reasoning). "
                   + (f"On the real vLLM the real model samples (greedy, seed 0, `tool_choice: \"required\"`, at most "
                      f"{REAL_AGENT_CALLS} agent calls, as `tests/real_engine` runs it): its reward is whatever the "
-                     "model managed, the chain columns are what matters. " if real else "")
+                     "model managed, the chain columns are what matters. " if real and not args.no_real_rollouts else
+                     "No real-vLLM rollout in this generation (`--no-real-rollouts`): the real-engine tier runs them "
+                     "(`tests/real_engine/test_real_rollouts.py`, `test_real_think_template.py`). " if real else "")
                   + "Trainable share = mask-1 tokens over response tokens (sampled ids and the tool results between "
                   "them) per assembly strategy (`openenv_harness/assembly`).", "",
                   "| engine / template | harness | reasoning on tool turns | reward | exact / drift / break | causes | "
                   "split | realign | approximate |",
                   "|---|---|---|---|---|---|---|---|---|"]
-        if real:
+        if real and not args.no_real_rollouts:
             for harness in ("pi", "opencode"):
                 lines.append(_rollout_line(f"real vLLM {_engine_version(vllm_url)}", harness, "the model's",
                                            real_rollout_row(vllm_url, harness)))
