@@ -266,12 +266,23 @@ def contrast_rerender(records: Iterable[Mapping[str, Any]], model: Any, tokenize
     return ContrastReport(turns, DeltaStats.of(all_r, all_t, epsilon))
 
 
-def load_model(model_dir: str, *, dtype: str = "bfloat16") -> tuple[Any, Any]:
-    """The causal LM and tokenizer from a local folder (the folder the engine serves), on the CPU."""
+def scoring_dtype(dtype: str = "auto") -> str:
+    """``auto``: bfloat16 (vLLM's dtype) where this CPU multiplies bf16 in hardware (AVX-512 or AMX),
+    else float32 -- without those, torch emulates bf16 matmuls about a hundred times slower than fp32,
+    and scoring in float32 against the engine's bf16 logprobs differs by the bf16/fp32 noise floor."""
+    if dtype != "auto":
+        return dtype
+    capability = str(_torch().backends.cpu.get_cpu_capability())
+    return "bfloat16" if ("AVX512" in capability or "AMX" in capability) else "float32"
+
+
+def load_model(model_dir: str, *, dtype: str = "auto") -> tuple[Any, Any]:
+    """The causal LM and tokenizer from a local folder (the folder the engine serves), on the CPU, in
+    ``dtype`` (``scoring_dtype``: ``auto`` picks what this CPU scores fast)."""
     torch = _torch()
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype))
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, scoring_dtype(dtype)))
     model.eval()
     return model, tokenizer

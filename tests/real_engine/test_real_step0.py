@@ -3,7 +3,10 @@
 The same Qwen2.5-Coder-0.5B-Instruct the real vLLM serves is loaded by transformers on the CPU and
 scores every sampled token of the records in one teacher-forced pass per sample. With the policy
 unchanged every importance ratio must be 1 up to numerical noise -- and the noise floor is measured
-here, not assumed: the same tokens scored by transformers in bf16 (vLLM's dtype) and in fp32.
+here, not assumed: the same tokens scored by transformers in bf16 (vLLM's dtype) and in fp32, on the
+short free session. The agent rollouts (prompts of thousands of ids) are scored in the dtype
+``trace verify`` picks for this CPU (``scoring_dtype("auto")``: fp32 where bf16 matmuls are emulated,
+a hundred times slower), against the engine's bf16 logprobs: within the same floor.
 The contrast: the message-level path (re-render the messages with the chat template, tokenize,
 score the assistant spans) on the same rollout, whose ratios are not 1.
 
@@ -35,7 +38,28 @@ TOOLS = [{"type": "function", "function": {"name": "bash", "description": "Run a
 
 @pytest.fixture(scope="module")
 def hf(vllm: VLLMServer) -> tuple[Any, Any]:
-    return load_model(str(vllm.settings.model_dir), dtype="bfloat16")
+    """The trainer's model in the dtype ``trace verify`` scores in on this CPU."""
+    return load_model(str(vllm.settings.model_dir), dtype="auto")
+
+
+def _in_dtype(model: Any, dtype: str, records: list[dict[str, Any]]) -> list[list[float]]:
+    """The records' sampled tokens scored with ``model`` cast to ``dtype`` (cast back after)."""
+    before = next(model.parameters()).dtype
+    getattr(model, "float" if dtype == "float32" else "bfloat16")()
+    try:
+        return [score_tokens(model, r["prompt_token_ids"], r["completion_token_ids"]) for r in records]
+    finally:
+        model.to(before)  # lossless both ways for weights loaded in bf16
+
+
+@pytest.fixture(scope="module")
+def noise_floor(free_session, hf) -> float:
+    """The largest |bf16 - fp32| logprob over the free session's sampled tokens (short prompts: bf16
+    scoring is affordable even where it is emulated)."""
+    model, _ = hf
+    records = free_session["records"]
+    bf16, fp32 = _in_dtype(model, "bfloat16", records), _in_dtype(model, "float32", records)
+    return max(abs(a - b) for x, y in zip(bf16, fp32) for a, b in zip(x, y))
 
 
 @pytest.fixture(scope="module")
@@ -84,9 +108,10 @@ def free_rollouts(vllm: VLLMServer, tmp_path_factory) -> dict[str, list[dict[str
 
 
 @pytest.mark.parametrize("harness", ["pi", "opencode"])
-def test_the_proof_on_real_agent_rollouts(harness: str, free_rollouts, hf, record_property) -> None:
+def test_the_proof_on_real_agent_rollouts(harness: str, free_rollouts, hf, noise_floor: float,
+                                          record_property) -> None:
     """Every sampled token of a real, unconstrained Pi / OpenCode rollout, as recorded, scored by the
-    trainer's model: the ratios sit at the noise floor (measured here as bf16 against fp32)."""
+    trainer's model: the ratios sit at the noise floor (bf16 against fp32, measured on the free session)."""
     model, tokenizer = hf
     records = [r for r in free_rollouts[harness] if r["metadata"]["status"] == "ok"]
     assert records and all(r["metadata"]["logprobs_are_policy"] is True for r in records)
@@ -94,14 +119,9 @@ def test_the_proof_on_real_agent_rollouts(harness: str, free_rollouts, hf, recor
     report = verify_records(records, model, tokenizer)
     assert not any(c.constrained for c in report.calls)
     assert report.policy.tokens == sum(len(r["completion_token_ids"]) for r in records) > 0
-    model.float()
-    try:
-        fp32 = [score_tokens(model, r["prompt_token_ids"], r["completion_token_ids"]) for r in records]
-    finally:
-        model.bfloat16()
-    bf16 = [score_tokens(model, r["prompt_token_ids"], r["completion_token_ids"]) for r in records]
-    floor = max(abs(a - b) for x, y in zip(bf16, fp32) for a, b in zip(x, y))
-    record_property("step0_" + harness, json.dumps({"policy": report.policy.__dict__, "bf16_vs_fp32_floor": floor}))
+    floor = noise_floor
+    record_property("step0_" + harness, json.dumps({"policy": report.policy.__dict__, "bf16_vs_fp32_floor": floor,
+                                                    "scored_in": report.dtype}))
     print(f"step-0 proof on a real {harness} rollout:", json.dumps(report.policy.__dict__), "floor:", floor)
     # every token within the floor's reach, and on average below the floor itself (a few dozen tokens make
     # the share within 1 +- 0.05 a coarse figure here: it is reported, not asserted)
@@ -109,19 +129,20 @@ def test_the_proof_on_real_agent_rollouts(harness: str, free_rollouts, hf, recor
     assert report.policy.delta_mean <= floor and abs(report.policy.kl) < 0.02, (report.policy, floor)
 
 
-def test_the_trainers_logprobs_of_the_recorded_ids_match_the_engines(free_session, hf, record_property) -> None:
+def test_the_trainers_logprobs_of_the_recorded_ids_match_the_engines(free_session, hf, noise_floor: float,
+                                                                     record_property) -> None:
     model, tokenizer = hf
     records = free_session["records"]
-    report = verify_records(records, model, tokenizer)
-    assert [c.constrained for c in report.calls] == [False, False]
-    # the noise floor: the same tokens scored by transformers in bf16 (vLLM's dtype) and in fp32
-    bf16 = [score_tokens(model, r["prompt_token_ids"], r["completion_token_ids"]) for r in records]
-    model.float()
+    # scored in bf16, vLLM's dtype (short prompts: affordable even where bf16 is emulated); the weights
+    # are bf16 values (the model folder is bf16), so the casts there and back are lossless
+    before = next(model.parameters()).dtype
+    model.bfloat16()
     try:
-        fp32 = [score_tokens(model, r["prompt_token_ids"], r["completion_token_ids"]) for r in records]
+        report = verify_records(records, model, tokenizer)
     finally:
-        model.bfloat16()  # lossless back: every bf16 value is exact in fp32
-    floor = max(abs(a - b) for x, y in zip(bf16, fp32) for a, b in zip(x, y))
+        model.to(before)
+    assert [c.constrained for c in report.calls] == [False, False]
+    floor = noise_floor  # the same tokens scored by transformers in bf16 and in fp32
     record_property("step0", json.dumps({"policy": report.policy.__dict__, "bf16_vs_fp32_floor": floor}))
     print("step-0 proof:", json.dumps(report.policy.__dict__), "bf16/fp32 floor:", floor)
     assert report.policy.tokens == sum(len(r["completion_token_ids"]) for r in records)

@@ -88,7 +88,8 @@ def test_an_all_constrained_session_verifies_nothing_and_says_so(tmp_path: Path,
 
 def test_a_policy_session_verifies_at_ratio_one(tmp_path: Path, model_dir: Path) -> None:
     store = _store(tmp_path / "records.db", _own_logprobs(model_dir), constrained=False)
-    done = cli("trace", "verify", "s", "--store", store, "--model", str(model_dir), "--json")
+    # the recorded logprobs are bf16's: scored in bf16 the ratios are 1 (auto may pick float32 on this CPU)
+    done = cli("trace", "verify", "s", "--store", store, "--model", str(model_dir), "--json", "--dtype", "bfloat16")
     assert done.returncode == 0, done.stderr
     summary = json.loads(done.stdout)
     assert summary["verified"] is True and summary["policy_tokens"] == 6
@@ -115,3 +116,12 @@ def test_export_masks_constrained_calls_and_refuses_an_unknown_session(tmp_path:
     unknown = cli("trace", "export", "nobody", "--store", store, "--out", str(out))
     assert unknown.returncode == 2 and "no records for session nobody" in unknown.stderr
     assert not out.exists(), "no empty file left behind for a pipeline to read"
+
+
+def test_auto_scores_in_bf16_only_where_the_cpu_multiplies_it_in_hardware() -> None:
+    from openenv_harness.trainer.verify import scoring_dtype
+
+    capability = str(torch.backends.cpu.get_cpu_capability())
+    native = "AVX512" in capability or "AMX" in capability
+    assert scoring_dtype("auto") == ("bfloat16" if native else "float32")
+    assert scoring_dtype("bfloat16") == "bfloat16" and scoring_dtype("float32") == "float32"
