@@ -93,6 +93,11 @@ def stack(tmp_path: Path, capture: CaptureProxy) -> Iterator[RealStack]:
         s.close()
 
 
+#: OpenCode's first prompt is ~10k ids (its system prompt and tools): its prefill alone takes minutes on a
+#: loaded CPU without AVX-512, and the tests read a rollout stopped by its agent-call budget, not the clock
+ROLLOUT_WALL_S = 600
+
+
 @pytest.fixture(scope="session")
 def rollouts(vllm, tmp_path_factory) -> dict[str, Any]:
     """One real Pi and one real OpenCode rollout on the real vLLM (greedy, seeded, tool calls required,
@@ -106,9 +111,10 @@ def rollouts(vllm, tmp_path_factory) -> dict[str, Any]:
             factory = HarnessSessionFactory(harness=harness, recorder_url=stack.recorder.url,
                                             admin_token=stack.admin_token, model=MODEL,
                                             tasks={"fix-add": BUILTIN_TASKS["fix-add"]},
-                                            budgets={"max_agent_calls": AGENT_CALLS, "max_wall_clock_s": 400},
+                                            budgets={"max_agent_calls": AGENT_CALLS,
+                                                     "max_wall_clock_s": ROLLOUT_WALL_S},
                                             sampling=dict(REAL_ENGINE_SAMPLING))
-            report, session = run_rollout(factory, "fix-add", timeout_s=450)
+            report, session = run_rollout(factory, "fix-add", timeout_s=ROLLOUT_WALL_S + 50)
             assert session is not None, report.error
             trace = session.fetch_training_trace()
             trace_keep = TrainingTrace.model_validate(

@@ -70,9 +70,20 @@ def dialect_rollouts(vllm, tmp_path_factory) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("harness", list(DIALECTS))
+def _served(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The agent calls the engine answered; a call the budget refused after them (the CLI asked once
+    more) is recorded failed, with its reason, and is checked apart."""
+    agent = [r for r in records if r["metadata"]["call_kind"] == "agent"]
+    served = [r for r in agent if r["metadata"]["status"] == "ok"]
+    refused = [r for r in agent if r["metadata"]["status"] != "ok"]
+    assert all(r["metadata"]["error"]["kind"] == "budget_exhausted" for r in refused), refused
+    assert agent == served + refused, "a refused call comes only after the budget's last served one"
+    return served
+
+
 def test_each_dialect_records_what_vllm_sampled(harness: str, dialect_rollouts: dict[str, Any]) -> None:
     run = dialect_rollouts[harness]
-    agent = [r for r in run["records"] if r["metadata"]["call_kind"] == "agent"]
+    agent = _served(run["records"])
     assert run["report"].agent_calls == len(agent) >= 2, run["report"]
     sampled = {tuple(e.reply_json()["prompt_token_ids"]): e.reply_json() for e in run["exchanges"]
                if e.status == 200}
@@ -92,7 +103,7 @@ def test_each_dialect_records_what_vllm_sampled(harness: str, dialect_rollouts: 
 @pytest.mark.parametrize("harness", list(DIALECTS))
 def test_each_transition_is_classified_with_its_cause(harness: str, dialect_rollouts: dict[str, Any]) -> None:
     run = dialect_rollouts[harness]
-    agent = [r for r in run["records"] if r["metadata"]["call_kind"] == "agent"]
+    agent = _served(run["records"])
     fidelity = [r["metadata"]["fidelity"] for r in agent]
     assert fidelity[0]["class"] == "root"
     for f in fidelity[1:]:
