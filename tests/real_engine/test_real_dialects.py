@@ -69,7 +69,6 @@ def dialect_rollouts(vllm, tmp_path_factory) -> dict[str, Any]:
     return out
 
 
-@pytest.mark.parametrize("harness", list(DIALECTS))
 def _served(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The agent calls the engine answered; a call the budget refused after them (the CLI asked once
     more) is recorded failed, with its reason, and is checked apart."""
@@ -81,6 +80,7 @@ def _served(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return served
 
 
+@pytest.mark.parametrize("harness", list(DIALECTS))
 def test_each_dialect_records_what_vllm_sampled(harness: str, dialect_rollouts: dict[str, Any]) -> None:
     run = dialect_rollouts[harness]
     agent = _served(run["records"])

@@ -91,7 +91,7 @@ const DRIFT_CAUSE = {
   content_reflattened: "the agent sent the text back as a list of parts (or the reverse)",
   edited_message: "the replayed message differs from what was sampled",
   tag_sampled_as_text: "the model sampled the tool-call tag as text pieces; the template renders it as one special id",
-  junction_retokenized: "no message changed, but the template tokenizes the end of the generation prompt together with the sampled turn (its junction failed certification)",
+  junction_retokenized: "no message changed, but the template tokenizes the end of the generation prompt together with the sampled turn (its turn start failed certification; incremental mode continues such turns exactly)",
   template_rerenders_turn: "the served template renders a finished assistant turn differently once more follows it (its certification failed)",
   tool_arguments_restyled: "the template renders the sampled tool arguments in its own JSON style, not as the model spaced them",
   retokenized: "the answer came back verbatim, but the template tokenizes it differently from how it was sampled",
