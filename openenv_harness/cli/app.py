@@ -7,7 +7,7 @@ import sys
 import typer
 from rich.console import Console
 
-from openenv_harness.cli import cmd_doctor, cmd_run, cmd_serve, cmd_trace
+from openenv_harness.cli import cmd_doctor, cmd_run, cmd_serve, cmd_trace, cmd_train
 
 app = typer.Typer(
     name="openenv-harness",
@@ -20,6 +20,8 @@ app = typer.Typer(
 app.command("serve", help="Run the recorder (the interception server) in the foreground.")(cmd_serve.serve)
 app.command("run", help="Run agent rollouts on tasks through the recorder and print what was recorded.")(cmd_run.run)
 app.command("doctor", help="Check Python, Node, the agent CLIs and (optionally) an engine.")(cmd_doctor.doctor)
+app.command("train-demo", help="Close the RL loop here: rollouts, one GRPO step, the weights synced into the "
+            "running vLLM through the recorder's fence, rollouts at the new policy version.")(cmd_train.train_demo)
 app.add_typer(cmd_trace.app, name="trace", help="List, show and export recorded sessions.")
 
 err = Console(stderr=True)

@@ -1,0 +1,98 @@
+"""The loop's pieces that need no real engine: the reward, what two assemblers must agree on, the
+report's verdict, the sync's refusal of an engine that cannot reload weights, and the CLI's errors
+(each one line, non-zero, before anything starts). The whole loop runs in the real-engine tier
+(``tests/real_engine/test_real_train_loop.py``)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from openenv_harness.recorder import RecorderClient
+from openenv_harness.testing.engine import EngineServer
+from openenv_harness.trainer.grpo import StepReport
+from openenv_harness.trainer.train_loop import LoopReport, LoopSettings, RolloutSummary, shaped_reward, trainable_view
+from openenv_harness.trainer.verify import DeltaStats
+from openenv_harness.trainer.weight_sync import DiskWeightSync, SyncReport, WeightSyncError
+
+
+def _settings(**kw) -> LoopSettings:
+    return LoopSettings(engine_url="http://e", recorder_url="http://r", admin_token="t", model="m",
+                        model_dir=Path("/m"), workdir=Path("/w"), **kw)
+
+
+def test_the_reward_is_the_verdict_plus_the_unused_budget_and_unscored_stays_none() -> None:
+    s = _settings(max_tokens=100, brevity=0.5)
+    assert shaped_reward(0.0, 100, 1, s) == 0.0
+    assert shaped_reward(0.0, 25, 1, s) == pytest.approx(0.375)
+    assert shaped_reward(1.0, 50, 2, s) == pytest.approx(1.375)  # the budget is per call
+    assert shaped_reward(1.0, 500, 1, s) == 1.0
+    assert shaped_reward(None, 10, 1, s) is None
+
+
+def test_the_trainable_view_is_position_id_and_logprob_under_mask_one() -> None:
+    ids = [7, 8, 9, 10, 11]
+    assert trainable_view(ids, [0, 1, 1], [0.0, -0.25, -1.5], offset=2) == [(3, 10, -0.25), (4, 11, -1.5)]
+    # a full-length mask (TRL's rows) and a response-only one (the assembler's) agree on the same tokens
+    assert trainable_view(ids, [0, 0, 0, 1, 1], [0.0, 0.0, 0.0, -0.25, -1.5]) == trainable_view(
+        ids, [0, 1, 1], [0.0, -0.25, -1.5], offset=2)
+
+
+def _stats(mean: float, kl: float = 0.0) -> DeltaStats:
+    return DeltaStats(tokens=10, delta_max=mean * 5, delta_mean=mean, kl=kl)
+
+
+def _report(after_mean: float, stale_mean: float, after_versions: list[int] | None = None) -> LoopReport:
+    rollout = RolloutSummary("s", 0, [0], 0.0, 0.3, 1, 10, 1, 10, True)
+    later = RolloutSummary("t", 2, after_versions or [1], 0.0, 0.3, 1, 10, 1, 10, True)
+    step = StepReport(2, 20, [1.0, -1.0], 0.1, 1.0, 0.9, 1.1, 1.0, 0, 100, 1e-4)
+    return LoopReport({}, 0, 1, [rollout], step, SyncReport(0, 1, "/w"), [later], _stats(0.01), _stats(after_mean),
+                      _stats(stale_mean, kl=0.3))
+
+
+def test_the_report_proves_the_loop_only_when_every_point_holds() -> None:
+    assert _report(0.009, 0.3).problems() == []
+    assert "noise floor" in _report(0.05, 0.3).problems()[0]  # the new weights are not what the engine serves
+    assert "stale" in _report(0.01, 0.015).problems()[0]  # the update was too small to tell the weights apart
+    assert "version 1" in _report(0.01, 0.3, [0, 1]).problems()[0]  # a rollout straddled the sync
+
+
+def test_an_engine_that_cannot_reload_weights_is_refused_before_the_loop(tmp_path: Path) -> None:
+    engine = EngineServer().start()  # the reference engine serves no /collective_rpc
+    try:
+        sync = DiskWeightSync(RecorderClient("http://127.0.0.1:9", "t"), engine.url)
+        with pytest.raises(WeightSyncError, match="does not serve /collective_rpc, /reset_prefix_cache"):
+            sync.check()
+        with pytest.raises(WeightSyncError, match="no weights folder"):
+            sync.reload(tmp_path / "missing")
+    finally:
+        engine.stop()
+    with pytest.raises(WeightSyncError, match="no engine answers"):
+        DiskWeightSync(RecorderClient("http://127.0.0.1:9", "t"), "http://127.0.0.1:9").check()
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "openenv_harness.cli", "train-demo", *args], capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_the_cli_says_what_is_wrong_in_one_line(tmp_path: Path) -> None:
+    done = _cli("--engine-url", "http://127.0.0.1:9")
+    assert done.returncode == 2 and "--engine-url needs --model and --model-dir" in done.stderr
+    done = _cli("--engine-url", "http://127.0.0.1:9", "--model", "m", "--model-dir", str(tmp_path))
+    assert done.returncode == 2 and "no model folder" in done.stderr
+    (tmp_path / "config.json").write_text("{}")
+    done = _cli("--engine-url", "http://127.0.0.1:9", "--model", "m", "--model-dir", str(tmp_path), "--out",
+                str(tmp_path / "run"))
+    assert done.returncode == 2 and "no engine answers at http://127.0.0.1:9" in done.stderr
+    assert not (tmp_path / "run").exists()  # nothing started, nothing written
+    engine = EngineServer().start()
+    try:
+        done = _cli("--engine-url", engine.url, "--model", "nope", "--model-dir", str(tmp_path))
+        assert done.returncode == 2 and "does not serve 'nope'" in done.stderr
+    finally:
+        engine.stop()
+    assert all(len(line) < 300 for line in done.stderr.splitlines())
