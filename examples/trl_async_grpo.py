@@ -210,6 +210,29 @@ def rollout_worker_kwargs(
     )
 
 
+def async_grpo() -> tuple[Any, Any, str]:
+    """TRL's ``(AsyncGRPOConfig, AsyncGRPOTrainer)`` and the module they came from: the stable path of
+    TRL >= 1.18 (``trl.trainer.async_grpo_trainer``; the experimental one warns there until 2.0) where it
+    exists, else the experimental path of TRL 1.16 / 1.17. Only the fallback runs where TRL 1.18 cannot
+    be installed; the stable path is read from TRL's release notes, not run."""
+    import importlib
+
+    for name in ("trl.trainer.async_grpo_trainer", "trl.experimental.async_grpo"):
+        try:
+            module = importlib.import_module(name)
+        except ImportError:
+            continue
+        config, trainer = getattr(module, "AsyncGRPOConfig", None), getattr(module, "AsyncGRPOTrainer", None)
+        if config is None:  # the stable trainer module may keep its config beside it
+            try:
+                config = importlib.import_module(name.replace("_trainer", "_config")).AsyncGRPOConfig
+            except (ImportError, AttributeError):
+                config = None
+        if config is not None and trainer is not None:
+            return config, trainer, name
+    raise ImportError("TRL's AsyncGRPO is not installed: pip install 'openenv-harness[compat]' (TRL >= 1.16)")
+
+
 def build_rollout_worker(kwargs: dict[str, Any]) -> Any:
     from trl.experimental.async_grpo.openenv_harness import HarnessRolloutWorker
 
@@ -220,8 +243,7 @@ def build_rollout_worker(kwargs: dict[str, Any]) -> Any:
 
 
 def build_config(cfg: ExampleConfig, **overrides: Any) -> Any:
-    from trl.experimental.async_grpo import AsyncGRPOConfig
-
+    AsyncGRPOConfig, _trainer, _where = async_grpo()
     settings: dict[str, Any] = dict(
         output_dir=cfg.output_dir,
         num_generations=cfg.num_generations,
@@ -245,8 +267,7 @@ def build_trainer(
     cfg: ExampleConfig, config: Any, dataset: Any, tokenizer: Any, worker: Any, recorder_url: str
 ) -> Any:
     """``AsyncGRPOTrainer`` with our rollout worker, its weight-sync fence routed through the recorder."""
-    from trl.experimental.async_grpo import AsyncGRPOTrainer
-
+    _config, AsyncGRPOTrainer, _where = async_grpo()
     trainer = AsyncGRPOTrainer(
         model=cfg.model, args=config, train_dataset=dataset, processing_class=tokenizer, rollout_worker=worker,
     )

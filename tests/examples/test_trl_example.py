@@ -192,6 +192,19 @@ def test_wait_for_engine(example: ModuleType, vllm_like_engine: EngineServer) ->
         example.wait_for_engine(f"http://127.0.0.1:{free_port()}", timeout_s=0.1)
 
 
+def test_trls_async_grpo_is_found_on_the_installed_path(example: ModuleType) -> None:
+    """TRL 1.16 (what installs here) has AsyncGRPO only under experimental: the stable path of 1.18 is tried
+    first and falls through to it."""
+    import trl
+    from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer
+
+    config, trainer, where = example.async_grpo()
+    if trl.__version__.startswith("1.16"):
+        assert (config, trainer, where) == (AsyncGRPOConfig, AsyncGRPOTrainer, "trl.experimental.async_grpo")
+    else:
+        assert where == "trl.trainer.async_grpo_trainer" and config.__name__ == "AsyncGRPOConfig"
+
+
 def test_config_and_dataset(example: ModuleType, tmp_path: Path) -> None:
     from openenv.core.harness.capture.upstream import training_sampling
 
