@@ -79,7 +79,33 @@ def training_view(records: list[dict[str, Any]]) -> dict[str, Any]:
     view["strategies"] = {name: {"rows": stats.traces, "trainable_tokens": stats.trainable_tokens,
                                  "trainable_share": stats.trainable_tokens / sampled if sampled else None}
                           for name, stats in by_strategy.items()}
+    if view["constrained_calls"]:
+        # the same rows with the constrained calls' ids kept (a trainer that recomputes their logprobs)
+        kept = compare_strategies(records, non_policy="keep")
+        for name, stats in kept.items():
+            view["strategies"][name]["kept_tokens"] = stats.trainable_tokens
     return view
+
+
+def trainer_line(mode: str, reports: list[Any]) -> str:
+    """One line per prompt mode: what a trainer gets from these rollouts (split rows: the default strategy)."""
+    views = [r.training for r in reports if r.prompt_mode == mode and r.training and "strategies" in r.training]
+    if not views:
+        return f"{mode.replace('_', ' ')}: no records to assemble"
+    rows = sum(v["strategies"]["split"]["rows"] for v in views)
+    sampled = sum(v["sampled_tokens"] for v in views)
+    trainable = sum(v["strategies"]["split"]["trainable_tokens"] for v in views)
+    kept = sum(v["strategies"]["split"].get("kept_tokens", v["strategies"]["split"]["trainable_tokens"]) for v in views)
+    constrained = sum(v["constrained_calls"] for v in views)
+    calls = sum(r.agent_calls for r in reports if r.prompt_mode == mode)
+    share = (lambda n: f"{n / sampled:.0%}" if sampled else "-")
+    line = (f"{mode.replace('_', ' ')}: {len(views)} rollout(s) -> {rows} row(s), {share(trainable)} of {sampled} "
+            f"sampled ids trainable with their recorded logprobs")
+    if constrained:
+        line += (f"; {constrained} of {calls} agent calls ran under a decoding constraint (their logprobs are not "
+                 f"the policy's: mask 0), {share(kept)} of the sampled ids sit in those rows for a trainer that "
+                 "recomputes them (trace export --non-policy keep)")
+    return line
 
 
 def _share(view: dict[str, Any] | None, strategy: str) -> str:
@@ -118,13 +144,14 @@ def _check_reachable(url: str | None, path: str, what: str) -> None:
 
 def _summary(reports: list[Any]) -> Table:
     t = Table(title="rollouts", show_lines=False)
-    for col in ("harness", "task", "exit", "reward", "calls agent/aux", "tokens prompt/sampled",
+    for col in ("harness", "mode", "task", "exit", "reward", "calls agent/aux", "tokens prompt/sampled",
                 "chain", "rows / trainable split", "realign", "constrained", "budget stop", "wall s", "session"):
         t.add_column(col, overflow="fold")
     for r in reports:
         reward = "unscored" if r.reward is None else f"{r.reward:g}"
         view = r.training
-        t.add_row(r.harness, r.task, str(r.exit_code), reward, f"{r.agent_calls}/{r.aux_calls}",
+        t.add_row(r.harness, r.prompt_mode.replace("_history", ""), r.task, str(r.exit_code), reward,
+                  f"{r.agent_calls}/{r.aux_calls}",
                   f"{r.prompt_tokens}/{r.completion_tokens}", r.chain_status, _share(view, "split"),
                   _share(view, "realign"), str((view or {}).get("constrained_calls", "-")), r.stop_reason or "-",
                   f"{r.wall_s:.1f}", r.session_id)
@@ -147,7 +174,8 @@ def run(
     max_wall_clock_s: float = typer.Option(600.0, "--max-wall-clock", help="Budget: seconds per rollout"),
     segmentation: str = typer.Option("canonical", help="Embedded engine only: canonical | noncanonical sampling"),
     prompt_mode: str = typer.Option("full_history", "--prompt-mode", help="full_history (the agent's messages as "
-                                    "sent) | incremental (continue each chain from its exact ids)"),
+                                    "sent) | incremental (continue each chain from its exact ids); comma-separated "
+                                    "runs each rollout in each mode, side by side"),
     require_exact_template: bool = typer.Option(False, "--require-exact-template", help="Refuse sessions where the "
                                                 "served template is not certified exact"),
     chat_template: Path = typer.Option(None, "--chat-template", help="Serve this chat template file (embedded "
@@ -167,8 +195,11 @@ def run(
                        "give one of them")
     if engine_url and not model:
         raise CLIError("--engine-url needs --model (the name the engine serves)", "e.g. --model Qwen/Qwen3-8B")
-    if prompt_mode not in ("full_history", "incremental"):
-        raise CLIError(f"unknown prompt mode {prompt_mode!r}", "use --prompt-mode full_history or incremental")
+    modes = list(dict.fromkeys(m.strip() for m in prompt_mode.split(",") if m.strip()))
+    unknown_modes = [m for m in modes if m not in ("full_history", "incremental")] or ([] if modes else [prompt_mode])
+    if unknown_modes:
+        raise CLIError(f"unknown prompt mode {', '.join(map(repr, unknown_modes))}",
+                       "use --prompt-mode full_history, incremental, or both comma-separated")
     if chat_template is not None and (engine_url or recorder_url):
         raise CLIError("--chat-template applies to an engine started here (embedded or --engine vllm)",
                        "start that engine with the template yourself, or drop --engine-url / --recorder-url")
@@ -206,25 +237,26 @@ def run(
     budgets = {"max_agent_calls": max_agent_calls, "max_wall_clock_s": max_wall_clock_s}
     if max_total_tokens:
         budgets["max_total_tokens"] = max_total_tokens
-    jobs = [(h, t, i) for h in harnesses for t in tasks for i in range(rollouts)]
+    jobs = [(h, t, m, i) for h in harnesses for t in tasks for m in modes for i in range(rollouts)]
     state = {"running": 0, "done": 0, "failed": 0, "total": len(jobs), "t0": time.time()}
     lock = threading.Lock()
     reports: list[Any] = []
     with stack:
 
-        def one(job: tuple[str, Any, int]) -> Any:
-            h, t, i = job
+        def one(job: tuple[str, Any, str, int]) -> Any:
+            h, t, mode, i = job
             factory = HarnessSessionFactory(
                 harness=h, recorder_url=stack.recorder_url, admin_token=stack.admin_token,
-                prompt_mode=prompt_mode, require_exact_template=require_exact_template,
+                prompt_mode=mode, require_exact_template=require_exact_template,
                 model=stack.model_for(t, h), tasks={t.id: t}, budgets=budgets, sampling=stack.sampling,
-                sandbox_factory=sandbox_factory, metadata={"rollout": i},
+                sandbox_factory=sandbox_factory, metadata={"rollout": i}, options=stack.options_for(h),
                 # a remote sandbox runs the CLI its image provides (on PATH), not this machine's copy
                 executable=get_preset(h).bin_name if sandbox != "local" else None,
             )
             with lock:
                 state["running"] += 1
             report, session = run_rollout(factory, t.id, timeout_s=max_wall_clock_s + 30, seed=i)
+            report.prompt_mode = mode
             if session is not None:
                 try:
                     report.training = training_view(session.client.records(session.session_id))
@@ -247,9 +279,11 @@ def run(
                     pending -= done
                     live.update(_progress(stack, state))
                     time.sleep(0.25)
-    order = {(h, t.id, i): n for n, (h, t, i) in enumerate(jobs)}
-    reports.sort(key=lambda r: order.get((r.harness, r.task, 0), 0))
+    order = {(h, t.id, m): n for n, (h, t, m, _i) in enumerate(jobs)}
+    reports.sort(key=lambda r: order.get((r.harness, r.task, r.prompt_mode), 0))
     console.print(_summary(reports))
+    for mode in modes:
+        console.print(f"[bold]what a trainer gets[/] {trainer_line(mode, reports)}", soft_wrap=True)
     cert = stack.recorder.ctx.engine_info.get("template_certification") if stack.recorder is not None else None
     if cert:  # beside the chain status: whether the served template can keep chains exact at all
         failed = "; ".join(f"{f['property']}: {f['detail']}" for f in cert.get("failed") or [])
@@ -257,11 +291,11 @@ def run(
 
         from openenv_harness.recorder.certify import exact_in_words
 
-        modes = "" if cert.get("status") == "certified" or "exact_in" not in cert else (
-            f", {exact_in_words(cert['exact_in'])}" + (f"; this run used {prompt_mode.replace('_', ' ')}"
-                                                      if prompt_mode not in cert["exact_in"] else ""))
+        outside = [m.replace("_", " ") for m in modes if m not in cert.get("exact_in", modes)]
+        exact_modes = "" if cert.get("status") == "certified" or "exact_in" not in cert else (
+            f", {exact_in_words(cert['exact_in'])}" + (f"; this run used {', '.join(outside)}" if outside else ""))
         console.print(f"template: [bold]{escape(str(cert['status']))}[/]" + escape(
-            modes + (f" ({failed})" if failed else "") + (f" [probed via {cert['probed_via']}]" if cert.get("probed_via") else "")
+            exact_modes + (f" ({failed})" if failed else "") + (f" [probed via {cert['probed_via']}]" if cert.get("probed_via") else "")
             + (f" ({cert.get('reason')})" if cert.get("reason") else "")))
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "summary.json").write_text(json.dumps([r.as_dict() for r in reports], indent=2))

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from openenv_harness.harnesses.base import HarnessOptions
 from openenv_harness.recorder.auth import new_admin_token
 from openenv_harness.recorder.context import RecorderConfig
 from openenv_harness.recorder.server import RecorderServer
@@ -26,6 +27,15 @@ from openenv_harness.rollout.tasks import Task
 #: 256 sampled tokens a call: Claude Code asks for 32,000, which a CPU engine samples for an hour when
 #: the grammar lets the model write a whole file into one tool call.
 REAL_ENGINE_SAMPLING: dict[str, Any] = {"temperature": 0, "seed": 0, "tool_choice": "required", "max_tokens": 256}
+
+
+#: What agents run with on the project's real engine where their defaults cannot finish a turn on a CPU:
+#: Claude Code's default prompt (its system prompt and every tool's schema) is ~12k ids, minutes of prefill
+#: a call on a CPU without AVX-512; its own ``--tools`` and ``--system-prompt`` make it ~3k (the same CLI,
+#: the same Messages wire format), and its short Edit calls fit the pinned token cap where Write's do not.
+REAL_ENGINE_OPTIONS: dict[str, HarnessOptions] = {"claude-code": HarnessOptions(extra_args=(
+    "--tools", "Bash,Read,Edit", "--system-prompt",
+    "You are a coding agent working in the current directory. Use the tools to read, edit and test code."))}
 
 
 class LocalStack:
@@ -72,6 +82,10 @@ class LocalStack:
             return reference_model_name(task.id, harness)
         assert self.model is not None
         return self.model
+
+    def options_for(self, harness: str) -> HarnessOptions | None:
+        """The agent's options on this stack: the real-engine ones where the project's vLLM runs here."""
+        return REAL_ENGINE_OPTIONS.get(harness) if self.engine_kind == "vllm" else None
 
     def _start_vllm(self) -> tuple[str, dict[str, Any]]:
         from openenv_harness.engine import VLLMServer, VLLMSettings, ensure_engine

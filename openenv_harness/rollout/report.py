@@ -22,6 +22,8 @@ class RolloutReport:
     harness: str
     task: str
     exit_code: int | None = None
+    #: the recorder's prompt mode for this rollout (full_history or incremental)
+    prompt_mode: str = "full_history"
     agent_ok: bool = False
     reward: float | None = None
     #: why ``reward`` is None: an infrastructure fault, never a failed task (``unscored.py``)

@@ -255,20 +255,19 @@ class TrainLoop:
         check_before = self._timed("check_before", lambda: _check(base, tokenizer, before_records))
         self.progress(f"step-0 check at version {version}: mean |delta| {check_before.delta_mean:.4f} over "
                       f"{check_before.tokens} tokens (the noise floor)")
-        policy = copy.deepcopy(base)
+        policy = _sharing_frozen(base, s.layers)
         trained = train_last_layers(policy, s.layers)
         optimizer = torch.optim.Adam(trained, lr=s.learning_rate)
         self.progress(f"one GRPO step: {len(samples)} row(s), advantages {[round(a, 3) for a in advantages]}")
         step = self._timed("update", lambda: grpo_step(policy, optimizer, samples))
         weights = s.workdir / f"policy-v{version + 1}"
-        self._timed("save_weights", lambda: _save_bf16(policy, weights))
+        self._timed("save_weights", lambda: _save_as_served(policy, trained, weights))
         self.progress(f"syncing {weights} into the engine through the recorder's fence")
         sync = self._timed("weight_sync", lambda: self.sync.sync(weights, version_before=version))
         self.progress(f"engine reloaded in {sync.phases.get('load', 0):.1f} s; recorder at version {sync.version_after}")
 
         after, after_records = self._timed("rollouts_after", lambda: self.rollouts(s.next_rollouts, s.seed + len(before)))
-        served = _as_served(policy)
-        check_after = self._timed("check_after", lambda: _check(served, tokenizer, after_records))
+        check_after = self._timed("check_after", lambda: _check(policy, tokenizer, after_records))
         check_stale = self._timed("check_stale", lambda: _check(base, tokenizer, after_records))
         return LoopReport(asdict(s) | {"model_dir": str(s.model_dir), "workdir": str(s.workdir)}, version,
                           sync.version_after, before, step, sync, after, check_before, check_after, check_stale,
@@ -308,19 +307,30 @@ def _check(model: Any, tokenizer: Any, records: list[list[dict[str, Any]]]) -> D
     return DeltaStats.of(rollout, trainer, 0.05)
 
 
-def _as_served(model: Any) -> Any:
-    """The trainer's model as the engine holds it after the sync: its weights rounded to bf16."""
-    torch = _torch()
-    served = copy.deepcopy(model).to(torch.bfloat16).to(torch.float32)
-    served.eval()
-    return served
+def _sharing_frozen(base: Any, layers: int) -> Any:
+    """A copy of ``base`` to train whose frozen parameters are ``base``'s own tensors (never written): two
+    models for the memory of one and the trained layers."""
+    policy = copy.deepcopy(base)
+    train_last_layers(policy, layers)
+    shared = dict(base.named_parameters())
+    for name, parameter in policy.named_parameters():
+        if not parameter.requires_grad:
+            parameter.data = shared[name].data
+    return policy
 
 
-def _save_bf16(model: Any, folder: Path) -> None:
-    """The weights as the engine loads them (bf16 safetensors)."""
+def _save_as_served(model: Any, trained: list[Any], folder: Path) -> None:
+    """Round the trained parameters to bf16 in place -- the model then holds exactly the weights the engine
+    loads -- and write them as bf16 safetensors (a tensor shared by two names, a tied embedding, stays one)."""
     torch = _torch()
+    with torch.no_grad():
+        for parameter in trained:
+            parameter.copy_(parameter.to(torch.bfloat16))
     folder.mkdir(parents=True, exist_ok=True)
-    copy.deepcopy(model).to(torch.bfloat16).save_pretrained(str(folder), safe_serialization=True)
+    converted: dict[int, Any] = {}
+    state = {name: converted.setdefault(tensor.data_ptr(), tensor.to(torch.bfloat16))
+             for name, tensor in model.state_dict().items()}
+    model.save_pretrained(str(folder), state_dict=state, safe_serialization=True)
 
 
 __all__ = ["LoopReport", "LoopSettings", "RolloutSummary", "TrainLoop", "shaped_reward", "trainable_view",

@@ -216,3 +216,25 @@ def test_a_budget_stop_is_an_outcome_not_a_failure(tmp_path: Path) -> None:
     [report] = json.loads((out / "summary.json").read_text())
     assert report["stop_reason"] == "max_agent_calls" and report["agent_calls"] == 2
     assert report["reward"] is not None, "a budget stop is scored: the policy spent its budget"
+
+
+@pytest.mark.cli
+def test_run_sets_both_prompt_modes_side_by_side_and_says_what_a_trainer_gets(tmp_path: Path) -> None:
+    """Sampling that the template would tokenize otherwise (noncanonical): full history drifts where the
+    agent replays it, incremental continues from the exact ids -- one row per rollout, every id trainable."""
+    out = tmp_path / "run"
+    done = cli("run", "--harness", "pi", "--task", "fix-add", "--segmentation", "noncanonical",
+               "--prompt-mode", "incremental,full_history", "--out", str(out))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    by_mode = {r["prompt_mode"]: r for r in summary}
+    assert sorted(by_mode) == ["full_history", "incremental"] and all(r["reward"] == 1.0 for r in summary)
+    incremental, full = by_mode["incremental"]["training"], by_mode["full_history"]["training"]
+    assert incremental["strategies"]["split"]["rows"] == 1
+    assert incremental["strategies"]["split"]["trainable_tokens"] == incremental["sampled_tokens"]
+    assert full["strategies"]["split"]["rows"] > 1
+    lines = [line for line in done.stdout.splitlines() if line.startswith("what a trainer gets")]
+    assert len(lines) == 2 and lines[0].startswith("what a trainer gets incremental: 1 rollout(s) -> 1 row(s), 100% of")
+    assert lines[1].startswith(f"what a trainer gets full history: 1 rollout(s) -> {full['strategies']['split']['rows']} row(s)")
+    bad = cli("run", "--prompt-mode", "incremental,partial")
+    assert bad.returncode == 2 and "unknown prompt mode 'partial'" in bad.stderr

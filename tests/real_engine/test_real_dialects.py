@@ -21,7 +21,7 @@ from openenv.core.harness import TrainingTurn
 
 from capture_proxy import CaptureProxy
 from real_stack import ADMIN, AGENT_CALLS, MODEL, RealStack
-from openenv_harness.cli.stack import REAL_ENGINE_SAMPLING
+from openenv_harness.cli.stack import REAL_ENGINE_OPTIONS, REAL_ENGINE_SAMPLING
 from openenv_harness.harnesses.base import HarnessOptions
 from openenv_harness.rollout import BUILTIN_TASKS, HarnessSessionFactory
 from openenv_harness.rollout.report import run_rollout
@@ -33,10 +33,8 @@ DIALECTS = {"codex": "responses", "claude-code": "anthropic"}
 #: tested), and decoding is what a loaded CPU slows most (vLLM's threads are bound to the cores): 64 for it.
 MAX_TOKENS = {"codex": REAL_ENGINE_SAMPLING["max_tokens"], "claude-code": 64}
 WALL_S = {"codex": 400, "claude-code": 400}
-#: Claude Code's own options for a prompt a CPU prefills in seconds: three built-in tools, a short system prompt
-OPTIONS = {"codex": HarnessOptions(), "claude-code": HarnessOptions(extra_args=(
-    "--tools", "Bash,Read,Edit", "--system-prompt",
-    "You are a coding agent working in the current directory. Use the tools to read, edit and test code."))}
+#: Claude Code's own options for a prompt a CPU prefills in seconds (what `run --engine vllm` gives it too)
+OPTIONS = {"codex": HarnessOptions(), "claude-code": REAL_ENGINE_OPTIONS["claude-code"]}
 
 
 @pytest.fixture(scope="module")
