@@ -5,8 +5,9 @@
 ``local-process``, keeps everything of that contract a process can keep, and says what it cannot:
 
 - ``build`` stages the Space folder's files -- what the Dockerfile's ``COPY`` lines take, checked to
-  exist in the context -- into a fresh folder (the image's filesystem, without the OS layers), and
-  names it by the digest of its contents;
+  exist in the context -- into a fresh folder (the image's filesystem, without the OS layers), names
+  it by the digest of its contents, and installs the agent CLIs the image's install step names (into
+  this machine's prefix);
 - ``start`` runs the image's own ``CMD`` with the image's ``ENV`` (only the port, home and data
   folder moved to this machine's places) and the staged sources first on ``sys.path`` -- what
   ``pip install`` of them does in the image -- then waits for ``/health``;
@@ -20,7 +21,9 @@ observation schema, the state contract -- run against the environment as the Spa
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -36,14 +39,33 @@ from openenv.validation.providers import ExecResult, ProviderError, StartupError
 from openenv.validation.runtime.contracts import LaunchSpec
 from openenv.validation.types import ProviderCapability
 
+from openenv_harness.harnesses.install import default_node_prefix, ensure_installed
 from openenv_harness.recorder import free_port
-from openenv_harness.space.dockerfile import copied_sources, final_stage, image_cmd, image_env, parse_dockerfile
+from openenv_harness.space.dockerfile import (
+    Instruction,
+    copied_sources,
+    final_stage,
+    image_cmd,
+    image_env,
+    parse_dockerfile,
+)
 
 #: ENV values that name places on the machine the image runs on; everything else is used verbatim
 MACHINE_SPECIFIC = ("PORT", "HOME", "OEH_DATA_DIR")
 #: environment this machine provides in place of the image's OS layers (tools on PATH, the agent CLIs)
-HOST_PASSTHROUGH = ("PATH", "LANG", "OPENENV_HARNESS_NODE_PREFIX")
+HOST_PASSTHROUGH = ("PATH", "LANG")
 MAX_LOG_BYTES = 65536
+
+
+def installed_clis(stage: list[Instruction]) -> list[str]:
+    """The agent CLIs the image's ``RUN python -m openenv_harness.harnesses.install ...`` step installs."""
+    names: list[str] = []
+    for ins in stage:
+        if ins.keyword != "RUN" or "openenv_harness.harnesses.install" not in ins.args:
+            continue
+        words = shlex.split(ins.args.split("openenv_harness.harnesses.install", 1)[1].split("&&", 1)[0])
+        names += [w for w in itertools.takewhile(lambda w: not w.startswith("-"), words)]
+    return names
 
 
 class LocalProcessProvider:
@@ -80,6 +102,8 @@ class LocalProcessProvider:
                 target.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(file, target)
                 digest.update(rel.encode() + b"\0" + file.read_bytes())
+        # the image's own step that installs the pinned agent CLIs, done for this machine's prefix
+        ensure_installed(installed_clis(stage))
         ref = "sha256:" + digest.hexdigest()
         self._builds[ref] = (image, image_cmd(stage), image_env(stage))
         return ref
@@ -100,8 +124,8 @@ class LocalProcessProvider:
                    # the image's `pip install . ./envs/harness_env`: the staged sources first on the path
                    "PYTHONPATH": os.pathsep.join([str(image), str(image / "envs")]),
                    **spec.env_vars, **self.extra_env}
-        if "OPENENV_HARNESS_NODE_PREFIX" in os.environ:  # the agent CLIs this machine installed, not the image's
-            environ["OPENENV_HARNESS_NODE_PREFIX"] = os.environ["OPENENV_HARNESS_NODE_PREFIX"]
+        # the agent CLIs this machine installed (the image installs its own at build time, into its prefix)
+        environ["OPENENV_HARNESS_NODE_PREFIX"] = str(default_node_prefix())
         log_path = self.workdir / f"{spec.run_id}.log"
         log = log_path.open("wb")
         process = subprocess.Popen([sys.executable, *argv[1:]], cwd=home, env=environ, stdout=log,
