@@ -47,8 +47,10 @@ log = logging.getLogger(__name__)
 if TYPE_CHECKING:
     from openenv_harness.recorder.dialects.base import Dialect
 
-#: What the recorder adds to every upstream body -- and nothing else (D3).
-_CAPTURE_FIELDS = {"return_token_ids": True, "logprobs": True, "stream": False}
+#: What the recorder adds to every upstream body -- and nothing else (D3). ``return_weight_versions``: from
+#: vLLM 0.33 the chat route answers which weights sampled which tokens (spans per choice, recorded as
+#: ``metadata.weight_versions``); 0.32 ignores the field, as it ignores every field it does not know.
+_CAPTURE_FIELDS = {"return_token_ids": True, "logprobs": True, "stream": False, "return_weight_versions": True}
 
 
 @dataclass

@@ -44,8 +44,12 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--decode-delay-s", type=float, default=0.0)
     parser.add_argument("--prefill-delay-s", type=float, default=0.0)
     parser.add_argument("--max-recorded-requests", type=int, default=1000)
+    parser.add_argument("--vllm-version", choices=["0.32", "0.33", "0.34"], default="0.32",
+                        help="Speak this vLLM release's semantics (one-step parse, refusing pause, empty tools, "
+                        "chat weight-version spans)")
     parser.add_argument("--generate-derender", action="store_true",
-                        help="vLLM 0.33: render answers a parse_context, generate takes output_mode='derender'")
+                        help="vLLM 0.33: render answers a parse_context, generate takes output_mode='derender' "
+                        "(implied by --vllm-version 0.33 and 0.34)")
     parser.add_argument("--no-dev-mode", action="store_true", help="Do not serve /pause, /resume, /is_paused")
     parser.add_argument("--script", type=Path, help="JSON file with the default Script")
     parser.add_argument("--builtin-tasks", action="store_true",
@@ -81,7 +85,8 @@ def main(argv: list[str] | None = None) -> int:
         decode_delay_s=args.decode_delay_s,
         prefill_delay_s=args.prefill_delay_s,
         max_recorded_requests=args.max_recorded_requests,
-        generate_derender=args.generate_derender,
+        vllm_version=args.vllm_version,
+        **({"generate_derender": True} if args.generate_derender else {}),
         dev_mode=not args.no_dev_mode,
         default_script=default_script,
         scripts=_builtin_scripts() if args.builtin_tasks else {},

@@ -297,6 +297,23 @@ def _add_fence_routes(app: FastAPI, state: EngineState) -> None:
     async def _is_paused() -> Response:
         return _json({"is_paused": state.fence.paused})
 
+    @app.post("/update_weight_version")
+    async def _update_weight_version(request: Request) -> Response:
+        """vLLM's label for the weights it serves, reported in generate's (and, 0.33+, chat's) spans."""
+        try:
+            version = orjson.loads(await request.body()).get("new_version")
+        except (orjson.JSONDecodeError, AttributeError):
+            version = None
+        if not isinstance(version, str):
+            return _json({"error": {"message": "new_version: a string is required", "type": "Bad Request",
+                                    "param": "new_version", "code": 400}}, 400)
+        state.weight_version = version
+        return _json({"success": True, "new_version": version})
+
+    @app.get("/weight_info")
+    async def _weight_info() -> Response:
+        return _json({"weight_version": state.weight_version})
+
 
 def _add_control_routes(app: FastAPI, state: EngineState) -> None:
     @app.post("/_ref/scripts")

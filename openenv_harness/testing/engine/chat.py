@@ -62,6 +62,22 @@ class ChatRequest(BaseModel):
     add_generation_prompt: bool = True
     chat_template_kwargs: dict[str, Any] | None = None
     return_prompt_text: bool | None = None
+    return_weight_versions: bool | None = None
+
+
+#: vLLM 0.32/0.33's answer to ``tools: []`` (its chat request validator, which the render route shares)
+EMPTY_TOOLS_MESSAGE = ("`tools` must not be an empty array. Either provide at least one tool or omit the field "
+                       "entirely. (parameter=tools)")
+
+
+def empty_tools(config: EngineConfig, chat: ChatRequest) -> Response | None:
+    """An empty tools array: a 400 where the release refuses it, else no tools at all (vLLM 0.34)."""
+    if chat.tools is None or chat.tools:
+        return None
+    if config.empty_tools_rejected:
+        return error_response(400, EMPTY_TOOLS_MESSAGE, "tools")
+    chat.tools = None
+    return None
 
 
 def error_response(status: int, message: str, param: str | None = None,
@@ -185,6 +201,9 @@ async def chat_completions(state: EngineState, request: Request) -> Response:
     if chat.stream_options is not None and not chat.stream:
         return error_response(400, "Stream options can only be defined when `stream=True`. "
                               "(parameter=stream_options)", "stream_options")
+    refused = empty_tools(config, chat)
+    if refused is not None:
+        return refused
     if config.strict_model_name and not state.knows_model(chat.model):
         return error_response(404, f"The model `{chat.model}` does not exist. Valid aliases: "
                               f"{config.served_model_name}.", "model")
@@ -248,6 +267,8 @@ async def chat_completions(state: EngineState, request: Request) -> Response:
         logprob_mismatch=bool(fault and fault.logprob_mismatch),
         usage_mismatch=bool(fault and fault.usage_mismatch),
         nan_logprob=bool(fault and fault.nan_logprob),
+        weight_versions_key=config.chat_weight_versions,
+        weight_versions=state.weight_version if config.chat_weight_versions and chat.return_weight_versions else None,
     )
     if chat.stream:
         stream = _stream(state, spec, request, drop=bool(fault and fault.drop))

@@ -6,13 +6,23 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from openenv_harness.testing.engine.messages import ReasoningContentReplay, ToolArguments
 from openenv_harness.testing.engine.policy import Script
 
 #: What ``GET /version`` reports: vLLM's version line this engine mimics, marked as a reference.
 ENGINE_VERSION = "0.32.0+reference"
+
+VLLMVersion = Literal["0.32", "0.33", "0.34"]
+#: What each vLLM release changed on the wire a recorder sees, read from each release's code: the one-step
+#: parse and the refusing pause arrived in 0.33; ``tools: []`` is refused with a 400 until 0.34 treats it as
+#: omitted; the chat route reports weight-version spans on request from 0.33 (generate always does).
+VERSION_SEMANTICS: dict[str, dict[str, bool]] = {
+    "0.32": {"generate_derender": False, "pause_rejects_new": False},
+    "0.33": {"generate_derender": True, "pause_rejects_new": True},
+    "0.34": {"generate_derender": True, "pause_rejects_new": True},
+}
 
 #: The request header a recorder forwards its session id in; scripts and faults are keyed by it.
 SESSION_HEADER = "x-openenv-harness-session"
@@ -109,7 +119,35 @@ class EngineConfig(BaseModel):
         "('Generation is paused. Please retry after it resumes.') until /resume; off: vLLM 0.32, which holds them")
     max_recorded_requests: int = Field(1000, ge=0, description="Request log size for /_ref/requests (0: off)")
     api_key: str | None = Field(None, description="vLLM --api-key: /v1 routes answer 401 without this bearer key")
+    vllm_version: VLLMVersion = Field(
+        "0.32", description="The vLLM release whose semantics this engine speaks (VERSION_SEMANTICS): it sets "
+        "generate_derender and pause_rejects_new unless they are given, how an empty tools array is answered, and "
+        "whether the chat route reports weight-version spans")
     version: str = ENGINE_VERSION
+
+    @model_validator(mode="before")
+    @classmethod
+    def _release_semantics(cls, data: Any) -> Any:
+        """Fill the release's behaviours the caller did not set explicitly."""
+        if not isinstance(data, dict):
+            return data
+        release = data.get("vllm_version", "0.32")
+        semantics = VERSION_SEMANTICS.get(str(release))
+        if semantics is None:
+            return data  # the field's own validation names the accepted releases
+        filled = {**semantics, **data}
+        filled.setdefault("version", f"{release}.0+reference")
+        return filled
+
+    @property
+    def empty_tools_rejected(self) -> bool:
+        """vLLM 0.32 and 0.33 answer ``tools: []`` with a 400; 0.34 treats it as no tools."""
+        return self.vllm_version in ("0.32", "0.33")
+
+    @property
+    def chat_weight_versions(self) -> bool:
+        """From vLLM 0.33 the chat route takes ``return_weight_versions`` and answers spans per choice."""
+        return self.vllm_version != "0.32"
 
     @classmethod
     def for_model(cls, folder: Path, **overrides: Any) -> EngineConfig:

@@ -27,7 +27,13 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from openenv_harness.testing.engine.chat import ChatRequest, effective_sampling, error_response, validation_message
+from openenv_harness.testing.engine.chat import (
+    ChatRequest,
+    effective_sampling,
+    empty_tools,
+    error_response,
+    validation_message,
+)
 from openenv_harness.testing.engine.config import SESSION_HEADER, EngineConfig
 from openenv_harness.testing.engine.messages import MessageError
 from openenv_harness.testing.engine.parser import parse_output
@@ -175,6 +181,9 @@ async def render(state: EngineState, request: Request) -> Response:
     if error is not None:
         return error
     assert isinstance(parsed, ChatRequest)
+    refused = empty_tools(state.config, parsed)
+    if refused is not None:
+        return refused
     try:  # the render route validates a chat request, so it preprocesses like the chat route
         ids = render_prompt(state.config, state.template, state.tokenizer, messages=parsed.messages,
                             tools=parsed.tools, add_generation_prompt=parsed.add_generation_prompt,
@@ -245,7 +254,7 @@ async def generate(state: EngineState, request: Request) -> Response:
     n = len(ids)
     choice: dict[str, Any] = {"index": 0, "finish_reason": finish, "stop_reason": None, "token_ids": ids,
                               "routed_experts": None, "sampling_mask": None,
-                              "weight_versions": [{"version": "default", "start": 0, "end": n}],
+                              "weight_versions": [{"version": state.weight_version, "start": 0, "end": n}],
                               "logprobs": {"content": content} if content is not None else None}
     if one_step:  # vLLM 0.33: derender's parse of the sample, in generate's reply
         assert parsed.parse_context is not None

@@ -43,6 +43,8 @@ class EngineState:
         #: reads roles and open think blocks back out of id prompts (the scale-out routes)
         self.prompt_reader = PromptReader(self.tokenizer)
         self.fence = Fence(reject_new=config.pause_rejects_new)
+        #: the label of the weights being served (vLLM's ``/update_weight_version``; "default" from the start)
+        self.weight_version = "default"
         self.faults = FaultBook()
         self._scripts: dict[str, Script] = {}
         self._requests: deque[dict[str, Any]] = deque(maxlen=config.max_recorded_requests)

@@ -80,6 +80,10 @@ class ReplySpec:
     usage_mismatch: bool = False
     nan_logprob: bool = False
     tool_call_ids: list[str] = field(default_factory=list)
+    #: vLLM 0.33+: every choice has ``weight_versions`` (null unless the request asked for the spans)
+    weight_versions_key: bool = False
+    #: the weight-version label to report spans under, when asked (``return_weight_versions``)
+    weight_versions: str | None = None
 
 
 def output_text(tokenizer: ReferenceTokenizer, ids: list[int]) -> str:
@@ -189,6 +193,9 @@ def completion_body(tokenizer: ReferenceTokenizer, spec: ReplySpec, emitted: int
         "token_ids": ids if spec.return_token_ids else None,
         "routed_experts": None,
     }
+    if spec.weight_versions_key:
+        choice["weight_versions"] = None if spec.weight_versions is None else (
+            [{"version": spec.weight_versions, "start": 0, "end": len(ids)}] if ids else [])
     body: dict[str, Any] = {
         "id": spec.request_id,
         "object": "chat.completion",
