@@ -4,6 +4,8 @@
   progress on stderr; one-line error and exit 1 where it cannot work here).
 - ``serve``: start vLLM with the project's flags and keep it in the foreground until Ctrl-C.
 - ``status``: say what is installed, without installing anything.
+- ``protocols``: fetch vLLM 0.33 / 0.34's Python sources (their request and reply models, for the
+  conformance tests; ``protocols.py``).
 """
 
 from __future__ import annotations
@@ -29,11 +31,22 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("setup", "serve", "status"):
         p = sub.add_parser(name)
         p.add_argument("--model", default=next(iter(MODELS)), choices=sorted(MODELS))
+    sub.add_parser("protocols")
     serve = sub.choices["serve"]
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--chat-template", type=Path, default=None)
     serve.add_argument("--no-scale-out", action="store_true")
     args = parser.parse_args(argv)
+    if args.command == "protocols":
+        from openenv_harness.engine.protocols import ensure_protocols
+
+        try:
+            for version, folder in ensure_protocols(progress=_progress).items():
+                _progress(f"vLLM {version} sources: {folder}")
+        except EngineSetupError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+        return 0
     spec = MODELS[args.model]
     if args.command == "status":
         home = engine_home()

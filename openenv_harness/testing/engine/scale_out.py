@@ -177,10 +177,12 @@ async def _sample_ids(state: EngineState, request: Request, path: str, body: Any
 
 
 async def render(state: EngineState, request: Request) -> Response:
-    parsed, _, error = await _body(request, ChatRequest)
+    parsed, raw, error = await _body(request, ChatRequest)
     if error is not None:
         return error
     assert isinstance(parsed, ChatRequest)
+    state.record(session=request.headers.get(SESSION_HEADER), model=parsed.model, path=request.url.path,
+                 headers=dict(request.headers), body=raw)
     refused = empty_tools(state.config, parsed)
     if refused is not None:
         return refused
