@@ -117,7 +117,7 @@ class _SampleBuilder:
         self.segments.append(
             Segment(
                 node_id=call.node_id, offset=len(self.response), length=len(call.completion), trainable_tokens=trainable,
-                logprobs_are_policy=call.logprobs_are_policy,
+                logprobs_are_policy=call.logprobs_are_policy, sampling=call.sampling,
             )
         )
         self.node_ids.append(call.node_id)
@@ -155,7 +155,8 @@ class _SampleBuilder:
         if kept:
             self.segments.append(Segment(node_id=prev.node_id, offset=segment.offset, length=kept,
                                          trainable_tokens=kept_trainable, partial=True,
-                                         logprobs_are_policy=segment.logprobs_are_policy))
+                                         logprobs_are_policy=segment.logprobs_are_policy,
+                                         sampling=segment.sampling))
         self.realigned.append(prev.node_id)
         lost = segment.trainable_tokens - kept_trainable
         self.lost_tokens += lost

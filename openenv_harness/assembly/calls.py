@@ -56,6 +56,8 @@ class Call:
     logprobs_are_policy: bool
     prompt_bytes: bytes = field(repr=False)
     completion_bytes: bytes = field(repr=False)
+    #: the engine's effective sampling settings (``provenance.sampling_effective``); None where not recorded
+    sampling: dict[str, Any] | None = None
 
     @property
     def trainable_tokens(self) -> int:
@@ -161,7 +163,14 @@ def call_from_entry(entry: Mapping[str, Any], *, non_policy: NonPolicy = "mask")
         logprobs_are_policy=policy,
         prompt_bytes=prompt_bytes,
         completion_bytes=completion_bytes,
+        sampling=_effective_sampling(metadata),
     )
+
+
+def _effective_sampling(metadata: Mapping[str, Any]) -> dict[str, Any] | None:
+    provenance = metadata.get("provenance")
+    effective = provenance.get("sampling_effective") if isinstance(provenance, Mapping) else None
+    return dict(effective) if isinstance(effective, Mapping) else None
 
 
 def _exclusion_reason(entry: Mapping[str, Any]) -> str:

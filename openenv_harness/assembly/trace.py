@@ -9,7 +9,7 @@ checked on every trace the assembler emits.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -32,6 +32,10 @@ class Segment(BaseModel):
     logprobs_are_policy: bool = Field(True, description="False when the call ran under a decoding constraint: its "
                                       "logprobs were taken after the engine's mask, not the policy's (its ids are "
                                       "mask 0 unless assembled with non_policy='keep')")
+    sampling: dict[str, Any] | None = Field(
+        None, description="The call's effective sampling settings (temperature, top_p, top_k, min_p, penalties: "
+        "metadata.provenance.sampling_effective), what importance sampling corrected for truncated sampling "
+        "(TRL >= 1.17 under top-k / top-p / min-p) needs per token; None where the records do not say")
 
 
 class TraceMetadata(BaseModel):

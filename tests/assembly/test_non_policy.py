@@ -65,3 +65,15 @@ def test_a_record_without_the_flag_is_the_policys(session) -> None:
 def test_an_unknown_choice_is_refused(session) -> None:
     with pytest.raises(AssemblyError, match="non_policy"):
         assemble_session(session, non_policy="trust")  # type: ignore[arg-type]
+
+
+def test_each_segment_carries_its_calls_effective_sampling(session) -> None:
+    """What importance sampling corrected for truncated sampling (TRL >= 1.17 under top-k / top-p / min-p)
+    needs per token: each call's effective settings, on its segment; None where a record does not say."""
+    settings = [{"temperature": 1.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0},
+                {"temperature": 0.7, "top_p": 0.8, "top_k": 20, "min_p": 0.05}]
+    for record, effective in zip(session, settings):
+        record["metadata"].setdefault("provenance", {})["sampling_effective"] = effective
+    [trace] = assemble_session(session).traces
+    assert [s.sampling for s in trace.metadata.segments] == [*settings, None]
+    assert trace.model_dump()["metadata"]["segments"][1]["sampling"] == settings[1]  # exported as it is
