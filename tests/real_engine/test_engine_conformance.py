@@ -170,6 +170,15 @@ def test_errors(pair: Pair) -> None:
     unknown, _ = pair.same_shape("POST", "/v1/chat/completions", "unknown model",
                                  json={**_chat([USER], max_tokens=2), "model": "no-such-model"})
     assert unknown["error"]["code"] == 404
+    # vLLM 0.32 refuses an empty tools array on the chat and render routes (0.34 treats it as omitted)
+    for route in ("/v1/chat/completions", "/v1/chat/completions/render"):
+        real, ref = pair.same_shape("POST", route, f"empty tools on {route}", json={**_chat([USER], max_tokens=2),
+                                                                                     "tools": []})
+        assert real == ref and real["error"]["param"] == "tools", (real, ref)
+    # the chat route's weight-version spans are 0.33's: 0.32 ignores the request field
+    real, ref = pair.same_shape("POST", "/v1/chat/completions", "return_weight_versions (ignored by 0.32)",
+                                json={**_chat([USER], max_tokens=2), "return_weight_versions": True})
+    assert "weight_versions" not in real["choices"][0] and "weight_versions" not in ref["choices"][0]
 
 
 def test_fence(pair: Pair) -> None:
