@@ -19,7 +19,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -27,6 +26,7 @@ import pytest
 from harness_env import HarnessEnv
 
 from openenv_harness.recorder import free_port
+from openenv_harness.space.dockerfile import Instruction, final_stage, image_env, parse_dockerfile
 
 from env_support import ADMIN, ENVS, REPO
 
@@ -34,52 +34,6 @@ DOCKERFILE = ENVS / "harness_env" / "server" / "Dockerfile"
 DOCKERIGNORE = DOCKERFILE.with_name("Dockerfile.dockerignore")
 #: ENV values that name places on the machine the image runs on; everything else is used verbatim.
 MACHINE_SPECIFIC = {"PORT", "HOME", "OEH_DATA_DIR"}
-
-
-@dataclass
-class Instruction:
-    keyword: str
-    args: str
-
-
-def parse_dockerfile(path: Path) -> list[Instruction]:
-    """Instructions in order, continuation lines joined, comments and blank lines dropped."""
-    instructions: list[Instruction] = []
-    pending = ""
-    for raw in path.read_text().splitlines():
-        line = raw.strip()
-        if not pending and (not line or line.startswith("#")):
-            continue
-        if line.startswith("#"):  # a comment inside a continued instruction
-            continue
-        if line.endswith("\\"):
-            pending += line[:-1] + " "
-            continue
-        text = pending + line
-        pending = ""
-        keyword, _, args = text.partition(" ")
-        instructions.append(Instruction(keyword.upper(), args.strip()))
-    return instructions
-
-
-def final_stage(instructions: list[Instruction]) -> list[Instruction]:
-    starts = [i for i, ins in enumerate(instructions) if ins.keyword == "FROM"]
-    return instructions[starts[-1]:]
-
-
-def env_of(stage: list[Instruction]) -> dict[str, str]:
-    env: dict[str, str] = {}
-    for ins in stage:
-        if ins.keyword != "ENV":
-            continue
-        parts = shlex.split(ins.args)
-        if parts and "=" not in parts[0]:  # legacy form: ENV KEY value with spaces
-            env[parts[0]] = " ".join(parts[1:])
-            continue
-        for part in parts:
-            key, _, value = part.partition("=")
-            env[key] = value
-    return env
 
 
 def exec_form(args: str) -> list[str]:
@@ -108,7 +62,7 @@ def test_base_images_python_311_and_node_20() -> None:
 def test_ripgrep_node_tools_and_the_pinned_cli_install_step() -> None:
     runs = [ins.args for ins in STAGE if ins.keyword == "RUN"]
     assert any("apt-get install" in r and "ripgrep" in r for r in runs)
-    prefix = env_of(STAGE)["OPENENV_HARNESS_NODE_PREFIX"]
+    prefix = image_env(STAGE)["OPENENV_HARNESS_NODE_PREFIX"]
     assert prefix.startswith("/")
     install = [i for i, ins in enumerate(STAGE) if ins.keyword == "RUN"
                and "python -m openenv_harness.harnesses.install" in ins.args]
@@ -126,7 +80,7 @@ def test_runs_as_non_root_uid_1000_exposes_8000_and_checks_health() -> None:
     assert any("useradd" in ins.args and "--uid 1000" in ins.args and users[-1] in ins.args.split()
                for ins in STAGE if ins.keyword == "RUN")
     assert only(STAGE, "EXPOSE").args == "8000"
-    assert env_of(STAGE)["PORT"] == "8000"
+    assert image_env(STAGE)["PORT"] == "8000"
     health = only(STAGE, "HEALTHCHECK").args
     assert "/health" in health and " CMD " in f" {health} "
 
@@ -149,15 +103,15 @@ def image_entry(tmp_path: Path) -> Iterator[tuple[str, dict[str, str], subproces
     """The image's CMD started here, with the image's ENV; yields (url, env, process, log path)."""
     argv = exec_form(only(STAGE, "CMD").args)
     assert argv[0] == "python"  # the image's python, which has the package installed
-    image_env = env_of(STAGE)
-    assert MACHINE_SPECIFIC <= set(image_env)
+    env_in_image = image_env(STAGE)
+    assert MACHINE_SPECIFIC <= set(env_in_image)
     port = free_port()
     home = tmp_path / "home"
     home.mkdir()
     env = {
         "PATH": os.environ.get("PATH", os.defpath),
         "LANG": "C.UTF-8",
-        **image_env,
+        **env_in_image,
         "PORT": str(port),
         "HOME": str(home),
         "OEH_DATA_DIR": str(tmp_path / "data"),
