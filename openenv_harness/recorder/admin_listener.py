@@ -12,7 +12,7 @@ rollouts at once. Here a second uvicorn server runs on its own thread and event 
   and hops to the chat loop (``RecorderContext.on_chat_loop``).
 - close runs here when the session has no call in flight (a trainer's usual case: it closes
   rollouts that finished); a session with calls in flight hops to the chat loop, which cancels and
-  waits for them as before (``SessionRegistry.close``).
+  waits for them (``SessionRegistry.close``).
 - reading one session's summary and ``/admin/health`` are served too (reads of dicts and counters;
   the store's statistics use its per-thread SQLite reader); every other route stays on the main
   port only, which keeps all of them as they were.

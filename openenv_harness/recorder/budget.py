@@ -4,7 +4,7 @@ A black-box agent never stops on its own, so the recorder does: max agent calls,
 tokens (prompt and completion counted separately, plus a total), max wall-clock. The cap that
 stopped a session becomes its stop condition (on the session and in every later record's
 ``limits``). The agent is answered with a 400 -- both supported CLIs end promptly on a 400, with
-no retry storm (harnesses.md §5) -- and nothing synthetic is ever recorded as a policy sample.
+no retry storm -- and nothing synthetic is ever recorded as a policy sample.
 
 Tool-call caps (RFC 005's ``max_tool_calls_per_turn`` and ``max_total_tool_calls``) cannot be
 checked before a call: they are about what the reply asks for. The recorder sees every reply

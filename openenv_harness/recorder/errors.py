@@ -1,7 +1,7 @@
 """Errors the agent receives, in the OpenAI error shape its SDK understands.
 
 Why the care: agent SDKs decide whether to retry from the status alone (429/5xx retry, other 4xx
-fail fast -- harnesses.md §5), so the status is policy, and the message is what a person reads in
+fail fast), so the status is policy, and the message is what a person reads in
 the agent's stderr when a rollout fails.
 """
 

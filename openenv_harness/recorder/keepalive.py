@@ -6,7 +6,7 @@ that is minutes, and the CLIs give up on a silent stream (Claude Code after 5 mi
 arrived"; Codex's stream idle timeout; proxies in between sooner). Real APIs send keepalive events
 for exactly this; so do we -- without giving up durability before the reply:
 
-- a call that finishes within ``grace_s`` is answered exactly as before (its status, its headers);
+- a call that finishes within ``grace_s`` is answered as if no keepalive existed (its status, its headers);
 - a streaming call still running after ``grace_s`` is committed to ``200 text/event-stream``: the
   agent gets the dialect's keepalive event (Anthropic ``ping``; an SSE comment for Chat Completions
   and Responses, which every SSE parser skips) every ``interval_s``, and then the reply's events,

@@ -2,8 +2,8 @@
 
 Why one module: two holders need "how much of this new prompt equals that earlier one" -- the
 fidelity tracker (is a chain tip's prompt a prefix of this call's, and where do they part) and the
-index process (how many ids a record shares with its delta base). Both used to keep the earlier
-prompts whole, 4 bytes per id per session, between calls. A ``PromptSketch`` keeps a SHA-256
+index process (how many ids a record shares with its delta base). Keeping the earlier prompts
+whole would cost 4 bytes per id per session between calls. A ``PromptSketch`` keeps a SHA-256
 digest per whole block of ``BLOCK`` ids and the ids of the last, partial block: about 1/128 of the
 prompt plus at most one block. (SHA-256 on 4 KB blocks: the fastest of hashlib's digests on CPUs
 with SHA extensions, ~0.5 ms for a 90k-id prompt here; BLAKE2b on 1 KB blocks took ~1.4 ms.) Against a new prompt (with its own ``block_digests``) it gives the common prefix

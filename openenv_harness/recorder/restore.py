@@ -17,7 +17,7 @@ order, to a fresh tracker (those the tracker observed live) and to its dialect's
 Both stay bounded as live (``MAX_TIPS`` tips; the memory's own entry and byte limits, oldest out
 first). The records are streamed one at a time on a worker thread, off the event loop; calls of
 the session that arrive meanwhile wait for the same rebuild. A store that cannot be read leaves the
-state empty -- as before: the next transition shows what it costs, never a wrong prompt.
+state empty: the next transition shows what it costs, never a wrong prompt.
 """
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ async def read_tip_prompts(store: RecordStore, session_id: str, need: dict[str, 
 
     Why: a tracker under the recorder's budget keeps an idle session's tips as digests
     (``fidelity.py``); a break whose divergence lies inside one of their blocks needs the prompt
-    whole to say where, exactly as before. Rare (a break, in a session that was idle), so one read
+    whole to say where. Rare (a break, in a session that was idle), so one read
     per tip, by its record's seq. A tip that cannot be read is left out: its divergence position is
     then the start of the block where the prompts part -- the class and the parent stay right.
     """

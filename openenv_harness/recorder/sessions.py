@@ -50,7 +50,7 @@ class Budgets(BaseModel):
 
 
 class AuxRule(BaseModel):
-    """Marks a call as ``aux`` when every given condition holds (harnesses.md §6.3)."""
+    """Marks a call as ``aux`` when every given condition holds."""
 
     model_config = ConfigDict(extra="forbid")
 

@@ -2,7 +2,7 @@
 
 Why synthesize: the recorder calls the engine without streaming (the token evidence must be whole
 and recorded before anything is sent), but CLI agents always ask to stream, and a JSON body where
-SSE was asked for makes OpenCode loop forever and Pi end silently (harnesses.md §5). So the whole
+SSE was asked for makes OpenCode loop forever and Pi end silently. So the whole
 reply is replayed as a stream that mirrors vLLM's chunk order: role, reasoning, content, tool-call
 deltas (index, id, type and name first, then the arguments), a chunk with a real ``finish_reason``,
 the usage chunk when asked, then ``[DONE]``. The stream is built only after the record committed,

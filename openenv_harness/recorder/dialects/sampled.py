@@ -12,7 +12,7 @@ that text that parses to exactly the call's arguments is the sampled argument te
 hand that text to the agent (Responses ``arguments``, Anthropic ``input_json_delta``) and remember
 it (``ReplayMemory``) -- it is JSON-equal to what the parser returned, so the agent sees the same
 arguments. When the text cannot be recovered (``token_id:N`` strings, a format that writes
-arguments as anything but a JSON object) the parser's string is used, as before. The record keeps
+arguments as anything but a JSON object) the parser's string is used. The record keeps
 the engine's reply untouched either way, and the texts found in ``metadata.sampled_arguments``
 (``Dialect.keep_sampled_arguments``): the logprob entries they come from are not in the record.
 """

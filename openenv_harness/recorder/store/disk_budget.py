@@ -3,15 +3,14 @@
 Three files hold more than the records: the SQLite write-ahead log (reset by a TRUNCATE checkpoint
 once past a size), the journal's unindexed frames (``backlog.py``: appends wait past a byte bound)
 and the journal's open segment (deleted once closed and indexed, so it grows to its rotation size
-before it can go). Each bound used to be fixed -- 8 MiB, 16 MiB and 4 MiB -- which is small beside a
-long run's content but several times the content of a run's first seconds: measured at 64 busy
-sessions from 8k ids (``docs/benchmarks.md``, "Steady-state footprint"), 14-34 MB on disk for 3-12
-MB of records in the first 20 s (up to 4.2x), the journal 2-16 MB and the WAL 5.4 MB of it.
+before it can go). A fixed bound (8 MiB, 16 MiB and 4 MiB) is small beside a long run's content but
+several times the content of a run's first seconds, so a short run's store would be several times
+its records (``docs/benchmarks.md``, "Steady-state footprint").
 
 So each bound is a share of what the SQLite file holds, between a small floor and the configured
 bound: ``min(configured, max(floor, share x database bytes))``. Once the database is large enough
 (20 MB for the WAL and the segment, 16 MB for the backlog at the defaults) every bound is
-the configured one, as before -- the agents' calls wait on nothing new in a long run; only while the
+the configured one -- the agents' calls wait on nothing new in a long run; only while the
 store is small can the byte bound hold appends back sooner. The shares add up to about 1.8x the
 database (the journal's open segment counts twice: the closed one before it may not be deleted
 yet), and the parts rarely peak together, so with SQLite's file itself the store stays under 3x

@@ -14,9 +14,9 @@ measured on this double paid for work the real engine does not do (``docs/benchm
   where the decoder is byte-level and ``<|im_start|>`` is one atomic id (the reference tokenizer,
   Qwen's): the decoded text is then the turns' texts joined by the header, and none of the marks
   read (a header, ``<tool_response>``, the tool list's ``\\n<tools>\\n``) can straddle a header.
-  Any other tokenizer decodes the whole prompt, as before.
+  Any other tokenizer decodes the whole prompt.
 - An open think block: the last ``<think>`` id and whether a ``</think>`` id follows it, read on the
-  ids (both are atomic tokens here); otherwise the decoded prompt is searched, as before.
+  ids (both are atomic tokens here); otherwise the decoded prompt is searched.
 """
 
 from __future__ import annotations

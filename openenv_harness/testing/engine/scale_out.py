@@ -366,7 +366,7 @@ async def derender(state: EngineState, request: Request) -> Response:
                                           parsed.prompt_token_ids)
     lp = choice.get("logprobs")
     # vLLM 0.32 hands generate's candidates on as they are; 0.33 cuts them to the chat request's top_logprobs,
-    # as its chat route does (generate no longer cuts them itself)
+    # as its chat route does (its generate does not cut them itself)
     top = (parsed.chat_request.get("top_logprobs") or 0) if state.config.generate_derender else None
     logprobs = _chat_logprobs(state, lp["content"], top) \
         if isinstance(lp, dict) and isinstance(lp.get("content"), list) else None
