@@ -121,7 +121,7 @@ def train_demo(
 
     if task not in BUILTIN_TASKS:
         raise CLIError(f"unknown task {task!r}", f"built-in tasks: {', '.join(BUILTIN_TASKS)}")
-    hf_logging.disable_progress_bar()  # the loop prints its own progress, one line a phase
+    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # the loop prints its progress, a line a phase
     run_dir = Path(out or Path("runs") / time.strftime("train-%Y%m%d-%H%M%S"))
     run_dir.mkdir(parents=True, exist_ok=True)
     progress = lambda message: console.print(f"[dim]{time.strftime('%X')}[/] {message}", soft_wrap=True)  # noqa: E731
