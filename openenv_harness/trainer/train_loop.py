@@ -38,6 +38,13 @@ from openenv_harness.trainer.verify import DeltaStats, load_model, verify_record
 from openenv_harness.trainer.weight_sync import DiskWeightSync, SyncReport
 
 
+#: Sampling from the whole distribution the trainer's log-softmax scores: the model's generation config
+#: would otherwise truncate it (Qwen2.5: top_p 0.8, top_k 20, repetition penalty 1.05), and a policy
+#: gradient over samples drawn from a truncated distribution, weighted by the untruncated logprobs the
+#: engine records (raw_logprobs), is biased
+FULL_VOCABULARY: dict[str, Any] = {"top_p": 1.0, "top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0}
+
+
 @dataclass
 class LoopSettings:
     """One loop iteration's knobs. The defaults fit a 2-core CPU: a few minutes a phase."""
@@ -190,7 +197,7 @@ class TrainLoop:
                 harness=s.harness, recorder_url=s.recorder_url, admin_token=s.admin_token, model=s.model,
                 tasks={s.task: BUILTIN_TASKS[s.task]}, prompt_mode="incremental",
                 budgets={"max_agent_calls": s.max_agent_calls, "max_wall_clock_s": s.rollout_timeout_s},
-                sampling={"temperature": s.temperature, "seed": seed, "max_tokens": s.max_tokens})
+                sampling={**FULL_VOCABULARY, "temperature": s.temperature, "seed": seed, "max_tokens": s.max_tokens})
             report, session = run_rollout(factory, s.task, timeout_s=s.rollout_timeout_s + 30, seed=seed)
             if session is None:
                 raise RuntimeError(f"rollout {seed} could not start: {report.error}")
@@ -242,7 +249,7 @@ class TrainLoop:
         s = self.settings
         torch = _torch()
         self._timed("check_engine", self.sync.check)
-        version = int(self.client.health().get("policy_version", 0) or 0)
+        version = int(self.client.health()["fence"]["policy_version"])  # a trainer may resume at any version
         self.progress(f"rollouts at policy version {version}: {s.group} x {s.harness} on {s.task} (incremental mode)")
         before, before_records, scored, advantages = self._timed("rollouts_before", self._group)
         samples: list[TrainSample] = []
@@ -251,12 +258,11 @@ class TrainLoop:
             samples.extend(samples_from_traces(traces, advantage, summary.session_id))
 
         self.progress(f"loading the model from {s.model_dir} (trainer, float32)")
-        base, tokenizer = self._timed("load_models", lambda: load_model(str(s.model_dir), dtype="float32"))
-        check_before = self._timed("check_before", lambda: _check(base, tokenizer, before_records))
+        base, _tokenizer = self._timed("load_models", lambda: load_model(str(s.model_dir), dtype="float32"))
+        check_before = self._timed("check_before", lambda: _check(base, before_records))
         self.progress(f"step-0 check at version {version}: mean |delta| {check_before.delta_mean:.4f} over "
                       f"{check_before.tokens} tokens (the noise floor)")
-        policy = _sharing_frozen(base, s.layers)
-        trained = train_last_layers(policy, s.layers)
+        policy, trained = _sharing_frozen(base, s.layers)
         optimizer = torch.optim.Adam(trained, lr=s.learning_rate)
         self.progress(f"one GRPO step: {len(samples)} row(s), advantages {[round(a, 3) for a in advantages]}")
         step = self._timed("update", lambda: grpo_step(policy, optimizer, samples))
@@ -267,8 +273,8 @@ class TrainLoop:
         self.progress(f"engine reloaded in {sync.phases.get('load', 0):.1f} s; recorder at version {sync.version_after}")
 
         after, after_records = self._timed("rollouts_after", lambda: self.rollouts(s.next_rollouts, s.seed + len(before)))
-        check_after = self._timed("check_after", lambda: _check(policy, tokenizer, after_records))
-        check_stale = self._timed("check_stale", lambda: _check(base, tokenizer, after_records))
+        check_after = self._timed("check_after", lambda: _check(policy, after_records))
+        check_stale = self._timed("check_stale", lambda: _check(base, after_records))
         return LoopReport(asdict(s) | {"model_dir": str(s.model_dir), "workdir": str(s.workdir)}, version,
                           sync.version_after, before, step, sync, after, check_before, check_after, check_stale,
                           dict(self.phases))
@@ -288,7 +294,7 @@ def _torch() -> Any:
     return torch
 
 
-def _check(model: Any, tokenizer: Any, records: list[list[dict[str, Any]]]) -> DeltaStats:
+def _check(model: Any, records: list[list[dict[str, Any]]]) -> DeltaStats:
     """The trainer's logprobs of every policy token of the rollouts against the engine's, pooled."""
     rollout: list[float] = []
     trainer: list[float] = []
@@ -303,20 +309,19 @@ def _check(model: Any, tokenizer: Any, records: list[list[dict[str, Any]]]) -> D
             trainer.extend(score_tokens(model, r["prompt_token_ids"], r["completion_token_ids"]))
     if not rollout:
         raise RuntimeError("no policy token to check: every call was constrained or failed")
-    del tokenizer  # the pooled check needs no text; verify_records is the per-call report
     return DeltaStats.of(rollout, trainer, 0.05)
 
 
-def _sharing_frozen(base: Any, layers: int) -> Any:
-    """A copy of ``base`` to train whose frozen parameters are ``base``'s own tensors (never written): two
-    models for the memory of one and the trained layers."""
+def _sharing_frozen(base: Any, layers: int) -> tuple[Any, list[Any]]:
+    """A copy of ``base`` to train, and its trained parameters; its frozen parameters are ``base``'s own
+    tensors (never written): two models for the memory of one and the trained layers."""
     policy = copy.deepcopy(base)
-    train_last_layers(policy, layers)
+    trained = train_last_layers(policy, layers)
     shared = dict(base.named_parameters())
     for name, parameter in policy.named_parameters():
         if not parameter.requires_grad:
             parameter.data = shared[name].data
-    return policy
+    return policy, trained
 
 
 def _save_as_served(model: Any, trained: list[Any], folder: Path) -> None:

@@ -52,18 +52,21 @@ def loop_run(vllm: VLLMServer, tmp_path_factory: pytest.TempPathFactory) -> Iter
     work = tmp_path_factory.mktemp("train-loop")
     stack = RealStack(work / "records.db", vllm.url)
     base = _checksums(vllm.url)
-    _hits_of_cached_prompt(vllm.url)  # the prompt's blocks are cached at version 0 ...
+    _hits_of_cached_prompt(vllm.url)  # the prompt's blocks are cached before the sync ...
     settings = LoopSettings(engine_url=vllm.url, recorder_url=stack.recorder.url, admin_token=ADMIN, model=MODEL,
                             model_dir=Path(vllm.settings.model_dir), workdir=work, group=2, next_rollouts=1,
                             max_tokens=96)
     loop = TrainLoop(settings, progress=print)
+    stack.admin.set_policy_version(3)  # a trainer resumed from a checkpoint: the loop goes on from there
     try:
         report = loop.run()
         hits_after_sync = _hits_of_cached_prompt(vllm.url)  # ... and not reused by the new weights
         trained = _checksums(vllm.url)
         loop.restore(report)
+        sampling = [r["metadata"]["provenance"]["sampling_effective"]
+                    for rollout in [*report.before, *report.after] for r in stack.admin.records(rollout.session_id)]
         yield {"report": report, "base": base, "trained": trained, "restored": _checksums(vllm.url),
-               "hits_after_sync": hits_after_sync}
+               "hits_after_sync": hits_after_sync, "sampling": sampling}
     finally:
         DiskWeightSync(stack.admin, vllm.url).reload(vllm.settings.model_dir)  # the base weights, whatever happened
         loop.close()
@@ -77,35 +80,38 @@ def test_one_iteration_closes_the_loop(loop_run: dict[str, Any], record_property
                                               "after": report.check_after.__dict__,
                                               "stale": report.check_stale.__dict__}))
     print("train loop:", json.dumps(report.as_dict(), default=str)[:4000])
-    # 1. a group at version 0, each rollout one exact row that TRL's own reconciler rebuilds identically
-    assert all(r.policy_versions == [0] and r.rows == 1 for r in report.before), report.before
+    # 1. a group at version 3, each rollout one exact row that TRL's own reconciler rebuilds identically
+    assert all(r.policy_versions == [3] and r.rows == 1 for r in report.before), report.before
     assert all(r.trl_agrees is True for r in [*report.before, *report.after])
     assert all(r.trainable_tokens == r.sampled_tokens > 0 for r in report.before)  # unconstrained: every id trains
+    # sampled from the whole distribution the trainer scores, not the model's truncated defaults
+    assert loop_run["sampling"] and all(
+        (e["top_p"], e["top_k"], e["min_p"], e["repetition_penalty"]) == (1.0, -1, 0.0, 1.0) for e in loop_run["sampling"])
     # 2. the update: the trainer's logprobs of the rows before the step are the engine's (ratio ~1), the
     # advantages rank the group, and the step trained every sampled id
     assert report.step.trainable_tokens == sum(r.trainable_tokens for r in report.before if r.reward is not None)
     assert any(report.step.advantages) and report.step.clipped_tokens == 0
     assert 0.7 < report.step.ratio_min <= report.step.ratio_max < 1.4
     # 3. the sync, through the fence: one version up, the engine's weights changed
-    assert (report.sync.version_before, report.sync.version_after) == (0, 1)
-    assert report.sync.engine_weight_version == "1"
+    assert (report.sync.version_before, report.sync.version_after) == (3, 4)
+    assert report.sync.engine_weight_version == "4"
     base, trained = loop_run["base"], loop_run["trained"]
     changed = sorted(k for k in base if trained.get(k) != base[k])
     # only what the step trained (the last 2 decoder layers, the final norm) and nothing else
     assert changed and all(re.search(r"model\.(layers\.(22|23)\.|norm\.weight$)", k) for k in changed), changed
-    # 4. the next rollouts carry version 1; the new weights score them at the floor, the stale ones do not
-    assert all(r.policy_versions == [1] for r in report.after)
+    # 4. the next rollouts carry version 4; the new weights score them at the floor, the stale ones do not
+    assert all(r.policy_versions == [4] for r in report.after)
     assert report.at_floor, (report.check_before, report.check_after)
     assert report.stale_detected, (report.check_after, report.check_stale)
     assert report.problems() == []
 
 
 def test_the_sync_drops_the_prefix_cache_the_old_weights_computed(loop_run: dict[str, Any]) -> None:
-    """A prompt cached at version 0 is computed again at version 1 (its KV blocks were the old weights')."""
+    """A prompt cached before the sync is computed again after it (its KV blocks were the old weights')."""
     assert loop_run["hits_after_sync"] == 0
 
 
 def test_the_engines_base_weights_are_back(loop_run: dict[str, Any]) -> None:
     report: LoopReport = loop_run["report"]
-    assert report.restored is not None and report.restored.version_after == 2
+    assert report.restored is not None and report.restored.version_after == 5
     assert loop_run["restored"] == loop_run["base"]
