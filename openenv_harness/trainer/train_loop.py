@@ -177,6 +177,7 @@ class TrainLoop:
         self.client = RecorderClient(settings.recorder_url, settings.admin_token)
         self.sync = DiskWeightSync(self.client, settings.engine_url)
         self.phases: dict[str, float] = {}
+        self._traces: dict[str, list[Any]] = {}
 
     def _timed(self, name: str, fn: Callable[[], Any]) -> Any:
         started = time.perf_counter()
@@ -208,6 +209,7 @@ class TrainLoop:
                 reward = shaped_reward(report.reward, sampled, len(agent), s)
                 assembled = assemble_session(entries, reward=reward) if agent else None
                 traces = assembled.traces if assembled is not None else []
+                self._traces[session.session_id] = traces  # the rows the update trains on, assembled once
                 ours = [trainable_view(t.input_ids, t.loss_mask, t.response_logprobs, len(t.prompt_ids))
                         for t in traces if t.trainable_tokens]
                 theirs = _trl_view(self.client, session.session_id) if agent else None
@@ -253,9 +255,8 @@ class TrainLoop:
         self.progress(f"rollouts at policy version {version}: {s.group} x {s.harness} on {s.task} (incremental mode)")
         before, before_records, scored, advantages = self._timed("rollouts_before", self._group)
         samples: list[TrainSample] = []
-        for (summary, recs), advantage in zip(scored, advantages):
-            traces = assemble_session(recs, reward=summary.reward).traces
-            samples.extend(samples_from_traces(traces, advantage, summary.session_id))
+        for (summary, _recs), advantage in zip(scored, advantages):
+            samples.extend(samples_from_traces(self._traces[summary.session_id], advantage, summary.session_id))
 
         self.progress(f"loading the model from {s.model_dir} (trainer, float32)")
         base, _tokenizer = self._timed("load_models", lambda: load_model(str(s.model_dir), dtype="float32"))
