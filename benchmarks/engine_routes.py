@@ -11,7 +11,7 @@ import bench_prompt_mode as b
 from procs import cpu_seconds
 from agentloop import TOOLS
 from openenv_harness.testing.engine import agent_echo
-from openenv_harness.recorder.sample_parse import derender_chat_request
+from openenv_harness.recorder.prompt_modes.sample_parse import derender_chat_request
 N = int(sys.argv[1]); trees = [None, Path(sys.argv[2])]
 import asyncio
 def bodies(url):

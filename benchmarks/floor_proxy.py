@@ -37,7 +37,7 @@ import httptools
 import orjson
 import uvloop
 
-from openenv_harness.recorder.flow import upstream_body
+from openenv_harness.recorder.call.forward import upstream_body
 from openenv_harness.recorder.upstream.h1_engine import H1Engine
 from openenv_harness.recorder.upstream.reply_parse import PromptIdsReader
 from openenv_harness.recorder.validate import agent_view, extract_evidence

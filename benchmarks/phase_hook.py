@@ -9,7 +9,8 @@ strategy), ``h - MS START`` (the whole call).
 import os, runpy, sys, time
 out = open(os.environ["OEH_PHASE_LOG"], "a", buffering=1)
 from openenv_harness.recorder.upstream import h1_engine
-from openenv_harness.recorder import prompt_mode, flow as flow_mod
+from openenv_harness.recorder.prompt_modes import full_history, incremental
+from openenv_harness.recorder.call import pipeline
 orig_send = h1_engine.H1Engine._send
 async def _send(self, method, path, body, **kw):
     t = time.perf_counter()
@@ -18,26 +19,27 @@ async def _send(self, method, path, body, **kw):
     finally:
         out.write(f"x {path} {(time.perf_counter() - t) * 1000:.3f} {t:.6f}\n")
 h1_engine.H1Engine._send = _send
-for cls in (prompt_mode.Incremental, prompt_mode.FullHistory):
-    orig = cls.send
+for cls in (incremental.Incremental, full_history.FullHistory):
+    orig = cls.sample
     def make(orig, name):
-        async def send(self, flow, upstream):
+        async def sample(self, flow, upstream):
             t = time.perf_counter()
             try:
                 return await orig(self, flow, upstream)
             finally:
                 out.write(f"s {name} {(time.perf_counter() - t) * 1000:.3f} {t:.6f}\n")
-        return send
-    cls.send = make(orig, cls.name)
-orig_hc = flow_mod.handle_chat
-async def handle_chat(*a, **kw):
+        return sample
+    cls.sample = make(orig, cls.name)
+orig_hc = pipeline.handle_call
+async def handle_call(*a, **kw):
     t = time.perf_counter()
     try:
         return await orig_hc(*a, **kw)
     finally:
         out.write(f"h - {(time.perf_counter() - t) * 1000:.3f} {t:.6f}\n")
-flow_mod.handle_chat = handle_chat
+pipeline.handle_call = handle_call
 import openenv_harness.recorder.chat_protocol as cp
-cp.handle_chat = handle_chat
+import openenv_harness.recorder.app as app_mod
+cp.handle_call = app_mod.handle_call = handle_call
 sys.argv = ["openenv_harness.recorder", *sys.argv[1:]]
 runpy.run_module("openenv_harness.recorder", run_name="__main__", alter_sys=True)

@@ -32,7 +32,7 @@ from types import TracebackType
 
 import httpx
 
-from openenv_harness.recorder.server import free_port
+from openenv_harness.recorder.serving import free_port
 
 #: The pinned release this module was checked against (the ``scale`` extra installs it).
 VLLM_ROUTER_VERSION = "0.1.17"

@@ -18,12 +18,12 @@ _WHERE = {
     "RecorderConfig": "openenv_harness.recorder.context",
     "RecorderContext": "openenv_harness.recorder.context",
     "RecorderServer": "openenv_harness.recorder.server",
-    "ThreadedServer": "openenv_harness.recorder.server",
-    "free_port": "openenv_harness.recorder.server",
+    "ThreadedServer": "openenv_harness.recorder.serving",
+    "free_port": "openenv_harness.recorder.serving",
     "serve": "openenv_harness.recorder.server",
-    "AuxRule": "openenv_harness.recorder.sessions",
-    "Budgets": "openenv_harness.recorder.sessions",
-    "SessionSpec": "openenv_harness.recorder.sessions",
+    "AuxRule": "openenv_harness.recorder.session_spec",
+    "Budgets": "openenv_harness.recorder.session_spec",
+    "SessionSpec": "openenv_harness.recorder.session_spec",
 }
 
 __all__ = sorted(_WHERE)
@@ -32,8 +32,9 @@ if TYPE_CHECKING:
     from openenv_harness.recorder.app import create_recorder_app
     from openenv_harness.recorder.client import RecorderAPIError, RecorderClient
     from openenv_harness.recorder.context import RecorderConfig, RecorderContext
-    from openenv_harness.recorder.server import RecorderServer, ThreadedServer, free_port, serve
-    from openenv_harness.recorder.sessions import AuxRule, Budgets, SessionSpec
+    from openenv_harness.recorder.server import RecorderServer, serve
+    from openenv_harness.recorder.serving import ThreadedServer, free_port
+    from openenv_harness.recorder.session_spec import AuxRule, Budgets, SessionSpec
 
 
 def __getattr__(name: str) -> Any:

@@ -19,7 +19,9 @@ from starlette.responses import Response
 from openenv_harness.recorder.context import RecorderContext
 from openenv_harness.recorder.exports import records_response, training_trace_response
 from openenv_harness.recorder.replicas import ReplicaFenceError
-from openenv_harness.recorder.sessions import LiveSession, SessionError, SessionSpec
+from openenv_harness.recorder.live_session import LiveSession
+from openenv_harness.recorder.session_spec import SessionSpec
+from openenv_harness.recorder.sessions import SessionError
 from openenv_harness.recorder.upstream.base import UpstreamFailure
 
 

@@ -39,6 +39,7 @@ from openenv_harness.recorder.context import RecorderContext
 from openenv_harness.recorder.error_handlers import install_error_handlers
 from openenv_harness.recorder.errors import error_response
 from openenv_harness.recorder.request_limits import RequestLimits, check_scope
+from openenv_harness.recorder.serving import ThreadedServer
 
 log = logging.getLogger(__name__)
 
@@ -111,12 +112,11 @@ def raise_thread(thread: threading.Thread | None, steps: int) -> int | None:
 
 
 class AdminListener:
-    """The listener's server on its own daemon thread (``server.ThreadedServer``), bound next to the
-    main port; started and stopped by the recorder's lifespan."""
+    """The listener's server on its own daemon thread (``serving.ThreadedServer``), bound next to the
+    main port; started by the recorder's lifespan (``RecorderContext.start_admin_listener``) and
+    stopped by it."""
 
     def __init__(self, ctx: RecorderContext, *, host: str, port: int, chat_port: int) -> None:
-        from openenv_harness.recorder.server import ThreadedServer  # server.py builds the app that starts this
-
         self.host = host
         self._nice = ctx.config.admin_nice
         #: the thread's nice value once started (None: left at the recorder's)

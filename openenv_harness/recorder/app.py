@@ -11,21 +11,21 @@ import contextlib
 import logging
 from typing import Any, AsyncIterator
 
-import orjson
 from fastapi import FastAPI, Request
 from starlette.responses import Response
 
 from openenv_harness.recorder import admin
 from openenv_harness.recorder.auth import AdminAuth, new_admin_token
 from openenv_harness.recorder.context import RecorderConfig, RecorderContext
-from openenv_harness.recorder.dialects import ANTHROPIC, CHAT_SUFFIX, RESPONSES, Dialect, agent_target
-from openenv_harness.recorder.dialects.anthropic import anthropic_models
+from openenv_harness.recorder.call.authenticate import authenticate
+from openenv_harness.recorder.call.pipeline import handle_call
+from openenv_harness.recorder.dialects.base import Dialect
+from openenv_harness.recorder.dialects.routes import ANTHROPIC, CHAT, DIALECTS, agent_target
 from openenv_harness.recorder.dialects.count_tokens import count_tokens_route
 from openenv_harness.recorder.engine_watch import EngineWatch
 from openenv_harness.recorder.error_handlers import install_error_handlers
 from openenv_harness.recorder.errors import AgentError, body_too_large
 from openenv_harness.recorder.fence import Fence
-from openenv_harness.recorder.flow import authenticate, handle_chat
 from openenv_harness.recorder.metrics import RecorderMetrics
 from openenv_harness.recorder.request_limits import RequestLimits, check_scope
 from openenv_harness.recorder.sessions import SessionRegistry
@@ -61,12 +61,13 @@ def _agent_headers(request: Request) -> dict[str, str]:
 async def chat_route(request: Request) -> Response:
     """Every agent call route (chat, Responses, Messages): the dialect is read from the path."""
     ctx: RecorderContext = request.app.state.ctx
-    _, _, dialect = agent_target(request.url.path)
+    target = agent_target(request.url.path)
+    dialect = target[1] if target is not None else CHAT
     try:
         raw = await _read_body(request, ctx.config.max_body_bytes)
     except AgentError as exc:
-        return dialect.error(exc) if dialect is not None else exc.to_response()
-    return await handle_chat(ctx, request.path_params.get("session_id"), _agent_headers(request), raw, dialect)
+        return dialect.error(exc)
+    return await handle_call(ctx, request.path_params.get("session_id"), _agent_headers(request), raw, dialect)
 
 
 async def models_route(request: Request) -> Response:
@@ -77,7 +78,7 @@ async def models_route(request: Request) -> Response:
     """
     ctx: RecorderContext = request.app.state.ctx
     headers = _agent_headers(request)
-    dialect = ANTHROPIC if "anthropic-version" in headers else None
+    dialect: Dialect = ANTHROPIC if "anthropic-version" in headers else CHAT
     try:
         session = authenticate(ctx, request.path_params.get("session_id"), headers)
         upstream = ctx.upstream_for(session.spec.upstream)
@@ -88,10 +89,8 @@ async def models_route(request: Request) -> Response:
         except UpstreamFailure as exc:
             raise AgentError(502, exc.message, type="server_error") from None
     except AgentError as exc:
-        return dialect.error(exc) if dialect is not None else exc.to_response()
-    if dialect is not None and reply.status == 200 and isinstance(reply.json, dict):
-        return Response(orjson.dumps(anthropic_models(reply.json)), media_type="application/json")
-    return Response(reply.body, status_code=reply.status, media_type="application/json")
+        return dialect.error(exc)
+    return dialect.models(reply)
 
 
 _UNAVAILABLE = b'{"status":"unavailable","reason":"the record store cannot accept records"}'
@@ -117,12 +116,6 @@ async def readyz(request: Request) -> Response:
     return Response(b'{"status":"ready"}', media_type="application/json")
 
 
-def chat_target(path: str) -> tuple[bool, str | None]:
-    """Whether ``path`` is an agent call route (any dialect), and its session id (None on a bare route)."""
-    matched, session_id, _ = agent_target(path)
-    return matched, session_id
-
-
 class RecorderApp:
     """The recorder as an ASGI app: agent chat calls take a raw-ASGI fast path; everything else
     (admin API, viewer, models, lifespan) is the FastAPI app behind it.
@@ -136,7 +129,15 @@ class RecorderApp:
     def __init__(self, inner: FastAPI) -> None:
         self.inner = inner
         self.state = inner.state
+        #: the recorder behind this app: what the chat protocol serves agent calls with (``chat_protocol.py``)
+        self.recorder_context: RecorderContext = inner.state.ctx
         self.limits = RequestLimits.of(inner.state.ctx.config)
+
+    def connection_settings(self) -> dict[str, Any]:
+        """How the server holding this app keeps connections (``serving.connection_settings``)."""
+        config = self.recorder_context.config
+        return {"timeout_keep_alive": config.keep_alive_timeout_s, "backlog": config.listen_backlog,
+                "h11_max_incomplete_event_size": config.max_header_bytes}
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] == "http":  # the recorder's own protocol has checked this already; another server may not
@@ -145,21 +146,21 @@ class RecorderApp:
                 await refusal.to_response()(scope, receive, send)
                 return
         if scope["type"] == "http" and scope["method"] == "POST":
-            matched, session_id, dialect = agent_target(scope["path"])
-            if matched:
-                response = await self._chat(scope, receive, session_id, dialect)
+            target = agent_target(scope["path"])
+            if target is not None:
+                response = await self._chat(scope, receive, *target)
                 await response(scope, receive, send)
                 return
         await self.inner(scope, receive, send)
 
-    async def _chat(self, scope: dict, receive: Any, session_id: str | None, dialect: Dialect | None) -> Response:
+    async def _chat(self, scope: dict, receive: Any, session_id: str | None, dialect: Dialect) -> Response:
         ctx: RecorderContext = self.state.ctx
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         limit = ctx.config.max_body_bytes
         too_large = body_too_large(limit)
         declared = headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
-            return dialect.error(too_large) if dialect is not None else too_large.to_response()
+            return dialect.error(too_large)
         chunks: list[bytes] = []
         size = 0
         while True:
@@ -169,23 +170,11 @@ class RecorderApp:
             body = message.get("body", b"")
             size += len(body)
             if size > limit:
-                return dialect.error(too_large) if dialect is not None else too_large.to_response()
+                return dialect.error(too_large)
             chunks.append(body)
             if not message.get("more_body", False):
                 break
-        return await handle_chat(ctx, session_id, headers, b"".join(chunks), dialect)
-
-
-def _start_admin_listener(ctx: RecorderContext) -> None:
-    """Start ``RecorderConfig.admin_port``'s listener next to the main one (``admin_listener.py``)."""
-    from openenv_harness.recorder.admin_listener import AdminListener
-
-    if ctx.listen is None:
-        raise RuntimeError("admin_port needs the recorder's own server (server.serve or RecorderServer): it binds "
-                           "the admin listener next to the main port")
-    host, chat_port = ctx.listen
-    ctx.admin_listener = AdminListener(ctx, host=host, port=ctx.config.admin_port or 0, chat_port=chat_port).start()
-    log.info("recorder: admin listener on %s (session create and close)", ctx.admin_listener.url)
+        return await handle_call(ctx, session_id, headers, b"".join(chunks), dialect)
 
 
 def create_recorder_app(
@@ -232,7 +221,10 @@ def create_recorder_app(
             await upstream.start()
         await ctx.engine_watch.ensure_fresh(ctx.upstream_for(None))
         if config.admin_port is not None:
-            await asyncio.to_thread(_start_admin_listener, ctx)
+            if ctx.start_admin_listener is None:
+                raise RuntimeError("admin_port needs the recorder's own server (server.serve or RecorderServer): it "
+                                   "binds the admin listener next to the main port")
+            ctx.admin_listener = await asyncio.to_thread(ctx.start_admin_listener)
         try:
             yield
         finally:
@@ -250,9 +242,9 @@ def create_recorder_app(
     app.state.ctx = ctx
     app.add_route("/healthz", healthz, methods=["GET"])
     app.add_route("/readyz", readyz, methods=["GET"])
-    for suffix in (CHAT_SUFFIX, RESPONSES.path_suffix, ANTHROPIC.path_suffix):
-        app.add_route("/rollout/{session_id}" + suffix, chat_route, methods=["POST"])
-        app.add_route(suffix, chat_route, methods=["POST"])
+    for dialect in DIALECTS:
+        app.add_route("/rollout/{session_id}" + dialect.path_suffix, chat_route, methods=["POST"])
+        app.add_route(dialect.path_suffix, chat_route, methods=["POST"])
     app.add_route("/rollout/{session_id}/v1/messages/count_tokens", count_tokens_route, methods=["POST"])
     app.add_route("/v1/messages/count_tokens", count_tokens_route, methods=["POST"])
     app.add_route("/rollout/{session_id}/v1/models", models_route, methods=["GET"])

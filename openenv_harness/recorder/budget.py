@@ -1,4 +1,7 @@
-"""Budgets enforced by the recorder before serving each call (D13), and tool-call caps on each reply.
+"""Budgets: what a session may spend (D13), what it has spent, and tool-call caps on each reply.
+
+The steps that apply them are ``call/enforce_budget.py`` (before a call) and ``call/tool_caps.py``
+(on its reply); this module is the session's ledger they share with the record step.
 
 A black-box agent never stops on its own, so the recorder does: max agent calls, max calls, max
 tokens (prompt and completion counted separately, plus a total), max wall-clock. The cap that
@@ -8,7 +11,7 @@ no retry storm -- and nothing synthetic is ever recorded as a policy sample.
 
 Tool-call caps (RFC 005's ``max_tool_calls_per_turn`` and ``max_total_tool_calls``) cannot be
 checked before a call: they are about what the reply asks for. The recorder sees every reply
-before the agent does, so ``cut_tool_calls`` applies them there, the way OpenEnv's own
+before the agent does, so the tool-caps step (``call/tool_caps.py``) applies them there, the way OpenEnv's own
 ``MCPHarnessAdapter`` does for a white-box loop -- the calls beyond a cap are never executed:
 
 - ``max_tool_calls_per_turn``: the agent receives the reply with its first N tool calls; the
@@ -32,20 +35,16 @@ What each cap counts (``account``):
 * nothing: calls refused before the engine (bad input, authentication, a paused engine, a cap),
   replayed retries (no new sample), and calls whose record could not be stored (``refund``).
 
-``n`` must be the integer 1 (``flow.parse``): a budget counts calls, and one call is one sample.
+``n`` must be the integer 1 (``call/parse.py``): a budget counts calls, and one call is one sample.
 """
 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from openenv_harness.recorder.errors import AgentError
-from openenv_harness.recorder.sessions import LiveSession
-
-if TYPE_CHECKING:
-    from openenv_harness.recorder.flow import Flow
-    from openenv_harness.recorder.validate import Evidence
+from openenv_harness.recorder.live_session import LiveSession
+from openenv_harness.recorder.validate import Evidence
 
 
 def exceeded(session: LiveSession, call_kind: str, now: float | None = None) -> str | None:
@@ -68,66 +67,7 @@ def exceeded(session: LiveSession, call_kind: str, now: float | None = None) -> 
     return None
 
 
-async def enforce(flow: "Flow") -> None:
-    session = flow.session
-    if session.status == "stopped":
-        flow.ctx.metrics.rejected.labels("stopped").inc()
-        raise AgentError(400, f"rollout budget exhausted ({session.stop_reason}); stop now", code="budget_exhausted")
-    cap = exceeded(session, flow.call_kind)
-    if cap is not None:
-        await flow.ctx.sessions.stop(session, cap)
-        flow.ctx.metrics.budget_stops.labels(cap).inc()
-        flow.ctx.metrics.rejected.labels("budget").inc()
-        raise AgentError(400, f"rollout budget exhausted ({cap}); stop now", code="budget_exhausted")
-
-
-def cut_tool_calls(flow: "Flow") -> str | None:
-    """Apply the session's tool-call caps to the reply; the cap that cut it, or None.
-
-    Rewrites ``flow.reply.json`` (a new top-level dict; the engine's is not mutated) to what the
-    agent may receive and sets ``flow.tool_limit``; counts the tool calls handed over either way.
-    """
-    assert flow.reply is not None and flow.reply.json is not None
-    if flow.evidence is not None and flow.evidence.finish_reason == "abort":
-        return None  # an aborted call never reaches the agent (it is told to retry): nothing to cut or count
-    choices = flow.reply.json.get("choices")
-    if not isinstance(choices, list) or len(choices) != 1 or not isinstance(choices[0], dict):
-        return None
-    choice = choices[0]
-    message = choice.get("message")
-    calls = message.get("tool_calls") if isinstance(message, dict) else None
-    if not isinstance(calls, list) or not calls:
-        return None
-    b = flow.session.spec.budgets
-    c = flow.session.counters
-    allowed, cap = len(calls), None
-    if b.max_tool_calls_per_turn is not None and allowed > b.max_tool_calls_per_turn:
-        allowed, cap = b.max_tool_calls_per_turn, "max_tool_calls_per_turn"
-    if b.max_total_tool_calls is not None and allowed > max(0, b.max_total_tool_calls - c.tool_calls):
-        allowed, cap = max(0, b.max_total_tool_calls - c.tool_calls), "max_total_tool_calls"
-    c.tool_calls += allowed
-    if cap is None:
-        return None
-    delivered = {k: v for k, v in message.items() if k != "tool_calls"}
-    if allowed:
-        delivered["tool_calls"] = calls[:allowed]
-    cut = {**choice, "message": delivered}
-    if not allowed and cut.get("finish_reason") == "tool_calls":
-        cut["finish_reason"] = "stop"  # nothing left to run: the agent ends its turn
-    flow.reply.json = {**flow.reply.json, "choices": [cut]}
-    flow.tool_limit = {"cap": cap, "sampled": len(calls), "delivered": allowed, "dropped": calls[allowed:]}
-    flow.ctx.metrics.tool_cuts.labels(cap).inc()
-    return cap
-
-
-async def stop_for_tool_calls(flow: "Flow", cap: str) -> None:
-    """A ``max_total_tool_calls`` cut stops the session (before the record is made, so the
-    record's ``limits.stop`` already names the cap)."""
-    await flow.ctx.sessions.stop(flow.session, cap)
-    flow.ctx.metrics.budget_stops.labels(cap).inc()
-
-
-def account(session: LiveSession, call_kind: str, evidence: "Evidence | None", *, served: bool) -> None:
+def account(session: LiveSession, call_kind: str, evidence: Evidence | None, *, served: bool) -> None:
     c = session.counters
     c.calls += 1
     if not served or evidence is None:
@@ -140,7 +80,7 @@ def account(session: LiveSession, call_kind: str, evidence: "Evidence | None", *
         c.completion_tokens += len(evidence.completion_ids)
 
 
-def refund(session: LiveSession, call_kind: str, evidence: "Evidence | None", *, served: bool) -> None:
+def refund(session: LiveSession, call_kind: str, evidence: Evidence | None, *, served: bool) -> None:
     """Undo ``account`` for a call whose record could not be stored: a budget counts records."""
     c = session.counters
     c.calls -= 1

@@ -54,6 +54,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Awaitable, Literal
 
+from openenv_harness.recorder.upstream.routes import RENDER
+
 if TYPE_CHECKING:
     from openenv_harness.recorder.upstream.base import Upstream
 
@@ -67,7 +69,9 @@ NEEDED_BY: dict[str, tuple[PromptMode, ...]] = {
     "tool_prefix": ("full_history",), "assistant_stable": ("full_history",), "turn_start": ("full_history",),
     "junction": ("incremental",)}
 ProbedVia = Literal["render", "tokenize"]
-RENDER = "/v1/chat/completions/render"
+#: the properties a certification checks (``PropertyResult.name``)
+PropertyName = Literal["tool_prefix", "assistant_stable", "assistant_stable_across_user", "turn_start", "junction",
+                       "tool_args_roundtrip", "content_parts"]
 #: how an engine says it has no render route: vLLM without --enable-scale-out answers 403
 _NO_ROUTE = frozenset({403, 404, 405, 501})
 
@@ -137,6 +141,16 @@ class Certification:
     @property
     def failed(self) -> list[PropertyResult]:
         return [p for p in self.properties if p.required and p.passed is False]
+
+    def passed(self, name: PropertyName) -> bool:
+        """Whether the property ``name`` was checked and held."""
+        return any(p.name == name and p.passed is True for p in self.properties)
+
+    @property
+    def certified_turn_end(self) -> list[int]:
+        """The turn ending a continuation may follow (end-of-turn id, then the trailer) when the
+        junction held; nothing otherwise."""
+        return list(self.turn_end_ids) if self.turn_end_ids and self.passed("junction") else []
 
     @property
     def exact_in(self) -> list[PromptMode]:

@@ -4,7 +4,7 @@ Why: the chat route is the recorder's only hot path, and under uvicorn each call
 ASGI scope, a request cycle with its event, a copy of the body, the proxy-headers middleware, a
 Starlette response object and two socket writes (status and headers, then the body) -- about a
 third of the event loop's samples at one 8k-token session (``docs/benchmarks.md``). Here the
-parser's callbacks collect the body, ``flow.handle_chat`` runs the call, and the reply leaves in
+parser's callbacks collect the body, ``call.pipeline.handle_call`` runs the call, and the reply leaves in
 one write.
 
 Everything else stays uvicorn's: the admin API, the viewer, ``/v1/models``, lifespan, WebSockets,
@@ -34,10 +34,11 @@ from typing import Any
 
 
 from openenv_harness.http1 import STATUS_LINES, chunk, fast_path, response_head, status_line
-from openenv_harness.recorder.app import RecorderApp
-from openenv_harness.recorder.dialects import Dialect, agent_target
+from openenv_harness.recorder.call.pipeline import handle_call
+from openenv_harness.recorder.context import RecorderContext
+from openenv_harness.recorder.dialects.base import Dialect
+from openenv_harness.recorder.dialects.routes import agent_target
 from openenv_harness.recorder.errors import AgentError, body_too_large
-from openenv_harness.recorder.flow import handle_chat
 from openenv_harness.recorder.keepalive import keepalive_body
 from openenv_harness.recorder.request_limits import (
     RequestLimits,
@@ -93,7 +94,7 @@ class _ChatRequest:
 
     __slots__ = ("session_id", "dialect", "headers", "keep_alive", "chunks", "size", "limit", "too_large", "answered")
 
-    def __init__(self, session_id: str | None, dialect: Dialect | None, headers: list[tuple[bytes, bytes]],
+    def __init__(self, session_id: str | None, dialect: Dialect, headers: list[tuple[bytes, bytes]],
                  keep_alive: bool, limit: int) -> None:
         self.session_id = session_id
         self.dialect = dialect
@@ -123,12 +124,13 @@ if HttpToolsProtocol is not None:
 
         def __init__(self, config: Any, server_state: Any, app_state: dict[str, Any], _loop: Any = None) -> None:
             super().__init__(config, server_state, app_state, _loop)
-            app = config.app
-            usable = (isinstance(app, RecorderApp) and not config.root_path and config.limit_concurrency is None
+            # an app carrying a recorder (``app.RecorderApp``) has its agent calls answered here
+            recorder: RecorderContext | None = getattr(config.app, "recorder_context", None)
+            usable = (recorder is not None and not config.root_path and config.limit_concurrency is None
                       and all(hasattr(self, name) for name in _ATTRIBUTES))
-            self._recorder: RecorderApp | None = app if usable else None
+            self._recorder: RecorderContext | None = recorder if usable else None
             self._chat: _ChatRequest | None = None
-            self._limits = RequestLimits.of(app.state.ctx.config if isinstance(app, RecorderApp) else None)
+            self._limits = RequestLimits.of(recorder.config if recorder is not None else None)
             self._in_head = True  # reading a request's head, or waiting for the next one
             self._head_bytes = 0  # of the head being read, on the wire
             self._started = False  # a byte of the current request has arrived
@@ -344,12 +346,13 @@ if HttpToolsProtocol is not None:
             if target is None:
                 return None
             path = target[1]
-            matched, session_id, dialect = agent_target(path)
-            if not matched:
+            found = agent_target(path)
+            if found is None:
                 return None
+            session_id, dialect = found
             keep_alive = parser.get_http_version() != "1.0" and parser.should_keep_alive()
             request = _ChatRequest(session_id, dialect, self.headers, keep_alive,
-                                   recorder.state.ctx.config.max_body_bytes)
+                                   recorder.config.max_body_bytes)
             for name, value in self.headers:
                 if name == b"content-length" and value.isdigit() and int(value) > request.limit:
                     request.too_large = True
@@ -367,18 +370,18 @@ if HttpToolsProtocol is not None:
             cycle = _Answering(request.keep_alive)
             self.cycle = cycle  # type: ignore[assignment]
             error = body_too_large(request.limit)  # in the agent's own API's error shape
-            self._write(request.dialect.error(error) if request.dialect is not None else error.to_response(), cycle)
+            self._write(request.dialect.error(error), cycle)
 
         async def _answer(self, request: _ChatRequest, cycle: _Answering) -> None:
-            assert self._recorder is not None
-            ctx = self._recorder.state.ctx
+            ctx = self._recorder
+            assert ctx is not None
             try:
                 if request.too_large:
                     error = body_too_large(request.limit)
-                    response = request.dialect.error(error) if request.dialect is not None else error.to_response()
+                    response = request.dialect.error(error)
                 else:
                     headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in request.headers}
-                    response = await handle_chat(ctx, request.session_id, headers, b"".join(request.chunks),
+                    response = await handle_call(ctx, request.session_id, headers, b"".join(request.chunks),
                                                  request.dialect)
             except Exception:  # noqa: BLE001 -- what uvicorn does for an app that raises: log, 500
                 log.exception("recorder: a chat call failed unexpectedly")

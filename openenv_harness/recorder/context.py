@@ -1,4 +1,4 @@
-"""Everything one recorder instance owns, in one explicit object (no module-level globals).
+"""Everything one recorder instance owns, in one explicit object (no module-level globals or caches).
 
 The ASGI app, the admin routes and every flow receive this context; tests build one per app.
 """
@@ -7,13 +7,15 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Literal, TypeVar
+from typing import Any, Awaitable, Callable, Literal, Protocol, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from openenv_harness.recorder.auth import AdminAuth, ViewerLogins
+from openenv_harness.recorder.engine_watch import EngineWatch
 from openenv_harness.recorder.fence import Fence
 from openenv_harness.recorder.metrics import RecorderMetrics
+from openenv_harness.recorder.prompt_modes.engine_facts import EngineFactsTable
 from openenv_harness.recorder.request_body import MAX_JSON_DEPTH_LIMIT
 from openenv_harness.recorder.sessions import SessionRegistry
 from openenv_harness.recorder.store.base import RecordStore
@@ -121,6 +123,18 @@ class RecorderConfig(BaseModel):
         "before temperature, top-p/top-k and penalties); recorded with every call, 'unknown' when not set")
 
 
+class SideListener(Protocol):
+    """A listener running beside the main one (the admin listener, ``admin_listener.py``)."""
+
+    @property
+    def url(self) -> str: ...
+
+    @property
+    def port(self) -> int: ...
+
+    def stop(self) -> None: ...
+
+
 @dataclass
 class RecorderContext:
     """The live parts of one recorder."""
@@ -135,17 +149,22 @@ class RecorderContext:
     admin_auth: AdminAuth
     engine_info: dict[str, Any] = field(default_factory=dict)
     #: probes the default engine's template at start and again when it may have changed
-    engine_watch: Any = None
+    engine_watch: EngineWatch | None = None
     viewer_logins: ViewerLogins = field(default_factory=ViewerLogins)
     #: the engine replicas the fence pauses and resumes (``replicas.ReplicaFence``), when there are several
     replicas: Any = None
     #: one bound on the prompt spans every session's ``PromptIdsReader`` keeps (``span_budget.py``)
     span_budget: SpanBudget = field(default_factory=SpanBudget)
+    #: what the incremental mode learned about each engine by asking it (``engine_facts.py``)
+    engine_facts: EngineFactsTable = field(default_factory=EngineFactsTable)
 
     #: the main listener's (host, port), set by the server that runs it (``server.py``)
     listen: tuple[str, int] | None = None
-    #: the admin listener (``admin_listener.AdminListener``) while it runs
-    admin_listener: Any = None
+    #: starts the admin listener (``RecorderConfig.admin_port``) once the store is open: given by the
+    #: server that runs this recorder (``server.py``), which binds it next to the main port
+    start_admin_listener: Callable[[], SideListener] | None = None
+    #: the admin listener while it runs
+    admin_listener: SideListener | None = None
 
     def upstream_for(self, name: str | None) -> Upstream | None:
         return self.upstreams.get(name or "default")

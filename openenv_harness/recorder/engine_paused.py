@@ -16,6 +16,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from openenv_harness.recorder.prompt_modes.base import Sampled
 from openenv_harness.recorder.upstream.base import UpstreamReply
 
 #: what vLLM 0.33's refusal says (``vllm/v1/engine/core.py``, ``_reject_add_while_paused``)
@@ -28,20 +29,20 @@ def refused_while_paused(reply: UpstreamReply) -> bool:
     return reply.status == 503 and PAUSED_MARKER in (reply.body or b"").lower()
 
 
-async def send_through_pause(send: Callable[[], Awaitable[UpstreamReply]], wait_s: float,
-                             note: Callable[[dict[str, Any]], None]) -> UpstreamReply:
+async def send_through_pause(send: Callable[[], Awaitable[Sampled]], wait_s: float,
+                             note: Callable[[dict[str, Any]], None]) -> Sampled:
     """``send()``, sent again while the engine refuses it as paused, with a growing delay, until
     ``wait_s`` has passed; ``note`` gets what the wait was, when there was one."""
-    reply = await send()
-    if not refused_while_paused(reply):
-        return reply
+    sampled = await send()
+    if not refused_while_paused(sampled.reply):
+        return sampled
     started = time.monotonic()
     delay, retries = FIRST_DELAY_S, 0
-    while refused_while_paused(reply) and time.monotonic() - started + delay <= wait_s:
+    while refused_while_paused(sampled.reply) and time.monotonic() - started + delay <= wait_s:
         await asyncio.sleep(delay)
         delay = min(MAX_DELAY_S, delay * 2)
         retries += 1
-        reply = await send()
+        sampled = await send()
     note({"retries": retries, "waited_s": round(time.monotonic() - started, 3),
-          "resumed": not refused_while_paused(reply)})
-    return reply
+          "resumed": not refused_while_paused(sampled.reply)})
+    return sampled

@@ -13,7 +13,7 @@ import orjson
 from starlette.responses import Response
 
 if TYPE_CHECKING:
-    from openenv_harness.recorder.sessions import LiveSession
+    from openenv_harness.recorder.live_session import LiveSession
 
 
 class AgentError(Exception):
@@ -36,6 +36,9 @@ class AgentError(Exception):
         self.code = code
         self.headers = headers or {}
         self.upstream_body = upstream_body
+        #: set by the forward step on a call the engine was asked and failed: the call is recorded
+        #: as failed before the agent hears of it (``call/pipeline.py``)
+        self.engine_failure = False
 
     def to_response(self) -> Response:
         return error_response(self.status, self.message, type=self.type, code=self.code, headers=self.headers)

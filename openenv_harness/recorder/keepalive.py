@@ -22,31 +22,10 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
-import orjson
 from starlette.responses import Response, StreamingResponse
 
 if TYPE_CHECKING:
     from openenv_harness.recorder.dialects.base import Dialect
-
-CHAT_KEEPALIVE = b": keepalive\n\n"
-
-
-def chat_stream_error(response: Response) -> bytes:
-    """An error as a Chat Completions stream chunk: OpenAI's clients raise on a chunk with ``error``."""
-    return b"data: " + _error_payload(response) + b"\n\n"
-
-
-def _error_payload(response: Response) -> bytes:
-    body = bytes(response.body)
-    try:
-        parsed = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        parsed = None
-    if isinstance(parsed, dict) and "error" in parsed:
-        return body
-    text = body.decode("utf-8", "replace") or f"HTTP {response.status_code}"
-    return orjson.dumps({"error": {"message": text, "type": "server_error", "param": None, "code": None}})
-
 
 class KeepaliveStream(StreamingResponse):
     """A reply committed to 200 before its call finished; its body waits on the call."""
@@ -54,7 +33,7 @@ class KeepaliveStream(StreamingResponse):
     keepalive_stream = True  # what the recorder's own HTTP protocol looks for to write it chunked
 
 
-async def answer(task: "asyncio.Future[Response]", *, streaming: Callable[[], bool], dialect: "Dialect | None",
+async def answer(task: "asyncio.Future[Response]", *, streaming: Callable[[], bool], dialect: "Dialect",
                  grace_s: float, interval_s: float) -> Response:
     """``task``'s response, or -- for a streaming call still running after ``grace_s`` -- a stream
     that carries keepalives until it is done. ``streaming`` says whether the call asked to stream
@@ -72,8 +51,8 @@ async def answer(task: "asyncio.Future[Response]", *, streaming: Callable[[], bo
                            headers={"cache-control": "no-cache"})
 
 
-async def _events(task: "asyncio.Future[Response]", dialect: "Dialect | None", interval_s: float) -> AsyncIterator[bytes]:
-    ping = dialect.keepalive_event if dialect is not None else CHAT_KEEPALIVE
+async def _events(task: "asyncio.Future[Response]", dialect: "Dialect", interval_s: float) -> AsyncIterator[bytes]:
+    ping = dialect.keepalive_event
     while True:
         done, _ = await asyncio.wait({task}, timeout=interval_s)
         if done:
@@ -82,10 +61,8 @@ async def _events(task: "asyncio.Future[Response]", dialect: "Dialect | None", i
     response = task.result()  # the call's own steps turned every failure into a response
     if response.status_code == 200 and response.media_type == "text/event-stream":
         yield bytes(response.body)
-    elif dialect is not None:
-        yield dialect.stream_error(response)
     else:
-        yield chat_stream_error(response)
+        yield dialect.stream_error(response)
 
 
 def keepalive_body(response: Any) -> AsyncIterator[bytes] | None:

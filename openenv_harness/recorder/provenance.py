@@ -1,4 +1,5 @@
-"""Provenance on every call (D11) and the served-template fingerprint (D3's residual duty).
+"""What the recorder learns about the engine for provenance (D11), and the served-template
+fingerprint (D3's residual duty). The per-call provenance a record carries is ``call/provenance.py``.
 
 The recorder cannot read the engine's chat template -- it has no tokenizer and renders nothing --
 but it can *probe* it: fixed probe conversations sent through the engine's ``/tokenize`` come back
@@ -14,11 +15,9 @@ import hashlib
 import json
 from typing import TYPE_CHECKING, Any
 
-from openenv_harness.version import __version__
+from openenv_harness.recorder.upstream.routes import RENDER
 
 if TYPE_CHECKING:
-    from openenv_harness.recorder.context import RecorderContext
-    from openenv_harness.recorder.sessions import LiveSession
     from openenv_harness.recorder.upstream.base import Upstream
 
 SAMPLING_FIELDS = (
@@ -148,33 +147,13 @@ async def engine_sampling_defaults(upstream: "Upstream", model: str | None) -> d
     if model:
         body["model"] = model
     try:
-        reply = await upstream.request("POST", "/v1/chat/completions/render", json=body)
+        reply = await upstream.request("POST", RENDER, json=body)
     except UpstreamFailure:
         return None
     params = (reply.json or {}).get("sampling_params") if reply.status == 200 else None
     if not isinstance(params, dict):
         return None
     return {k: params[k] for k in DEFAULTED_FIELDS if k in params and params[k] is not None}
-
-
-def _session_part(ctx: "RecorderContext", session: "LiveSession") -> dict[str, Any]:
-    cached = session.provenance_cache
-    if cached is None:
-        upstream = ctx.upstream_for(session.spec.upstream)
-        cached = {
-            "engine": upstream.name if upstream is not None else None,
-            "affinity_key": session.affinity_key,
-            "engine_version": session.engine_version or ctx.engine_info.get("version"),
-            "harness": session.spec.harness,
-            "harness_version": session.spec.harness_version,
-            "config_hashes": dict(session.spec.config_hashes),
-            "template_fingerprint": session.template_fingerprint,
-            "template_status": session.template_status,
-            "template_certification": session.template_certification,
-            "recorder_version": __version__,
-        }
-        session.provenance_cache = cached
-    return cached
 
 
 #: Fields whose engine default applies when a request leaves them out (vLLM takes them from the
@@ -203,51 +182,3 @@ def decoding_constraint(body: dict[str, Any]) -> dict[str, Any] | None:
             found[name] = body[name] if name != "structured_outputs" else sorted(body[name]) \
                 if isinstance(body[name], dict) else True
     return found or None
-
-
-def sampling_provenance(ctx: "RecorderContext", session: "LiveSession", agent_body: dict[str, Any],
-                        sent_body: dict[str, Any]) -> dict[str, Any]:
-    """What sampling the engine really applied: what the agent sent, what the session pinned, what
-    the engine defaults to -- and the effective values where all three are known. Never a silent
-    guess: with the engine's defaults unknown, the fields it filled in are listed as unknown."""
-    agent = {k: agent_body[k] for k in SAMPLING_FIELDS if k in agent_body}
-    pinned = dict(session.spec.sampling or {})
-    sent = {k: sent_body[k] for k in SAMPLING_FIELDS if k in sent_body}
-    # configured (the launcher knows the model folder), else what the engine itself said, else unknown
-    defaults = ctx.config.engine_sampling_defaults
-    source = "configured" if defaults is not None else "unknown"
-    if defaults is None and session.spec.upstream in (None, "default"):
-        defaults = ctx.engine_info.get("sampling_defaults")
-        source = "probed" if defaults is not None else source
-    effective = {k: sent[k] for k in DEFAULTED_FIELDS if k in sent}
-    unknown: list[str] = []
-    for name in DEFAULTED_FIELDS:
-        if name in effective:
-            continue
-        if defaults is None:
-            unknown.append(name)
-        elif name in defaults:
-            effective[name] = defaults[name]
-    return {
-        "sampling": sent,
-        "sampling_from_agent": agent,
-        "sampling_pinned": pinned,
-        "engine_sampling_defaults": dict(defaults) if defaults is not None else "unknown",
-        "engine_sampling_defaults_source": source,
-        "sampling_effective": effective,
-        "sampling_unknown": unknown,
-        "logprobs_mode": ctx.config.engine_logprobs_mode or "unknown",
-        "decoding_constraint": decoding_constraint(sent_body),
-    }
-
-
-def call_provenance(ctx: "RecorderContext", session: "LiveSession", sent_body: dict[str, Any],
-                    agent_body: dict[str, Any] | None = None, reply_headers: dict[str, str] | None = None
-                    ) -> dict[str, Any]:
-    out = {**_session_part(ctx, session), "model": sent_body.get("model"),
-           **sampling_provenance(ctx, session, agent_body if agent_body is not None else sent_body, sent_body)}
-    header = ctx.config.replica_header
-    if header and reply_headers:
-        # which replica served the call, where the path says (a gateway's header): None otherwise
-        out["replica"] = reply_headers.get(header.lower())
-    return out

@@ -27,15 +27,13 @@ import logging
 from array import array
 from typing import Any, Iterable
 
-from openenv_harness.recorder.dialects import ANTHROPIC, RESPONSES, Dialect, ReplayMemory
+from openenv_harness.recorder.dialects.memory import ReplayMemory
+from openenv_harness.recorder.dialects.routes import BY_NAME
 from openenv_harness.recorder.fidelity import FidelityTracker
-from openenv_harness.recorder.sessions import LiveSession
+from openenv_harness.recorder.live_session import LiveSession
 from openenv_harness.recorder.store.base import RecordStore
 
 log = logging.getLogger(__name__)
-
-_DIALECTS: dict[str, Dialect] = {d.name: d for d in (ANTHROPIC, RESPONSES)}
-
 
 def rebuild(records: Iterable[dict[str, Any]]) -> tuple[FidelityTracker | None, ReplayMemory | None]:
     """The fidelity tracker and replay memory a session's records leave behind (None: nothing to hold)."""
@@ -47,7 +45,7 @@ def rebuild(records: Iterable[dict[str, Any]]) -> tuple[FidelityTracker | None, 
                             array("I", record.get("completion_token_ids") or []))
             if md.get("seq") is not None:
                 tracker.placed(str(md.get("node_id")), int(md["seq"]))
-        dialect = _DIALECTS.get(md.get("dialect"))
+        dialect = BY_NAME.get(md.get("dialect") or "chat")
         if dialect is not None and md.get("error") is None and md.get("status") != "failed":
             dialect.remember(record, memory)  # a reply the agent was handed
     return (tracker if tracker.tips else None), (memory if len(memory) else None)

@@ -1,8 +1,9 @@
-"""Live session state: identity, budgets, counters and stop conditions (D5, D13).
+"""The registry of a recorder's sessions: create, find, stop, close, and load after a restart (D5).
 
-A session is one rollout: one agent, one secret, one stream of records. The registry keeps what
-the hot path needs in memory -- counters, never history -- and persists identity and outcome so a
-restarted recorder keeps serving the same sessions.
+A session is one rollout: one agent, one secret, one stream of records (its spec:
+``session_spec.py``; its live state: ``live_session.py``). The registry keeps what the hot path
+needs in memory -- counters, never history -- and persists identity and outcome so a restarted
+recorder keeps serving the same sessions.
 """
 
 from __future__ import annotations
@@ -12,14 +13,10 @@ import re
 import secrets
 import threading
 import time
-from collections import OrderedDict, deque
-from dataclasses import dataclass, field
-from typing import Any, Literal
-
-from pydantic import BaseModel, ConfigDict, Field
-
 from openenv_harness.recorder.auth import new_secret, secret_digest
-from openenv_harness.recorder.store.base import RecordStore, SessionRow
+from openenv_harness.recorder.live_session import LiveSession
+from openenv_harness.recorder.session_spec import SessionSpec
+from openenv_harness.recorder.store.base import RecordStore
 
 _SESSION_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,95}$")
 #: How long a close lets calls in flight finish before cancelling them (seconds; per close: ``grace_s``).
@@ -27,243 +24,6 @@ DEFAULT_CLOSE_GRACE_S = 10.0
 #: How long a close then waits for the cancelled calls and those past the engine to be recorded; a
 #: record journalled by then is part of the session, any later append is refused by the sealed store.
 CANCELLED_CALLS_WAIT_S = 30.0
-
-
-class Budgets(BaseModel):
-    """Caps enforced before each call is served (D13). ``None`` means no cap."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    max_agent_calls: int | None = Field(None, ge=0)
-    max_calls: int | None = Field(None, ge=0, description="All calls, aux included")
-    max_prompt_tokens: int | None = Field(None, ge=0, description="Cumulative prompt tokens")
-    max_completion_tokens: int | None = Field(None, ge=0, description="Cumulative completion tokens")
-    max_total_tokens: int | None = Field(None, ge=0)
-    max_wall_clock_s: float | None = Field(None, gt=0)
-    max_tool_calls_per_turn: int | None = Field(
-        None, ge=0, description="Tool calls one reply may hand the agent; the rest are dropped, the session goes on"
-    )
-    max_total_tool_calls: int | None = Field(
-        None, ge=0, description="Tool calls handed to the agent in all; the reply that would pass it is cut and"
-        " stops the session"
-    )
-
-
-class AuxRule(BaseModel):
-    """Marks a call as ``aux`` when every given condition holds."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    name: str
-    no_tools: bool | None = None
-    system_prompt_startswith: str | None = None
-    system_prompt_contains: str | None = None
-    last_user_message_startswith: str | None = None
-    model: str | None = None
-
-
-class SessionSpec(BaseModel):
-    """What a trainer gives when creating a session."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    session_id: str | None = Field(None, description="Requested id; must be unused")
-    metadata: dict[str, Any] = Field(default_factory=dict)
-    budgets: Budgets = Field(default_factory=Budgets)
-    harness: str | None = None
-    harness_version: str | None = None
-    config_hashes: dict[str, str] = Field(default_factory=dict)
-    aux_rules: list[AuxRule] | None = Field(None, description="Override the harness's classification rules")
-    trainer_template_fingerprint: str | None = Field(
-        None, description="Fingerprint of the chat template the trainer trains with; a mismatch fails creation"
-    )
-    upstream: str | None = Field(None, description="Named upstream registered with the recorder (white-box)")
-    require_exact_template: bool = Field(
-        False, description="Refuse the session (409, with the failing property and what to do) unless the served "
-        "chat template is certified to keep chains exact")
-    prompt_mode: Literal["full_history", "incremental"] = Field(
-        "full_history", description="full_history: the agent's messages are rendered in full each call; incremental: "
-        "a call that continues its chain is sampled from the exact previous prompt and sampled ids plus the engine's "
-        "certified rendering of only the new messages (recorder/prompt_mode.py)")
-    prompt_mode_strict: bool = Field(
-        False, description="incremental only: reject (409) a call whose continuation is not certain instead of "
-        "falling back to full history; a genuine history change still starts a new chain")
-    affinity_key: str | None = Field(
-        None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$",
-        description="The trajectory's routing key, sent upstream as X-Session-ID on every engine call of the "
-        "session (vllm-router's consistent_hash keeps them on one replica). None: a fresh random key; siblings "
-        "and retried rollouts are sessions of their own and get keys of their own")
-    sampling: dict[str, Any] | None = Field(
-        None,
-        description=(
-            "Trainer-pinned sampling fields set on every upstream body (e.g. TRL's training_sampling);"
-            " recorded in each record's provenance.sampling"
-        ),
-    )
-
-
-@dataclass
-class Counters:
-    calls: int = 0
-    agent_calls: int = 0
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    failed_calls: int = 0
-    invalid_calls: int = 0
-    replayed_calls: int = 0
-    #: tool calls handed to the agent (after any cut), the count ``max_total_tool_calls`` caps
-    tool_calls: int = 0
-
-
-@dataclass
-class LiveSession:
-    """In-memory state of one session. Bounded: counters and small maps, never history."""
-
-    id: str
-    secret_digest: str
-    spec: SessionSpec
-    created_at: float
-    status: str = "open"  # open | stopped | closed
-    closed_at: float | None = None
-    stop_reason: str | None = None
-    next_call_index: int = 0
-    counters: Counters = field(default_factory=Counters)
-    last_error: dict[str, Any] | None = None
-    errors: list[dict[str, Any]] = field(default_factory=list)
-    template_status: str | None = None
-    template_fingerprint: str | None = None
-    template_certification: dict[str, Any] | None = None
-    engine_version: str | None = None
-    #: how the rollout ended, once the trainer scored it: ``{"reward": float | None, "unscored_reason":
-    #: str | None}`` (``POST /admin/sessions/{id}/outcome``); exports stamp the reward on every row
-    outcome: dict[str, Any] | None = None
-    #: request digest -> future of the in-flight twin (retry de-duplication)
-    inflight: dict[str, asyncio.Future] = field(default_factory=dict)
-    #: shared per-session state of the fidelity classifier (last prompt of each chain tip, bounded)
-    fidelity: Any = None
-    #: the session's recent prompts as text and ids, so a prompt's shared history is not parsed again
-    prompt_ids: Any = None
-    #: per chain tip: its reply and message digests, for the cause of the next call's drift or break
-    turn_views: dict[str, Any] = field(default_factory=dict)
-    #: the replies of the last few compaction calls: a break whose history carries one was compaction
-    compaction_summaries: "deque[str]" = field(default_factory=lambda: deque(maxlen=4))
-    #: request digests of recent successful calls, for retry replay (bounded by the dedupe window)
-    recent_digests: "OrderedDict[str, int]" = field(default_factory=OrderedDict)
-    #: the prompt mode's per-session state (incremental: the chain tips' exact ids)
-    prompt_mode_state: Any = None
-    #: the session-constant part of each record's provenance, built on first use
-    provenance_cache: dict[str, Any] | None = None
-    #: the session's caps as each record's ``limits`` shows them (the spec does not change), built on first use
-    caps_cache: dict[str, Any] | None = None
-    #: what dialect replies sent back (sampled tool arguments, reasoning), to recognise their replay
-    dialect_memory: Any = None
-    #: recovered with records: its chain state (fidelity tips, dialect memory) is still to be rebuilt
-    #: from them before its next call (``restore.py``); ``restoring`` is that one rebuild
-    restore_pending: bool = False
-    restoring: asyncio.Future | None = None
-    #: the calls being served now, from authentication to reply (``flow.Flow`` by id): close waits for them
-    calls: dict[int, Any] = field(default_factory=dict)
-    _changed: asyncio.Event | None = None
-    _calls_idle: asyncio.Event | None = None
-    #: set once a close has begun; resolved when it is done
-    _close_done: asyncio.Future | None = None
-
-    @property
-    def affinity_key(self) -> str | None:
-        """The opaque per-trajectory routing key (set at creation, persisted with the spec)."""
-        return self.spec.affinity_key
-
-    @property
-    def closing(self) -> bool:
-        """A close has begun: no new call is served (it may still be waiting for calls in flight)."""
-        return self._close_done is not None
-
-    def call_started(self, flow: Any) -> None:
-        self.calls[id(flow)] = flow
-
-    def call_ended(self, flow: Any) -> None:
-        self.calls.pop(id(flow), None)
-        if not self.calls and self._calls_idle is not None:
-            self._calls_idle.set()
-
-    async def calls_done(self, timeout_s: float) -> bool:
-        """Wait until no call is in flight, at most ``timeout_s``; whether none is."""
-        if not self.calls:
-            return True
-        self._calls_idle = asyncio.Event()
-        try:
-            await asyncio.wait_for(self._calls_idle.wait(), timeout_s)
-        except TimeoutError:
-            pass
-        return not self.calls
-
-    def take_call_index(self) -> int:
-        index = self.next_call_index
-        self.next_call_index += 1
-        return index
-
-    @property
-    def changed(self) -> asyncio.Event:
-        if self._changed is None:
-            self._changed = asyncio.Event()
-        return self._changed
-
-    def notify(self) -> None:
-        """Wake waiters (status changed or a call finished)."""
-        if self._changed is not None:
-            self._changed.set()
-            self._changed = asyncio.Event()
-
-    def note_error(self, error: dict[str, Any]) -> None:
-        self.last_error = error
-        self.errors.append(error)
-        del self.errors[:-20]  # keep the latest few; every one is also in a failed-call record
-
-    def summary(self) -> dict[str, Any]:
-        c = self.counters
-        return {
-            "session_id": self.id,
-            "status": self.status,
-            "created_at": self.created_at,
-            "closed_at": self.closed_at,
-            "stop_reason": self.stop_reason,
-            "calls": c.calls,
-            "agent_calls": c.agent_calls,
-            "prompt_tokens": c.prompt_tokens,
-            "completion_tokens": c.completion_tokens,
-            "failed_calls": c.failed_calls,
-            "invalid_calls": c.invalid_calls,
-            "replayed_calls": c.replayed_calls,
-            "tool_calls": c.tool_calls,
-            "last_error": self.last_error,
-            "budgets": self.spec.budgets.model_dump(exclude_none=True),
-            "metadata": self.spec.metadata,
-            "harness": self.spec.harness,
-            "affinity_key": self.spec.affinity_key,
-            "template_status": self.template_status,
-            "template_certification": self.template_certification,
-            "engine_version": self.engine_version,
-            "outcome": self.outcome,
-        }
-
-    def to_row(self) -> SessionRow:
-        return SessionRow(
-            session_id=self.id,
-            secret_digest=self.secret_digest,
-            status=self.status,
-            created_at=self.created_at,
-            spec=self.spec.model_dump(mode="json"),
-            closed_at=self.closed_at,
-            stop_reason=self.stop_reason,
-            state={
-                "last_error": self.last_error,
-                "template_status": self.template_status,
-                "template_fingerprint": self.template_fingerprint,
-                "template_certification": self.template_certification,
-                "engine_version": self.engine_version,
-                "outcome": self.outcome,
-            },
-        )
 
 
 class SessionError(Exception):

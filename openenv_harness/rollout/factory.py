@@ -106,7 +106,7 @@ class HarnessSessionFactory(ResourceSessionFactory):
         self.max_output_tokens = max_output_tokens
         self.trainer_template_fingerprint = trainer_template_fingerprint
         self.upstream = upstream
-        #: the recorder's prompt mode for these sessions (``recorder/prompt_mode.py``)
+        #: the recorder's prompt mode for these sessions (``recorder/prompt_modes/``)
         self.prompt_mode, self.prompt_mode_strict = prompt_mode, prompt_mode_strict
         #: sessions are refused where the served template is not certified exact
         self.require_exact_template = require_exact_template

@@ -40,7 +40,7 @@ from openenv.validation.runtime.contracts import LaunchSpec
 from openenv.validation.types import ProviderCapability
 
 from openenv_harness.harnesses.install import default_node_prefix, ensure_installed
-from openenv_harness.recorder.server import free_port
+from openenv_harness.recorder.serving import free_port
 from openenv_harness.space.dockerfile import (
     Instruction,
     copied_sources,

@@ -151,7 +151,7 @@ def test_serve_prints_a_one_time_viewer_link_and_never_the_given_token(tmp_path:
 
     import httpx
 
-    from openenv_harness.recorder.server import free_port
+    from openenv_harness.recorder.serving import free_port
 
     token, port = "serve-admin-token-0123456789abcdef", free_port()
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}

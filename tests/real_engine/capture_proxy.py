@@ -19,7 +19,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from openenv_harness.recorder.server import ThreadedServer
+from openenv_harness.recorder.serving import ThreadedServer
 
 _HOP = {"host", "content-length", "transfer-encoding", "connection", "keep-alive"}
 

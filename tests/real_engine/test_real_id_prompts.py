@@ -20,7 +20,7 @@ from capture_proxy import CaptureProxy
 from incremental_checks import assert_one_exact_chain, run_incremental_pi
 from real_stack import RealStack
 from openenv_harness.engine import VLLMServer
-from openenv_harness.recorder.id_sampling import COMPLETIONS, GENERATE
+from openenv_harness.recorder.prompt_modes.id_sampling import COMPLETIONS, GENERATE
 
 pytestmark = [pytest.mark.real_engine, pytest.mark.cli, pytest.mark.compat, pytest.mark.slow]
 

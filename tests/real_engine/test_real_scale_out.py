@@ -6,8 +6,8 @@ import httpx
 import pytest
 
 from openenv_harness.engine import VLLMServer
-from openenv_harness.recorder.id_sampling import as_generate_response
-from openenv_harness.recorder.sample_parse import DERENDER_PROMPT_TAIL
+from openenv_harness.recorder.prompt_modes.id_sampling import as_generate_response
+from openenv_harness.recorder.prompt_modes.sample_parse import DERENDER_PROMPT_TAIL
 from openenv_harness.testing.engine import EngineServer
 from openenv_harness.testing.engine.scale_out_probe import run_probe, shape
 
@@ -33,7 +33,7 @@ def test_render_generate_derender_and_id_prompts_have_vllms_shapes(vllm: VLLMSer
         assert tail["finish_reason"] == whole["finish_reason"]
         assert engine["derender"]["usage"]["prompt_tokens"] == len(engine["render"]["token_ids"])
     # the sampled ids come back from derender only where asked for; a sample of no ids (an abort
-    # before the first token) is refused, so the recorder must not ask (recorder/sample_parse.py)
+    # before the first token) is refused, so the recorder must not ask (recorder/prompt_modes/sample_parse.py)
     for engine in (real, ours):
         assert engine["derender"]["choices"][0]["token_ids"] is None
         assert engine["derender_echoed"]["choices"][0]["token_ids"] == engine["generate"]["choices"][0]["token_ids"]

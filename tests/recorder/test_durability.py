@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from openenv_harness.recorder import RecorderClient, RecorderServer
-from openenv_harness.recorder.server import free_port
+from openenv_harness.recorder.serving import free_port
 from openenv_harness.recorder.store.journal import JournalError
 from openenv_harness.testing.engine import EngineServer
 from openenv_harness.testing.recorder_process import child_pids, start_recorder_process

@@ -13,7 +13,7 @@ import pytest
 
 from openenv_harness.recorder import RecorderClient, RecorderConfig
 from openenv_harness.recorder.app import create_recorder_app
-from openenv_harness.recorder.server import ThreadedServer
+from openenv_harness.recorder.serving import ThreadedServer
 from openenv_harness.testing.engine import EngineServer, Fault, Script, Turn
 
 from agentloop import ADMIN

@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 
 from openenv_harness.recorder import RecorderClient
-from openenv_harness.recorder.server import free_port
+from openenv_harness.recorder.serving import free_port
 from openenv_harness.testing.engine import EngineServer
 from openenv_harness.testing.recorder_process import child_pids
 

@@ -43,7 +43,7 @@ def test_respaced_tool_arguments_give_one_exact_chain(engine: EngineServer, reco
 
 
 def test_the_chat_routes_finish_reason_rule() -> None:
-    from openenv_harness.recorder.sample_parse import finish_as_chat_route
+    from openenv_harness.recorder.prompt_modes.sample_parse import finish_as_chat_route
 
     def finish(tool_choice: object, calls: bool, reported: str = "stop") -> str:
         reply = {"choices": [{"message": {"role": "assistant", "tool_calls": [{"id": "c"}] if calls else None},

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from openenv_harness.recorder import RecorderClient, RecorderConfig, RecorderServer
-from openenv_harness.recorder.id_sampling import NotExpressible, as_generate_response, completion_body
+from openenv_harness.recorder.prompt_modes.id_sampling import NotExpressible, as_generate_response, completion_body
 from openenv_harness.testing.engine import EngineConfig, EngineServer
 
 from agentloop import ADMIN, run_agent, tool_script
@@ -62,7 +62,8 @@ def test_a_completion_reply_reads_as_a_generate_reply() -> None:
 def test_the_route_is_probed_once_per_engine() -> None:
     import asyncio
 
-    from openenv_harness.recorder.id_sampling import COMPLETIONS, GENERATE, sampler_for
+    from openenv_harness.recorder.prompt_modes.engine_facts import EngineFactsTable
+    from openenv_harness.recorder.prompt_modes.id_sampling import COMPLETIONS, GENERATE, sampler_for
     from openenv_harness.recorder.upstream.base import Upstream, UpstreamReply
 
     class Counting(Upstream):
@@ -78,8 +79,10 @@ def test_the_route_is_probed_once_per_engine() -> None:
             await asyncio.sleep(0)
             return UpstreamReply(status=self.status, json=None)
 
+    facts = EngineFactsTable()
+
     async def routes(engine: Counting) -> list[str]:
-        return [s.route for s in await asyncio.gather(*(sampler_for(engine) for _ in range(5)))]
+        return [s.route for s in await asyncio.gather(*(sampler_for(engine, facts.of(engine)) for _ in range(5)))]
 
     with_generate, without = Counting(400), Counting(404)
     assert asyncio.run(routes(with_generate)) == [GENERATE] * 5

@@ -1,13 +1,14 @@
-"""The incremental mode's pure parts: the render contrast and the per-engine probe-prefix memo."""
+"""The incremental mode's pure parts: the render contrast and the per-engine facts it learns."""
 
 from __future__ import annotations
 
 import random
 from array import array
 
-from openenv_harness.recorder.probe_prefix import ProbePrefixes
-from openenv_harness.recorder.prompt_mode import IncrementalState, render_diff
 from openenv_harness.recorder import history_match
+from openenv_harness.recorder.prompt_modes.engine_facts import EngineFactsTable
+from openenv_harness.recorder.prompt_modes.rendering import render_diff
+from openenv_harness.recorder.prompt_modes.state import IncrementalState
 from openenv_harness.recorder.upstream.base import Upstream, UpstreamReply
 
 
@@ -55,24 +56,25 @@ class _Engine(Upstream):
 
 
 def test_the_probe_prefix_is_kept_per_engine_and_request() -> None:
-    memo, one, two = ProbePrefixes(), _Engine(), _Engine()
+    table, one, two = EngineFactsTable(), _Engine(), _Engine()
     request = {"model": "m", "messages": [{"role": "user", "content": "."}], "tools": [{"x": 1}]}
-    memo.put(one, request, [9, 10], [1, 2, 9, 10])
-    assert memo.get(one, dict(reversed(list(request.items()))), [9, 10]) == [1, 2, 9, 10]
-    assert memo.get(two, request, [9, 10]) is None  # another engine
-    assert memo.get(one, {**request, "tools": [{"x": 2}]}, [9, 10]) is None  # another rendering
-    assert memo.get(one, request, [9]) is None  # re-certified turn end
+    table.of(one).keep_probe_prefix(request, [9, 10], [1, 2, 9, 10])
+    assert table.of(one).probe_prefix(dict(reversed(list(request.items()))), [9, 10]) == [1, 2, 9, 10]
+    assert table.of(two).probe_prefix(request, [9, 10]) is None  # another engine
+    assert table.of(one).probe_prefix({**request, "tools": [{"x": 2}]}, [9, 10]) is None  # another rendering
+    assert table.of(one).probe_prefix(request, [9]) is None  # re-certified turn end
+    assert EngineFactsTable().of(one).probe_prefix(request, [9, 10]) is None  # another recorder's facts
 
 
 def test_an_engine_that_needs_the_tool_list_in_its_probe_is_remembered_alone() -> None:
-    memo, one, two = ProbePrefixes(), _Engine(), _Engine()
-    assert not memo.needs_tools(one)
-    memo.learn_needs_tools(one)
-    assert memo.needs_tools(one) and not memo.needs_tools(two)
+    table, one, two = EngineFactsTable(), _Engine(), _Engine()
+    assert not table.of(one).probe_needs_tools
+    table.of(one).probe_needs_tools = True
+    assert table.of(one).probe_needs_tools and not table.of(two).probe_needs_tools
 
 
 def test_a_suffix_is_certified_only_as_the_full_renders_tail_after_a_turn_end() -> None:
-    from openenv_harness.recorder.prompt_mode import certified
+    from openenv_harness.recorder.prompt_modes.rendering import certified
 
     end = [9, 10]
     full = [1, 2, 9, 10, 3, 4, 9, 10, 5, 6]      # ... the last assistant turn's end, then the new messages
@@ -84,7 +86,7 @@ def test_a_suffix_is_certified_only_as_the_full_renders_tail_after_a_turn_end() 
 
 
 def test_the_probe_cut_finds_the_turn_end_where_the_template_rerendered_the_turn() -> None:
-    from openenv_harness.recorder.prompt_mode import probe_cut
+    from openenv_harness.recorder.prompt_modes.rendering import probe_cut
 
     end = [9, 10]
     prefix = [1, 9, 10, 2, 7, 7, 9, 10]          # user turn, assistant turn with a think block (7 7)
@@ -99,11 +101,12 @@ def test_the_probe_cut_finds_the_turn_end_where_the_template_rerendered_the_turn
 def test_an_engines_ids_are_read_as_ints_or_fall_back() -> None:
     import pytest
 
-    from openenv_harness.recorder.prompt_mode import Fallback, _id_array
+    from openenv_harness.recorder.prompt_modes.rendering import id_array
+    from openenv_harness.recorder.prompt_modes.state import Fallback
 
-    assert _id_array([3, 0, 2**32 - 1, True], "/r").tolist() == [3, 0, 2**32 - 1, 1]  # as int() reads a JSON true
-    assert all(type(t) is int for t in _id_array([True, False], "/r").tolist())
+    assert id_array([3, 0, 2**32 - 1, True], "/r").tolist() == [3, 0, 2**32 - 1, 1]  # as int() reads a JSON true
+    assert all(type(t) is int for t in id_array([True, False], "/r").tolist())
     for bad in ([1, 2.5], [1, "7"], [-1], [2**32], None, "12", [[1]]):
         with pytest.raises(Fallback) as caught:
-            _id_array(bad, "/r")
+            id_array(bad, "/r")
         assert caught.value.reason == "render_failed"

@@ -14,7 +14,7 @@ import pytest
 
 from openenv_harness.recorder import RecorderClient, RecorderConfig, RecorderServer
 from openenv_harness.recorder.app import create_recorder_app
-from openenv_harness.recorder.server import ThreadedServer
+from openenv_harness.recorder.serving import ThreadedServer
 from openenv_harness.testing.engine import EngineServer
 
 from agentloop import ADMIN, tool_script

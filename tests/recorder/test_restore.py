@@ -9,7 +9,8 @@ from typing import Any, Iterator
 
 from openenv_harness.recorder.dialects.memory import reasoning_handle
 from openenv_harness.recorder.restore import rebuild, restore
-from openenv_harness.recorder.sessions import LiveSession, SessionSpec
+from openenv_harness.recorder.live_session import LiveSession
+from openenv_harness.recorder.session_spec import SessionSpec
 from openenv_harness.recorder.store.base import RecordStore
 
 

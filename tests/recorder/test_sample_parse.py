@@ -140,7 +140,7 @@ def test_hidden_reasoning_is_parsed_in_two_steps(tmp_path: Path) -> None:
 
 def test_a_one_step_reply_without_the_sample_or_the_message_is_an_engine_error() -> None:
     """Nothing can be recorded from it: a 502 the forward step relays and records, never a guessed reply."""
-    from openenv_harness.recorder.sample_parse import _compose_one_step
+    from openenv_harness.recorder.prompt_modes.sample_parse import _compose_one_step
 
     whole = {"output_mode": "derender", "request_id": "r", "usage": {},
              "choices": [{"index": 0, "token_ids": [5, 6], "finish_reason": "stop",

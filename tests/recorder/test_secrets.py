@@ -25,7 +25,7 @@ from typing import Iterator
 import httpx
 import pytest
 
-from openenv_harness.recorder.server import free_port
+from openenv_harness.recorder.serving import free_port
 from openenv_harness.recorder.store.blocks import unpack_blob
 from openenv_harness.testing.engine import EngineConfig, EngineServer, Fault
 

@@ -25,7 +25,7 @@ from typing import Iterator
 import pytest
 
 from openenv_harness.recorder import RecorderConfig, RecorderServer
-from openenv_harness.recorder.server import free_port
+from openenv_harness.recorder.serving import free_port
 from openenv_harness.testing.engine import EngineServer
 from openenv_harness.testing.recorder_process import start_recorder_process
 

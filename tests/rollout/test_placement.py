@@ -12,7 +12,7 @@ from typing import Iterator
 import pytest
 
 from openenv_harness.recorder import RecorderClient, RecorderConfig, RecorderServer
-from openenv_harness.recorder.server import free_port
+from openenv_harness.recorder.serving import free_port
 from openenv_harness.rollout import BUILTIN_TASKS, HarnessSessionFactory
 from openenv_harness.rollout.placement import NoRecorderAvailable, RecorderPool
 from openenv_harness.rollout.session import RolloutCaptureError

@@ -11,7 +11,7 @@ import pytest
 from openenv_harness.cli.cmd_doctor import _engine_checks
 from openenv_harness.engine.router import VLLMRouter
 from openenv_harness.recorder import RecorderClient, RecorderConfig, RecorderServer
-from openenv_harness.recorder.server import ThreadedServer
+from openenv_harness.recorder.serving import ThreadedServer
 from openenv_harness.testing.engine import EngineServer
 
 from agentloop import ADMIN, run_agent, tool_script

@@ -34,7 +34,7 @@ def test_dockerignore_patterns_match_from_the_root_or_at_any_depth() -> None:
     assert ignored("tests/x.py", patterns) and ignored("openenv_harness/a/__pycache__/m.pyc", patterns)
     assert ignored("openenv_harness.egg-info/PKG-INFO", patterns) and ignored(".venv-verifiers/bin/python", patterns)
     assert not ignored("openenv_harness/testing/engine/server.py", patterns)  # "tests" is a root folder only
-    assert not ignored("openenv_harness/recorder/flow.py", patterns)
+    assert not ignored("openenv_harness/recorder/call/pipeline.py", patterns)
 
 
 def test_the_folder_holds_what_the_dockerfile_copies_and_nothing_else(space: tuple[Path, list[str]]) -> None:
@@ -48,7 +48,7 @@ def test_the_folder_holds_what_the_dockerfile_copies_and_nothing_else(space: tup
             rel = file.relative_to(REPO).as_posix()
             if not ignored(rel, patterns):
                 expected.add(rel)
-    assert {"pyproject.toml", "openenv_harness/recorder/flow.py", "envs/harness_env/server/app.py"} <= expected
+    assert {"pyproject.toml", "openenv_harness/recorder/call/pipeline.py", "envs/harness_env/server/app.py"} <= expected
     assert set(files) == expected | EXTRAS
     on_disk = {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()}
     assert on_disk == set(files)

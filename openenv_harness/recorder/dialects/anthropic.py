@@ -29,6 +29,7 @@ from openenv_harness.recorder.dialects import anthropic_request
 from openenv_harness.recorder.dialects.base import Dialect, DialectCall, chat_message, reasoning_text, sse
 from openenv_harness.recorder.dialects.memory import ReplayMemory, reasoning_handle
 from openenv_harness.recorder.errors import AgentError
+from openenv_harness.recorder.upstream.base import UpstreamReply
 
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                 404: "not_found_error", 409: "invalid_request_error", 413: "request_too_large",
@@ -172,6 +173,12 @@ class AnthropicDialect(Dialect):
 
     def error(self, exc: AgentError) -> Response:
         return anthropic_error(exc.status, exc.message, exc.headers)
+
+    def models(self, engine_reply: UpstreamReply) -> Response:
+        """Claude Code with gateway model discovery on reads the list in Anthropic's shape."""
+        if engine_reply.status == 200 and isinstance(engine_reply.json, dict):
+            return Response(orjson.dumps(anthropic_models(engine_reply.json)), media_type="application/json")
+        return super().models(engine_reply)
 
     def stream_error(self, response: Response) -> bytes:
         """Anthropic's in-stream ``error`` event carries the same body as its error response."""

@@ -1,17 +1,21 @@
-"""A dialect: the two ends of the flow for an agent that does not speak Chat Completions.
+"""A dialect: the two ends of the flow, the agent's API at each.
 
 Why at the ends only: every guarantee the recorder gives -- canonical prompt ids, sampled ids and
 logprobs, validation, a durable record before the reply, budgets, retry de-duplication, the weight
-fence, provenance -- lives in the flow's named steps, and those must stay one path for every agent.
-So a dialect does two things and nothing else:
+fence, provenance -- lives in the call's named steps (``call/``), and those must stay one path for
+every agent. Chat Completions is a dialect too, the identity one (``chat.py``). A dialect is data in,
+data out, and never sees the flow:
 
-- ``enter``: the agent's request (Responses, Anthropic Messages) becomes the chat request the
-  flow runs on -- it replaces ``flow.raw`` with that chat body's bytes, so ``parse``, ``classify``,
-  ``dedupe`` and ``record`` see a chat call like any other and the record's ``request`` is exactly
-  the chat body the engine rendered and sampled from;
-- ``reply``: the recorded chat completion becomes the dialect's reply (JSON or the dialect's own
+- ``enter``: the agent's request bytes become the chat request the steps run on -- the body and its
+  bytes, so ``parse``, ``classify``, ``dedupe`` and ``record`` see a chat call like any other and the
+  record's ``request`` is exactly the chat body the engine rendered and sampled from;
+- ``render``: the recorded chat completion becomes the dialect's reply (JSON or the dialect's own
   event stream), built only after the record committed, so the terminal event can never precede
-  durability; errors leave in the dialect's error shape.
+  durability; errors leave in the dialect's error shape (``error``, ``stream_error``).
+
+What it declares as data: its name and route, the agent's own session header, its keepalive event,
+and whether its replies hand the agent the argument text the model sampled
+(``records_sampled_arguments``: the record step then keeps that text in the record).
 
 Upstream route (why chat completions): the engine renders the translated chat request with its own
 template and returns its canonical prompt ids, exactly as for a chat agent, so the recorded prompt
@@ -25,23 +29,21 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import orjson
 from starlette.responses import Response
 
 from openenv_harness.recorder.dialects.memory import ReplayMemory
-from openenv_harness.recorder.dialects.sampled import raw_arguments, sampled_text
 from openenv_harness.recorder.errors import AgentError, body_too_large
-from openenv_harness.recorder.sessions import LiveSession
-
-if TYPE_CHECKING:
-    from openenv_harness.recorder.flow import Flow
+from openenv_harness.recorder.live_session import LiveSession
+from openenv_harness.recorder.upstream.base import UpstreamReply
 
 
 @dataclass
 class DialectCall:
-    """What the reply end needs from the request end of one call."""
+    """What the reply end needs from the request end of one call (and, for a dialect that records
+    them, the argument text the model sampled, found by the record step)."""
 
     model: str | None = None
     echo: dict[str, Any] = field(default_factory=dict)
@@ -55,6 +57,16 @@ class DialectCall:
         if index < len(self.raw_arguments) and self.raw_arguments[index] is not None:
             return self.raw_arguments[index]
         return memory.sampled(call_id) or parsed
+
+
+@dataclass
+class Entered:
+    """A request as the steps take it: the chat body, its bytes (what is digested and stored), and
+    what the reply end needs."""
+
+    body: dict[str, Any]
+    raw: bytes
+    call: DialectCall
 
 
 def invalid(message: str, code: str = "invalid_request") -> AgentError:
@@ -88,8 +100,9 @@ def sse(event: str, payload: dict[str, Any]) -> bytes:
 def chat_message(reply: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """The first choice of a chat completion and its message (empty dicts when absent)."""
     choices = reply.get("choices") or [{}]
-    choice = choices[0] if isinstance(choices[0], dict) else {}
-    message = choice.get("message") if isinstance(choice.get("message"), dict) else {}
+    choice: dict[str, Any] = choices[0] if isinstance(choices[0], dict) else {}
+    found = choice.get("message")
+    message: dict[str, Any] = found if isinstance(found, dict) else {}
     return choice, message
 
 
@@ -114,28 +127,15 @@ class Dialect(abc.ABC):
     #: What keeps a waiting stream alive (``keepalive.py``): an SSE comment unless the API has its own.
     keepalive_event: ClassVar[bytes] = b": keepalive\n\n"
 
-    def enter(self, flow: "Flow") -> None:
-        """Replace the agent's body in ``flow.raw`` by the chat body the flow will run on."""
-        body = decode_object(flow.raw, flow.ctx.config.max_body_bytes)
-        chat, call = self.to_chat(body, memory_for(flow.session))
-        flow.dialect_call = call
-        flow.raw = orjson.dumps(chat)
+    #: whether replies hand the agent the argument text the model sampled (``DialectCall.arguments_for``)
+    records_sampled_arguments: ClassVar[bool] = True
 
-    def keep_sampled_arguments(self, flow: "Flow", response: dict[str, Any], metadata: dict[str, Any]) -> None:
-        """At the record step: the argument text the model sampled for each of the reply's tool calls
-        (``sampled.py``), for this reply and, as ``metadata.sampled_arguments``, for the record.
-
-        Why in the record: the text is found in the engine reply's logprob entries, which the record
-        does not keep (its ``response`` is the agent's view; its ids need the engine's tokenizer to
-        be text again). A restarted recorder rebuilds the replay memory from it (``restore.py``)."""
-        call = flow.dialect_call if isinstance(flow.dialect_call, DialectCall) else None
-        _, message = chat_message(response)
-        tool_calls = message.get("tool_calls") or []
-        if call is None or flow.reply is None or not tool_calls:
-            return
-        call.raw_arguments = raw_arguments(sampled_text(flow.reply.json), tool_calls)
-        if any(text is not None for text in call.raw_arguments):
-            metadata["sampled_arguments"] = call.raw_arguments
+    def enter(self, raw: bytes, session: LiveSession, limit: int) -> Entered:
+        """The agent's request as the chat request the steps run on; ``AgentError`` (400/413) on what
+        cannot be read."""
+        body = decode_object(raw, limit)
+        chat, call = self.to_chat(body, memory_for(session))
+        return Entered(chat, orjson.dumps(chat), call)
 
     def remember(self, record: dict[str, Any], memory: ReplayMemory) -> None:
         """Remember again what one recorded reply remembered when it left: the reply is built the
@@ -147,16 +147,19 @@ class Dialect(abc.ABC):
         sampled = record.get("metadata", {}).get("sampled_arguments")
         self.message(response, DialectCall(raw_arguments=list(sampled) if isinstance(sampled, list) else []), memory)
 
-    def reply(self, flow: "Flow") -> Response:
-        """The recorded chat completion (``flow.agent_reply``) in the dialect's own shape (a replayed
-        retry has no engine reply: the memory holds what its first sending handed out)."""
-        assert flow.agent_reply is not None
-        call = flow.dialect_call if isinstance(flow.dialect_call, DialectCall) else DialectCall()
-        memory = memory_for(flow.session)
-        if flow.wants_stream:
-            return Response(self.stream(flow.agent_reply, call, memory), media_type="text/event-stream",
+    def render(self, reply: dict[str, Any], call: DialectCall, session: LiveSession, *, stream: bool,
+               include_usage: bool) -> Response:
+        """The recorded chat completion in the dialect's own shape (a replayed retry has no engine
+        reply: the memory holds what its first sending handed out)."""
+        memory = memory_for(session)
+        if stream:
+            return Response(self.stream(reply, call, memory), media_type="text/event-stream",
                             headers={"cache-control": "no-cache"})
-        return Response(orjson.dumps(self.message(flow.agent_reply, call, memory)), media_type="application/json")
+        return Response(orjson.dumps(self.message(reply, call, memory)), media_type="application/json")
+
+    def models(self, engine_reply: UpstreamReply) -> Response:
+        """``GET /v1/models`` as the engine answered it (a dialect with its own list shape overrides)."""
+        return Response(engine_reply.body, status_code=engine_reply.status, media_type="application/json")
 
     @abc.abstractmethod
     def to_chat(self, body: dict[str, Any], memory: ReplayMemory) -> tuple[dict[str, Any], DialectCall]:

@@ -20,7 +20,7 @@ from openenv_harness.recorder.dialects import anthropic_request
 from openenv_harness.recorder.dialects.anthropic import anthropic_error
 from openenv_harness.recorder.dialects.base import decode_object, memory_for
 from openenv_harness.recorder.errors import AgentError, body_too_large
-from openenv_harness.recorder.flow import authenticate
+from openenv_harness.recorder.call.authenticate import authenticate
 from openenv_harness.recorder.relay_errors import relay_upstream_error
 from openenv_harness.recorder.upstream.base import UpstreamFailure
 

@@ -14,7 +14,7 @@ it (``ReplayMemory``) -- it is JSON-equal to what the parser returned, so the ag
 arguments. When the text cannot be recovered (``token_id:N`` strings, a format that writes
 arguments as anything but a JSON object) the parser's string is used. The record keeps
 the engine's reply untouched either way, and the texts found in ``metadata.sampled_arguments``
-(``Dialect.keep_sampled_arguments``): the logprob entries they come from are not in the record.
+(the record step, for a dialect that ``records_sampled_arguments``): the logprob entries they come from are not in the record.
 """
 
 from __future__ import annotations
@@ -90,3 +90,14 @@ def raw_arguments(text: str | None, tool_calls: list[Any]) -> list[str | None]:
                 out[i], cursor = text[position:end], end
                 break
     return out
+
+
+def sampled_arguments(engine_reply: dict[str, Any] | None, delivered: dict[str, Any]) -> list[str | None] | None:
+    """Per tool call the agent is handed (``delivered``: the chat reply after the tool-call caps), the
+    argument text the model sampled; None when the reply makes no tool calls."""
+    choices = delivered.get("choices") or [{}]
+    message = choices[0].get("message") if isinstance(choices[0], dict) else None
+    tool_calls = message.get("tool_calls") if isinstance(message, dict) else None
+    if not tool_calls:
+        return None
+    return raw_arguments(sampled_text(engine_reply), tool_calls)

@@ -12,8 +12,8 @@ from typing import Any
 
 import httpx
 
-from openenv_harness.recorder.id_sampling import completion_body
-from openenv_harness.recorder.sample_parse import DERENDER_PROMPT_TAIL, derender_chat_request
+from openenv_harness.recorder.prompt_modes.id_sampling import completion_body
+from openenv_harness.recorder.prompt_modes.sample_parse import DERENDER_PROMPT_TAIL, derender_chat_request
 
 PROBE_TOOLS = [{"type": "function", "function": {
     "name": "bash", "description": "Run a shell command.",

@@ -16,7 +16,7 @@ same ids, so nothing the records hold changes; where the reply could hide the id
 
 An engine that answers a one-step request with a 400 naming ``output_mode`` or ``parse_context``
 (a render server newer than the generate server behind one router: vLLM's own version-skew rule)
-is remembered per engine and asked in two steps from then on; that call is sampled again in two
+is remembered in the engine's facts (``EngineFacts.two_step_only``) and asked in two steps from then on; that call is sampled again in two
 steps, as the refusal sampled nothing. One that samples but answers ids only (the one-step fields
 lost on the way, e.g. by a router that re-serializes the body) is remembered the same way, and its
 sample is parsed by derender.
@@ -30,19 +30,16 @@ it as every abort (partial, untrainable) and tells the agent to retry, as in ful
 
 from __future__ import annotations
 
-import weakref
 from typing import Any
 
-from openenv_harness.recorder.id_sampling import GENERATE, IdSampler
+from openenv_harness.recorder.prompt_modes.engine_facts import EngineFacts
+from openenv_harness.recorder.prompt_modes.id_sampler import IdSampler
 from openenv_harness.recorder.upstream.base import Upstream, UpstreamReply
-
-DERENDER = "/v1/chat/completions/derender"
+from openenv_harness.recorder.upstream.routes import DERENDER, GENERATE
 #: Prompt ids sent to derender: vLLM reads only the prompt's last few ids there (to seed detokenizing
 #: the first sampled token) and takes the prompt's length as ``prompt_tokens``; the whole prompt cost
 #: both sides a serialization and a parse of every id (~0.5 MB of JSON at 64k ids).
 DERENDER_PROMPT_TAIL = 64
-#: engines that refused a one-step parse (by their upstream object)
-_TWO_STEP_ONLY: "weakref.WeakSet[Upstream]" = weakref.WeakSet()
 
 
 def derender_chat_request(body: dict[str, Any]) -> dict[str, Any]:
@@ -62,23 +59,23 @@ def derender_chat_request(body: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def one_step_context(upstream: Upstream, sampler: IdSampler, render: dict[str, Any],
+def one_step_context(facts: EngineFacts, sampler: IdSampler, render: dict[str, Any],
                      params: dict[str, Any]) -> dict[str, Any] | None:
     """The ``parse_context`` to parse in generate's own reply, or None to parse in a second step."""
     context = render.get("parse_context")
-    if (sampler.route != GENERATE or not isinstance(context, dict) or upstream in _TWO_STEP_ONLY
+    if (sampler.route != GENERATE or not isinstance(context, dict) or facts.two_step_only
             or context.get("include_reasoning") is False or params.get("detokenize") is False):
         return None
     return context
 
 
-async def sample_and_parse(upstream: Upstream, sampler: IdSampler, prompt: list[int], params: dict[str, Any],
+async def sample_and_parse(upstream: Upstream, facts: EngineFacts, sampler: IdSampler, prompt: list[int], params: dict[str, Any],
                            render: dict[str, Any], chat_body: dict[str, Any], meta: dict[str, Any], *,
                            model: str | None, session_id: str, affinity: str | None) -> UpstreamReply:
     """Sample from ``prompt`` and parse it as the reply to ``chat_body``; ``meta`` (the record's
     prompt-mode metadata) learns how it was parsed (``parsed_via``) or where it failed (``failed_at``).
     A non-200 reply is the engine's, relayed as it is."""
-    reply = await _sample_and_parse(upstream, sampler, prompt, params, render, chat_body, meta, model=model,
+    reply = await _sample_and_parse(upstream, facts, sampler, prompt, params, render, chat_body, meta, model=model,
                                     session_id=session_id, affinity=affinity)
     if reply.status == 200 and reply.json is not None:
         finish_as_chat_route(reply.json, chat_body)
@@ -99,10 +96,10 @@ def finish_as_chat_route(reply: dict[str, Any], chat_body: dict[str, Any]) -> No
         choice["finish_reason"] = "tool_calls"
 
 
-async def _sample_and_parse(upstream: Upstream, sampler: IdSampler, prompt: list[int], params: dict[str, Any],
+async def _sample_and_parse(upstream: Upstream, facts: EngineFacts, sampler: IdSampler, prompt: list[int], params: dict[str, Any],
                             render: dict[str, Any], chat_body: dict[str, Any], meta: dict[str, Any], *,
                             model: str | None, session_id: str, affinity: str | None) -> UpstreamReply:
-    context = one_step_context(upstream, sampler, render, params)
+    context = one_step_context(facts, sampler, render, params)
     if context is not None:
         generated = await sampler.sample(upstream, prompt, params, model=model, session_id=session_id,
                                          affinity=affinity, output={"output_mode": "derender",
@@ -116,9 +113,9 @@ async def _sample_and_parse(upstream: Upstream, sampler: IdSampler, prompt: list
         if generated.status == 200 and generated.json is not None:
             # sampled, but answered with ids only: something on the way dropped the one-step fields
             # (a router that re-serializes generate's body); the sample stands, derender parses it
-            _TWO_STEP_ONLY.add(upstream)
+            facts.two_step_only = True
         elif _refuses_one_step(generated):
-            _TWO_STEP_ONLY.add(upstream)
+            facts.two_step_only = True
             generated = await sampler.sample(upstream, prompt, params, model=model, session_id=session_id,
                                              affinity=affinity)
         else:

@@ -5,7 +5,8 @@ a router in front of it) without that route still samples ids on ``/v1/completio
 ``list[int]`` prompt, which every vLLM serves. Both give the sampled ids and their logprobs; the
 incremental mode needs them in generate's shape, because that is what ``/v1/chat/completions/derender``
 parses into the chat reply. Which route an engine has is probed once per engine (a malformed
-generate request: 400 means the route is there, 403/404/405 that it is not) and kept.
+generate request: 400 means the route is there, 403/404/405 that it is not) and kept in its
+``EngineFacts``.
 
 ``/v1/completions`` takes sampling fields by name, not a ``SamplingParams``; the render's parameters
 are mapped field by field. A parameter it cannot express would sample differently, so the call
@@ -19,12 +20,12 @@ generate's per-token ``weight_versions``: records sampled there carry no ``metad
 from __future__ import annotations
 
 import asyncio
-import weakref
-from typing import Any, Protocol
+from typing import Any
 
+from openenv_harness.recorder.prompt_modes.id_sampler import IdSampler
+from openenv_harness.recorder.prompt_modes.engine_facts import EngineFacts
 from openenv_harness.recorder.upstream.base import Upstream, UpstreamReply
-
-GENERATE, COMPLETIONS = "/inference/v1/generate", "/v1/completions"
+from openenv_harness.recorder.upstream.routes import COMPLETIONS, GENERATE
 
 #: ``SamplingParams`` fields ``/v1/completions`` takes under the same name and meaning
 _SAME_NAME = frozenset({
@@ -40,16 +41,6 @@ _INTERNAL = frozenset({"output_kind", "skip_clone", "skip_reading_prefix_cache",
 
 class NotExpressible(Exception):
     """A sampling parameter the route cannot carry: the call must not be sampled there."""
-
-
-class IdSampler(Protocol):
-    """One way to sample from exact ids; the reply's JSON is in ``/inference/v1/generate``'s shape."""
-
-    route: str
-
-    async def sample(self, upstream: Upstream, prompt: list[int], params: dict[str, Any], *, model: str | None,
-                     session_id: str, affinity: str | None,
-                     output: dict[str, Any] | None = None) -> UpstreamReply: ...
 
 
 class GenerateRoute:
@@ -137,20 +128,17 @@ def as_generate_response(completion: dict[str, Any]) -> dict[str, Any] | None:
     }
 
 
-_GENERATE_ROUTE, _ID_COMPLETION_ROUTE = GenerateRoute(), IdCompletionRoute()
-#: per engine (its upstream object): the probe's answer, shared by the calls that wait on it
-_PROBES: "weakref.WeakKeyDictionary[Upstream, asyncio.Task[IdSampler]]" = weakref.WeakKeyDictionary()
+GENERATE_ROUTE, ID_COMPLETION_ROUTE = GenerateRoute(), IdCompletionRoute()
 
 
 async def _probe(upstream: Upstream) -> IdSampler:
     reply = await upstream.request("POST", GENERATE, json={"token_ids": []})
-    return _ID_COMPLETION_ROUTE if reply.status in (403, 404, 405) else _GENERATE_ROUTE
+    return ID_COMPLETION_ROUTE if reply.status in (403, 404, 405) else GENERATE_ROUTE
 
 
-async def sampler_for(upstream: Upstream) -> IdSampler:
+async def sampler_for(upstream: Upstream, facts: EngineFacts) -> IdSampler:
     """The engine's id-sampling route, probed on first use; a probe that failed is tried again later."""
-    task = _PROBES.get(upstream)
+    task = facts.sampler_probe
     if task is None or (task.done() and (task.cancelled() or task.exception() is not None)):
-        task = asyncio.ensure_future(_probe(upstream))
-        _PROBES[upstream] = task
+        task = facts.sampler_probe = asyncio.ensure_future(_probe(upstream))
     return await asyncio.shield(task)

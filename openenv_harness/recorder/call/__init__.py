@@ -1,0 +1,10 @@
+"""One agent call, from the socket to the stored record and the bytes sent back.
+
+``flow.py`` is the call as plain data; ``pipeline.py`` runs the named steps in order, one module each,
+and turns every failure into the agent's answer in one place:
+
+    authenticate → enter → parse → classify → enforce_budget → dedupe → forward → validate
+    → tool_caps → record → reply
+
+The package's ``__init__`` imports nothing: the steps import the flow, never each other's callers.
+"""

@@ -1,0 +1,10 @@
+"""Step: the agent's request becomes the chat request the steps run on, through its dialect."""
+
+from __future__ import annotations
+
+from openenv_harness.recorder.call.flow import Flow
+
+
+def enter(flow: Flow) -> None:
+    entered = flow.dialect.enter(flow.raw, flow.session, flow.ctx.config.max_body_bytes)
+    flow.body, flow.raw, flow.dialect_call = entered.body, entered.raw, entered.call

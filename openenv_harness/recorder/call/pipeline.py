@@ -1,0 +1,153 @@
+"""One agent call through its named steps, and the one place its failures become answers.
+
+    authenticate → enter → parse → classify → enforce_budget → dedupe → forward → validate
+    → tool_caps → record → reply
+
+Each step is a function of the ``Flow`` in a module of its own; reading ``serve`` top to bottom
+follows one call from the agent's request to the stored record and the bytes sent back. A step
+fails by raising: an ``AgentError`` for the agent (a refusal, an engine's error, a store that
+cannot take the record), anything else a recorder bug. ``_funnel`` turns each into the answer, in
+the dialect's error shape, and records the call as failed first when the engine was asked and no
+record holds it -- so once the engine was called, even a failure is durable before the agent hears.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any, Mapping
+
+from starlette.responses import Response
+
+from openenv_harness.recorder import keepalive
+from openenv_harness.recorder.call.authenticate import authenticate
+from openenv_harness.recorder.call.classify import classify
+from openenv_harness.recorder.call.dedupe import dedupe
+from openenv_harness.recorder.call.enforce_budget import enforce_budget
+from openenv_harness.recorder.call.enter import enter
+from openenv_harness.recorder.call.failure import record_failure
+from openenv_harness.recorder.call.flow import Flow
+from openenv_harness.recorder.call.forward import forward
+from openenv_harness.recorder.call.parse import parse
+from openenv_harness.recorder.call.record import record
+from openenv_harness.recorder.call.reply import reply
+from openenv_harness.recorder.call.tool_caps import apply_tool_caps
+from openenv_harness.recorder.call.validate import validate
+from openenv_harness.recorder.context import RecorderContext
+from openenv_harness.recorder.dialects.base import Dialect
+from openenv_harness.recorder.errors import AgentError, session_closed
+from openenv_harness.recorder.restore import restore
+
+log = logging.getLogger(__name__)
+
+
+async def handle_call(ctx: RecorderContext, path_session: str | None, headers: Mapping[str, str], raw: bytes,
+                      dialect: Dialect) -> Response:
+    """An agent call's answer. A streaming call still running after the keepalive grace is answered
+    with a stream that carries keepalives until its reply (``keepalive.py``)."""
+    try:
+        session = authenticate(ctx, path_session, headers)
+    except AgentError as exc:
+        return dialect.error(exc)
+    flow = Flow(ctx=ctx, session=session, headers=headers, dialect=dialect, raw=raw)
+    session.call_started(flow)
+    if session.closing:  # a close began on the admin listener's thread between the check above and now
+        session.call_ended(flow)
+        return dialect.error(session_closed(session))
+    grace = ctx.config.stream_keepalive_s
+    if grace <= 0 or b'"stream"' not in raw:  # only a call that may stream can carry keepalives
+        flow.task = asyncio.current_task()
+        return await _serve_to_end(flow)
+    flow.task = asyncio.ensure_future(_serve_to_end(flow))
+    return await keepalive.answer(flow.task, streaming=lambda: flow.wants_stream, dialect=dialect,
+                                  grace_s=grace, interval_s=grace)
+
+
+async def _serve_to_end(flow: Flow) -> Response:
+    try:
+        return await serve(flow)
+    finally:
+        flow.session.call_ended(flow)
+
+
+async def serve(flow: Flow) -> Response:
+    """The steps after authentication. A retry of this call arriving meanwhile waits on its twin (a
+    future holding this call's reply) instead of sampling again (``dedupe.py``)."""
+    ctx, session = flow.ctx, flow.session
+    twin: asyncio.Future[Any] | None = None
+    try:
+        if session.restore_pending:  # recovered after a restart: its chain state comes from its records
+            await restore(ctx.store, session)
+        enter(flow)
+        parse(flow)
+        classify(flow)
+        await enforce_budget(flow)
+        if await dedupe(flow):
+            ctx.metrics.replays.inc()
+            session.counters.replayed_calls += 1
+            return reply(flow)
+        twin = session.inflight[flow.digest] = asyncio.get_running_loop().create_future()
+        await forward(flow)
+        validate(flow)
+        await apply_tool_caps(flow)
+        await record(flow)
+    except BaseException as exc:  # noqa: BLE001 -- every failure leaves through the funnel
+        try:
+            error = await _funnel(flow, exc)
+        except BaseException:
+            _fail_twin(twin, RuntimeError("cancelled"))
+            raise
+        _fail_twin(twin, error)
+        return flow.dialect.error(error)
+    else:
+        assert twin is not None
+        twin.set_result(flow.agent_reply)
+    finally:
+        if twin is not None and session.inflight.get(flow.digest) is twin:
+            del session.inflight[flow.digest]
+    session.notify()
+    response = reply(flow)
+    elapsed = time.perf_counter() - flow.started
+    ctx.metrics.latency.observe(elapsed)
+    if flow.reply is not None:
+        ctx.metrics.overhead.observe(max(0.0, elapsed - flow.reply.elapsed_ms / 1000.0))
+    return response
+
+
+def _fail_twin(twin: asyncio.Future[Any] | None, error: Exception) -> None:
+    if twin is not None and not twin.done():
+        twin.set_exception(error)
+        twin.exception()  # mark retrieved: nobody may be waiting on it
+
+
+async def _funnel(flow: Flow, exc: BaseException) -> AgentError:
+    """The error a failed call is answered with, recorded first where the engine was asked.
+
+    - an ``AgentError``: as it is; recorded when the forward step marked it the engine's failure;
+    - a close of the session cancelling the call: 409 ``session_closed``; recorded (as cancelled)
+      when the engine had been asked;
+    - anything else is a recorder bug: a 500 that names no internals (the traceback goes to the
+      log), recorded as a failed, untrainable call when the engine had been asked.
+    Any other cancellation is the server's, and propagates."""
+    kind: str | None = None
+    if isinstance(exc, AgentError):
+        error, asked = exc, exc.engine_failure
+    elif isinstance(exc, asyncio.CancelledError) and flow.cancelled_by_close:
+        task = asyncio.current_task()
+        assert task is not None
+        task.uncancel()
+        error, asked, kind = session_closed(flow.session, in_flight=True), flow.engine_asked, "cancelled"
+    elif isinstance(exc, Exception):
+        log.error("recorder: a chat call failed inside the recorder (session %s)", flow.session.id, exc_info=exc)
+        error = AgentError(500, f"internal error in the recorder ({type(exc).__name__}); the call is recorded "
+                           "as failed", type="server_error", code="recorder_error")
+        asked = flow.engine_asked
+    else:
+        raise exc
+    if asked and not flow.stored and not flow.store_refused:
+        try:
+            await record_failure(flow, error, kind=kind)
+        except AgentError as refusal:  # the store could not take the failure's record either
+            return refusal
+    return error

@@ -1,0 +1,59 @@
+"""Step: the session's tool-call caps, on the reply, before the agent sees it (``recorder/budget.py``
+says what each cap does). The record keeps the policy's sample untouched; the agent gets the calls
+that fit, and ``metadata.tool_limit`` names the cap and what was dropped."""
+
+from __future__ import annotations
+
+from openenv_harness.recorder.call.flow import Flow
+
+
+async def apply_tool_caps(flow: Flow) -> None:
+    """Cut the reply to the caps; a ``max_total_tool_calls`` cut also stops the session."""
+    if cut_tool_calls(flow) == "max_total_tool_calls":
+        await stop_for_tool_calls(flow, "max_total_tool_calls")
+
+
+def cut_tool_calls(flow: Flow) -> str | None:
+    """Apply the session's tool-call caps to the reply; the cap that cut it, or None.
+
+    Rewrites ``flow.reply.json`` (a new top-level dict; the engine's is not mutated) to what the
+    agent may receive and sets ``flow.tool_limit``; counts the tool calls handed over either way.
+    """
+    assert flow.reply is not None and flow.reply.json is not None
+    if flow.evidence is not None and flow.evidence.finish_reason == "abort":
+        return None  # an aborted call never reaches the agent (it is told to retry): nothing to cut or count
+    choices = flow.reply.json.get("choices")
+    if not isinstance(choices, list) or len(choices) != 1 or not isinstance(choices[0], dict):
+        return None
+    choice = choices[0]
+    message = choice.get("message")
+    calls = message.get("tool_calls") if isinstance(message, dict) else None
+    if not isinstance(calls, list) or not calls or not isinstance(message, dict):
+        return None
+    b = flow.session.spec.budgets
+    c = flow.session.counters
+    allowed, cap = len(calls), None
+    if b.max_tool_calls_per_turn is not None and allowed > b.max_tool_calls_per_turn:
+        allowed, cap = b.max_tool_calls_per_turn, "max_tool_calls_per_turn"
+    if b.max_total_tool_calls is not None and allowed > max(0, b.max_total_tool_calls - c.tool_calls):
+        allowed, cap = max(0, b.max_total_tool_calls - c.tool_calls), "max_total_tool_calls"
+    c.tool_calls += allowed
+    if cap is None:
+        return None
+    delivered = {k: v for k, v in message.items() if k != "tool_calls"}
+    if allowed:
+        delivered["tool_calls"] = calls[:allowed]
+    cut = {**choice, "message": delivered}
+    if not allowed and cut.get("finish_reason") == "tool_calls":
+        cut["finish_reason"] = "stop"  # nothing left to run: the agent ends its turn
+    flow.reply.json = {**flow.reply.json, "choices": [cut]}
+    flow.tool_limit = {"cap": cap, "sampled": len(calls), "delivered": allowed, "dropped": calls[allowed:]}
+    flow.ctx.metrics.tool_cuts.labels(cap).inc()
+    return cap
+
+
+async def stop_for_tool_calls(flow: Flow, cap: str) -> None:
+    """A ``max_total_tool_calls`` cut stops the session (before the record is made, so the
+    record's ``limits.stop`` already names the cap)."""
+    await flow.ctx.sessions.stop(flow.session, cap)
+    flow.ctx.metrics.budget_stops.labels(cap).inc()

@@ -1,0 +1,190 @@
+"""One session's live state: identity, counters, stop conditions, and what its calls share (D5, D13).
+
+Bounded: counters and small maps, never history. What a restart must keep is persisted through
+``to_row`` (the registry writes it, ``sessions.py``); the chain state the calls build up is rebuilt
+from the records (``restore.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from openenv_harness.recorder.dialects.memory import ReplayMemory
+from openenv_harness.recorder.fidelity import FidelityTracker
+from openenv_harness.recorder.prompt_modes.state import IncrementalState
+from openenv_harness.recorder.session_spec import SessionSpec
+from openenv_harness.recorder.store.base import SessionRow
+from openenv_harness.recorder.upstream.reply_parse import PromptIdsReader
+
+
+@dataclass
+class Counters:
+    calls: int = 0
+    agent_calls: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    failed_calls: int = 0
+    invalid_calls: int = 0
+    replayed_calls: int = 0
+    #: tool calls handed to the agent (after any cut), the count ``max_total_tool_calls`` caps
+    tool_calls: int = 0
+
+
+class CallInFlight(Protocol):
+    """A call being served (``call.flow.Flow``), as a close sees it."""
+
+    def cancel_for_close(self) -> None: ...
+
+
+@dataclass
+class LiveSession:
+    """In-memory state of one session. Bounded: counters and small maps, never history."""
+
+    id: str
+    secret_digest: str
+    spec: SessionSpec
+    created_at: float
+    status: str = "open"  # open | stopped | closed
+    closed_at: float | None = None
+    stop_reason: str | None = None
+    next_call_index: int = 0
+    counters: Counters = field(default_factory=Counters)
+    last_error: dict[str, Any] | None = None
+    errors: list[dict[str, Any]] = field(default_factory=list)
+    template_status: str | None = None
+    template_fingerprint: str | None = None
+    template_certification: dict[str, Any] | None = None
+    engine_version: str | None = None
+    #: how the rollout ended, once the trainer scored it: ``{"reward": float | None, "unscored_reason":
+    #: str | None}`` (``POST /admin/sessions/{id}/outcome``); exports stamp the reward on every row
+    outcome: dict[str, Any] | None = None
+    #: request digest -> future of the in-flight twin (retry de-duplication)
+    inflight: dict[str, asyncio.Future] = field(default_factory=dict)
+    #: shared per-session state of the fidelity classifier (last prompt of each chain tip, bounded)
+    fidelity: FidelityTracker | None = None
+    #: the session's recent prompts as text and ids, so a prompt's shared history is not parsed again
+    prompt_ids: PromptIdsReader | None = None
+    #: per chain tip: its reply and message digests, for the cause of the next call's drift or break
+    turn_views: dict[str, Any] = field(default_factory=dict)
+    #: the replies of the last few compaction calls: a break whose history carries one was compaction
+    compaction_summaries: "deque[str]" = field(default_factory=lambda: deque(maxlen=4))
+    #: request digests of recent successful calls, for retry replay (bounded by the dedupe window)
+    recent_digests: "OrderedDict[str, int]" = field(default_factory=OrderedDict)
+    #: the prompt mode's per-session state (incremental: the chain tips' exact ids)
+    prompt_mode_state: IncrementalState | None = None
+    #: the session-constant part of each record's provenance, built on first use
+    provenance_cache: dict[str, Any] | None = None
+    #: the session's caps as each record's ``limits`` shows them (the spec does not change), built on first use
+    caps_cache: dict[str, Any] | None = None
+    #: what dialect replies sent back (sampled tool arguments, reasoning), to recognise their replay
+    dialect_memory: ReplayMemory | None = None
+    #: recovered with records: its chain state (fidelity tips, dialect memory) is still to be rebuilt
+    #: from them before its next call (``restore.py``); ``restoring`` is that one rebuild
+    restore_pending: bool = False
+    restoring: asyncio.Future | None = None
+    #: the calls being served now, from authentication to reply (``call.flow.Flow`` by id): close waits for them
+    calls: dict[int, CallInFlight] = field(default_factory=dict)
+    _changed: asyncio.Event | None = None
+    _calls_idle: asyncio.Event | None = None
+    #: set once a close has begun; resolved when it is done
+    _close_done: asyncio.Future | None = None
+
+    @property
+    def affinity_key(self) -> str | None:
+        """The opaque per-trajectory routing key (set at creation, persisted with the spec)."""
+        return self.spec.affinity_key
+
+    @property
+    def closing(self) -> bool:
+        """A close has begun: no new call is served (it may still be waiting for calls in flight)."""
+        return self._close_done is not None
+
+    def call_started(self, flow: CallInFlight) -> None:
+        self.calls[id(flow)] = flow
+
+    def call_ended(self, flow: CallInFlight) -> None:
+        self.calls.pop(id(flow), None)
+        if not self.calls and self._calls_idle is not None:
+            self._calls_idle.set()
+
+    async def calls_done(self, timeout_s: float) -> bool:
+        """Wait until no call is in flight, at most ``timeout_s``; whether none is."""
+        if not self.calls:
+            return True
+        self._calls_idle = asyncio.Event()
+        try:
+            await asyncio.wait_for(self._calls_idle.wait(), timeout_s)
+        except TimeoutError:
+            pass
+        return not self.calls
+
+    def take_call_index(self) -> int:
+        index = self.next_call_index
+        self.next_call_index += 1
+        return index
+
+    @property
+    def changed(self) -> asyncio.Event:
+        if self._changed is None:
+            self._changed = asyncio.Event()
+        return self._changed
+
+    def notify(self) -> None:
+        """Wake waiters (status changed or a call finished)."""
+        if self._changed is not None:
+            self._changed.set()
+            self._changed = asyncio.Event()
+
+    def note_error(self, error: dict[str, Any]) -> None:
+        self.last_error = error
+        self.errors.append(error)
+        del self.errors[:-20]  # keep the latest few; every one is also in a failed-call record
+
+    def summary(self) -> dict[str, Any]:
+        c = self.counters
+        return {
+            "session_id": self.id,
+            "status": self.status,
+            "created_at": self.created_at,
+            "closed_at": self.closed_at,
+            "stop_reason": self.stop_reason,
+            "calls": c.calls,
+            "agent_calls": c.agent_calls,
+            "prompt_tokens": c.prompt_tokens,
+            "completion_tokens": c.completion_tokens,
+            "failed_calls": c.failed_calls,
+            "invalid_calls": c.invalid_calls,
+            "replayed_calls": c.replayed_calls,
+            "tool_calls": c.tool_calls,
+            "last_error": self.last_error,
+            "budgets": self.spec.budgets.model_dump(exclude_none=True),
+            "metadata": self.spec.metadata,
+            "harness": self.spec.harness,
+            "affinity_key": self.spec.affinity_key,
+            "template_status": self.template_status,
+            "template_certification": self.template_certification,
+            "engine_version": self.engine_version,
+            "outcome": self.outcome,
+        }
+
+    def to_row(self) -> SessionRow:
+        return SessionRow(
+            session_id=self.id,
+            secret_digest=self.secret_digest,
+            status=self.status,
+            created_at=self.created_at,
+            spec=self.spec.model_dump(mode="json"),
+            closed_at=self.closed_at,
+            stop_reason=self.stop_reason,
+            state={
+                "last_error": self.last_error,
+                "template_status": self.template_status,
+                "template_fingerprint": self.template_fingerprint,
+                "template_certification": self.template_certification,
+                "engine_version": self.engine_version,
+                "outcome": self.outcome,
+            },
+        )

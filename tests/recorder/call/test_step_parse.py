@@ -1,0 +1,100 @@
+"""The enter, parse and classify steps on a flow built by hand."""
+
+from __future__ import annotations
+
+import hashlib
+
+import orjson
+import pytest
+
+from openenv_harness.recorder.call.classify import classify
+from openenv_harness.recorder.call.enter import enter
+from openenv_harness.recorder.call.parse import parse
+from openenv_harness.recorder.context import RecorderContext
+from openenv_harness.recorder.dialects.routes import ANTHROPIC, RESPONSES
+from openenv_harness.recorder.errors import AgentError
+from openenv_harness.recorder.session_spec import AuxRule, SessionSpec
+
+from step_flows import MakeFlow, open_session
+
+CHAT_BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True,
+             "stream_options": {"include_usage": True}, "logprobs": True}
+
+
+async def test_a_chat_body_enters_as_it_is_and_is_parsed_once(ctx: RecorderContext, make_flow: MakeFlow) -> None:
+    session = await open_session(ctx)
+    raw = orjson.dumps(CHAT_BODY)
+    flow = make_flow(ctx, session, raw)
+    enter(flow)
+    parse(flow)
+    assert flow.raw is raw and flow.body == CHAT_BODY
+    assert flow.wants_stream and flow.include_usage and flow.keep_logprobs
+    assert flow.digest == hashlib.sha256(raw).hexdigest()
+    assert flow.dialect_call.raw_arguments == []
+
+
+async def test_an_idempotency_key_names_the_call_whatever_its_bytes(ctx: RecorderContext, make_flow: MakeFlow) -> None:
+    session = await open_session(ctx)
+    digests = set()
+    for body in (CHAT_BODY, {**CHAT_BODY, "stream": False}):
+        flow = make_flow(ctx, session, body, headers={"idempotency-key": "k1"})
+        enter(flow)
+        parse(flow)
+        digests.add(flow.digest)
+    assert digests == {"idem:" + hashlib.sha256(b"k1").hexdigest()}
+
+
+async def test_a_dialect_body_becomes_the_chat_body_it_is_stored_as(ctx: RecorderContext, make_flow: MakeFlow) -> None:
+    session = await open_session(ctx)
+    for dialect, body in ((RESPONSES, {"model": "m", "input": "hi", "stream": True}),
+                          (ANTHROPIC, {"model": "m", "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]})):
+        flow = make_flow(ctx, session, body, dialect=dialect)
+        enter(flow)
+        parse(flow)
+        # the record's request is the chat body the engine rendered, and its bytes are what is digested
+        assert flow.raw == orjson.dumps(flow.body)
+        assert flow.body["messages"][-1] == {"role": "user", "content": "hi"}
+        assert flow.digest == hashlib.sha256(flow.raw).hexdigest()
+
+
+@pytest.mark.parametrize(("raw", "status", "code"), [
+    (b"{" + b" " * 70_000, 413, "body_too_large"),  # too large is said before whether it is JSON
+    (b"{nope", 400, "invalid_json"),
+    (b"[1]", 400, "invalid_body"),
+    (b'{"messages": []}', 400, "invalid_messages"),
+    (b'{"messages": [{"content": "x"}]}', 400, "invalid_messages"),
+    (b'{"messages": [{"role": "user"}], "n": 2}', 400, "invalid_n"),
+    (b'{"messages": [{"role": "user"}], "n": true}', 400, "invalid_n"),
+    (b'{"messages": [{"role": "user"}], "tools": {}}', 400, "invalid_tools"),
+    (b'{"messages": [{"role": "user"}], "stream": "yes"}', 400, "invalid_stream"),
+])
+async def test_a_body_the_recorder_cannot_forward_unchanged_is_refused(
+        tmp_path: object, raw: bytes, status: int, code: str, make_flow: MakeFlow) -> None:
+    from pathlib import Path
+
+    from step_flows import build_context
+
+    small = build_context(Path(str(tmp_path)), max_body_bytes=64 * 1024)
+    small.store.open()
+    try:
+        session = await open_session(small)
+        flow = make_flow(small, session, raw)
+        with pytest.raises(AgentError) as refused:
+            enter(flow)
+            parse(flow)
+        assert (refused.value.status, refused.value.code) == (status, code)
+    finally:
+        small.store.close()
+
+
+async def test_the_sessions_rules_classify_an_auxiliary_call(ctx: RecorderContext, make_flow: MakeFlow) -> None:
+    rule = AuxRule(name="title", system_prompt_contains="Generate a title")
+    session = await open_session(ctx, SessionSpec(aux_rules=[rule]))
+    title = {"messages": [{"role": "system", "content": "Generate a title for this"}, {"role": "user", "content": "x"}]}
+    for body, kind in ((title, "aux"), (CHAT_BODY, "agent")):
+        flow = make_flow(ctx, session, body)
+        enter(flow)
+        parse(flow)
+        classify(flow)
+        assert flow.call_kind == kind
+    assert flow.aux_rule is None
