@@ -34,6 +34,7 @@ from typing import Any, Iterator
 
 from openenv_harness.recorder.store import reads
 from openenv_harness.recorder.store.backlog import MAX_BACKLOG_BYTES, AppendBacklog
+from openenv_harness.recorder.store.connection import WAL_LIMIT_BYTES, connect
 from openenv_harness.recorder.store.deltas import DeltaLists, SessionTail
 from openenv_harness.recorder.store.disk_budget import DiskBudget
 from openenv_harness.recorder.store.read_gate import ReadGate
@@ -42,7 +43,8 @@ from openenv_harness.recorder.store.index_ops import IndexOps
 from openenv_harness.recorder.store.index_priority import PRIORITIES
 from openenv_harness.recorder.store.indexer import MAX_BACKLOG as _MAX_BACKLOG
 from openenv_harness.recorder.store.indexer import ProcessIndexer, ThreadIndexer, make_indexer
-from openenv_harness.recorder.store.journal import SEGMENT_BYTES, Journal, decode_record, decode_session
+from openenv_harness.recorder.store.journal import (SEGMENT_BYTES, Journal, decode_record, decode_session,
+                                                    journal_directory)
 from openenv_harness.recorder.store.journal_queue import JournalQueue
 from openenv_harness.recorder.store.schema import SCHEMA
 
@@ -50,10 +52,6 @@ log = logging.getLogger(__name__)
 
 #: The checkpointer copies the WAL into the database this often (seconds), off the writer thread.
 _CHECKPOINT_EVERY_S = 0.25
-#: WAL size past which a checkpoint resets the log (``_checkpoint_loop``): the store's disk footprint
-#: is then its content, the journal's open segment and at most about this much more (less while the
-#: database is small: ``disk_budget.py``).
-WAL_LIMIT_BYTES = 8 << 20
 #: How long a resetting checkpoint waits for readers (and holds the indexer back) before it retries later.
 _CHECKPOINT_WAIT_MS = 200
 #: How long a WAL reset waits, with new readers held back, for this process's readers inside to finish.
@@ -103,7 +101,7 @@ class SQLiteStore(JournalQueue, IndexOps, RecordStore):
         self.home_loop: asyncio.AbstractEventLoop | None = None
         #: WAL size past which the checkpointer resets the log (``_checkpoint_loop``)
         self.wal_limit_bytes = wal_limit_bytes
-        self.journal = Journal(self.path + ".records-log", fsync=self.synchronous != "NORMAL",
+        self.journal = Journal(journal_directory(self.path), fsync=self.synchronous != "NORMAL",
                                segment_bytes=journal_segment_bytes)
         self._append_lock = threading.Lock()
         #: closed sessions: their appends are refused (``seal``)
@@ -224,13 +222,7 @@ class SQLiteStore(JournalQueue, IndexOps, RecordStore):
         return bounds.wal_bytes
 
     def _connect(self) -> sqlite3.Connection:
-        conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=30)
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute(f"PRAGMA synchronous={self.synchronous}")
-        conn.execute("PRAGMA busy_timeout=30000")
-        # a WAL reset by a completed checkpoint is also cut back to this size (not left at its peak)
-        conn.execute(f"PRAGMA journal_size_limit={self.wal_limit_bytes}")
-        return conn
+        return connect(self.path, self.synchronous, self.wal_limit_bytes)
 
     def close(self) -> None:
         if self._closed:
