@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sqlite3
 
-#: WAL size past which a checkpoint resets the log (``SQLiteStore._checkpoint_loop``); a log reset by a completed
+#: WAL size past which a checkpoint resets the log (``checkpointer.py``); a log reset by a completed
 #: checkpoint is also cut back to this size. The store's disk footprint is then its content, the
 #: journal's open segment and at most about this much more (less while the database is small:
 #: ``disk_budget.py``).

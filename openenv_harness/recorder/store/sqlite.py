@@ -16,7 +16,8 @@ Why this shape:
   prompt tokens are shared, the new tokens), and its messages as a delta of content-addressed
   message hashes (``blocks.py``); reading a session resolves the chain of bases in one pass.
 
-Where each part lives: this module opens, checkpoints and closes the file and answers reads;
+Where each part lives: this module opens and closes the file and answers reads; ``checkpointer.py``
+copies the WAL back into the database;
 ``journal_queue.py`` journals and queues writes and follows what the indexer committed;
 ``index_ops.py`` is what the indexer runs; ``reads.py`` decodes rows; ``deltas.py`` is the delta
 format both sides share; ``schema.py`` the tables.
@@ -34,6 +35,7 @@ from typing import Any, Iterator
 
 from openenv_harness.recorder.store import reads
 from openenv_harness.recorder.store.backlog import MAX_BACKLOG_BYTES, AppendBacklog
+from openenv_harness.recorder.store.checkpointer import Checkpointer, file_size
 from openenv_harness.recorder.store.connection import WAL_LIMIT_BYTES, connect
 from openenv_harness.recorder.store.deltas import DeltaLists, SessionTail
 from openenv_harness.recorder.store.disk_budget import DiskBudget
@@ -50,12 +52,6 @@ from openenv_harness.recorder.store.schema import SCHEMA
 
 log = logging.getLogger(__name__)
 
-#: The checkpointer copies the WAL into the database this often (seconds), off the writer thread.
-_CHECKPOINT_EVERY_S = 0.25
-#: How long a resetting checkpoint waits for readers (and holds the indexer back) before it retries later.
-_CHECKPOINT_WAIT_MS = 200
-#: How long a WAL reset waits, with new readers held back, for this process's readers inside to finish.
-_RESET_READERS_WAIT_S = 1.0
 #: Streamed reads (``iter_records``): records per page, resolved records kept as bases, blobs cached.
 _STREAM_PAGE = 16
 _STREAM_BASES = 8
@@ -96,10 +92,11 @@ class SQLiteStore(JournalQueue, IndexOps, RecordStore):
         self._recent: OrderedDict[str, SessionTail] = OrderedDict()
         self._records_written = 0
         self._closed = False
+        self._checkpointer: Checkpointer | None = None
         #: the event loop that opened the store (the recorder's chat loop): the indexer defers its sends
         #: to a turn of that loop only; another thread's loop (the admin listener) sends at once
         self.home_loop: asyncio.AbstractEventLoop | None = None
-        #: WAL size past which the checkpointer resets the log (``_checkpoint_loop``)
+        #: WAL size past which the checkpointer resets the log (``checkpointer.py``)
         self.wal_limit_bytes = wal_limit_bytes
         self.journal = Journal(journal_directory(self.path), fsync=self.synchronous != "NORMAL",
                                segment_bytes=journal_segment_bytes)
@@ -141,10 +138,9 @@ class SQLiteStore(JournalQueue, IndexOps, RecordStore):
         # the configured bounds are the most each may be; while the database is small they are less
         self.disk_budget = DiskBudget(self.wal_limit_bytes, self.backlog.max_bytes, self.journal.segment_bytes)
         self._follow_budget()
-        self._stop_checkpoints = threading.Event()
         self._indexer = make_indexer(self.indexer_kind, self)
         self._indexer.start()
-        self._checkpointer = threading.Thread(target=self._checkpoint_loop, name="oeh-store-checkpoint", daemon=True)
+        self._checkpointer = Checkpointer(self.path, self._connect, self._read_gate, self._follow_budget)
         self._checkpointer.start()
 
     def _recover(self, conn: sqlite3.Connection) -> None:
@@ -172,51 +168,9 @@ class SQLiteStore(JournalQueue, IndexOps, RecordStore):
         self._indexed_through = last
         self.journal.start(self._next_seq)
 
-    def _checkpoint_loop(self) -> None:
-        """Copy the WAL into the database a few times a second, and reset it once past its bound.
-
-        A PASSIVE checkpoint never blocks anyone, but it cannot shrink the log: the file is reused
-        from its start only when a writer finds every frame copied and no reader on it, which a
-        writer that never pauses does not allow -- the WAL then grew with everything written until
-        the recorder stopped (15x the records' bytes in a long run). So past ``wal_limit_bytes`` the
-        checkpoint is a TRUNCATE: it holds the indexer's next transaction back while it copies what
-        is left (off the reply path: agents wait only on the journal) and empties the file. It waits
-        for readers on older snapshots at most ``_CHECKPOINT_WAIT_MS``; if one is still reading, the
-        copy done so far stays and the reset is tried again at once, then on the next tick. This
-        process's new readers are held back while it runs (``read_gate.py``): readers that follow one
-        another without a pause defeated it tick after tick. The bounds (this one,
-        the journal's segment and its byte backlog) follow the database's size (``disk_budget.py``),
-        read here on every tick.
-        """
-        conn = self._connect()
-        conn.execute(f"PRAGMA busy_timeout={_CHECKPOINT_WAIT_MS}")
-        wal = Path(self.path + "-wal")
-        try:
-            while not self._stop_checkpoints.wait(_CHECKPOINT_EVERY_S):
-                try:
-                    if _file_size(wal) > self._follow_budget():
-                        self._reset_wal(conn)
-                    else:
-                        conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
-                except sqlite3.Error:
-                    log.warning("WAL checkpoint failed; will retry", exc_info=True)
-        finally:
-            conn.close()
-
-    def _reset_wal(self, conn: sqlite3.Connection) -> bool:
-        """A TRUNCATE checkpoint with this process's readers held back; tried twice in a row, since
-        a log past its bound grows by the whole write rate while it waits for the next tick. True
-        when it did not finish (SQLite reports the log busy: a reader outlasted the wait, or the
-        index process's transaction did)."""
-        with self._read_gate.alone(_RESET_READERS_WAIT_S):
-            for _ in range(2):
-                if not conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0]:
-                    return False
-        return True
-
     def _follow_budget(self) -> int:
         """Set the journal's and the backlog's bounds for the database's size now; returns the WAL's."""
-        bounds = self.disk_budget.at(_file_size(Path(self.path)))
+        bounds = self.disk_budget.at(file_size(Path(self.path)))
         self.journal.segment_bytes = bounds.segment_bytes  # read at the next append (rotation)
         self.backlog.set_max_bytes(bounds.backlog_bytes)
         return bounds.wal_bytes
@@ -231,8 +185,8 @@ class SQLiteStore(JournalQueue, IndexOps, RecordStore):
         if self._indexer is not None:
             finished = self._indexer.stop(timeout_s=30)
             self.backlog.wake(always=True)  # whatever is left is in the journal: nobody waits on a closed store
-            self._stop_checkpoints.set()
-            self._checkpointer.join(timeout=30)
+            if self._checkpointer is not None:
+                self._checkpointer.stop(timeout_s=30)
             # every record reached SQLite unless the indexer failed one: then the journal keeps it
             self.journal.close(remove=finished and not self._unindexed)
         if self._wconn is not None:
@@ -326,10 +280,3 @@ class SQLiteStore(JournalQueue, IndexOps, RecordStore):
         """Bytes a session occupies (its rows plus every blob it references), for benchmarks."""
         self.caught_up_sync()
         return reads.session_bytes(self._reader(), session_id)
-
-
-def _file_size(path: Path) -> int:
-    try:
-        return path.stat().st_size
-    except FileNotFoundError:
-        return 0
