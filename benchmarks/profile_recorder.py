@@ -50,14 +50,14 @@ IDLE_FRAMES = ("Runner.run (asyncio/runners.py", _writer_wait_frame(), "Conditio
 #: sqlite3, zstd) is charged to the Python function that called it.
 FRAME_RULES: list[tuple[str, str]] = [
     ("pack_blob (openenv_harness/recorder/store/blocks.py", "store writer: zstd compression of blobs"),
-    ("_prompt_delta (openenv_harness/recorder/store/sqlite.py", "store writer: prompt/message deltas"),
+    ("prompt_delta (openenv_harness/recorder/store/prompt_sketch.py", "store writer: prompt/message deltas"),
     ("hash_delta (openenv_harness/recorder/store/deltas.py", "store writer: prompt/message deltas"),
     ("digest (openenv_harness/recorder/store/blocks.py", "store writer: sha256 message hashing"),
     ("message_blobs (openenv_harness/recorder/store/blocks.py", "store writer: orjson.dumps per message"),
     ("_op_append (openenv_harness/recorder/store/index_ops.py", "store writer: INSERT + orjson.dumps of request/response/metadata"),
     ("put_blobs (openenv_harness/recorder/store/index_ops.py", "store writer: INSERT OR IGNORE of blobs"),
     ("_op_put_session (openenv_harness/recorder/store/index_ops.py", "store writer: session rows"),
-    ("_run_batch (openenv_harness/recorder/store/index_ops.py", "store writer: BEGIN/COMMIT"),
+    ("run_batch (openenv_harness/recorder/store/index_ops.py", "store writer: BEGIN/COMMIT"),
     ("ThreadIndexer._run (openenv_harness/recorder/store/indexer.py", "store writer: queue hand-off"),
     ("serve (openenv_harness/recorder/store/index_child.py", "store writer: journal read + decode, acks"),
     ("ProcessIndexer", "store: index process hand-off (send, acks)"),

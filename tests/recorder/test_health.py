@@ -54,14 +54,14 @@ def test_a_store_whose_index_process_keeps_dying_is_unhealthy_everywhere_and_rec
 
         # the index process dies again and again; the last one dies holding records it never indexed
         for death in range(indexer_module.MAX_RESTARTS + 1):
-            pid = _until(lambda: store._indexer.pid, "an index process")
+            pid = _until(lambda: store._queue.indexer.pid, "an index process")
             if death == indexer_module.MAX_RESTARTS:
                 os.kill(pid, signal.SIGSTOP)
                 acked = [_chat(s, f"acked while the index process is stopped {i}") for i in range(2)]
                 assert [r.status_code for r in acked] == [200, 200]  # journalled: durable, acknowledged
             os.kill(pid, signal.SIGKILL)
             if death < indexer_module.MAX_RESTARTS:
-                _until(lambda: store._indexer.pid not in (None, pid), "the replacement index process")
+                _until(lambda: store._queue.indexer.pid not in (None, pid), "the replacement index process")
         _until(lambda: store.failure() is not None, "the store to give up")
         # the failed index process's unacknowledged records are handed back to the store on a thread of
         # their own (``ProcessIndexer._fail``), just after the failure is set: seen late under load

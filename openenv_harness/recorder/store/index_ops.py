@@ -1,12 +1,12 @@
 """The indexer's operations: what turns a journalled record or session row into SQLite rows.
 
-Why a module of its own: these run off the reply path -- on the indexer thread, or in the index
-process on a copy of the store that is never opened (``index_child.py``) -- and use only the
-connection they are given and a per-session cache of delta bases. The bookkeeping around them
-(which seqs are indexed, the journal's clean-up, waking callers) happens after each transaction,
-in the recorder (``journal_queue.py``). ``SQLiteStore`` mixes this class in, so the indexers, the
-index process and tests reach the operations as the store's own (``store._run_batch``,
-``store._op_append``), by the names ``_OPS`` gives them.
+Why an object of its own: these run off the reply path -- on the indexer thread, or in the index
+process (``index_child.py``) -- and need only the connection they are given and a per-session cache
+of delta bases, which this object holds. Nothing here knows the store, the journal or the queue:
+the bookkeeping around each transaction (which seqs are indexed, the journal's clean-up, waking
+callers) is the journal queue's (``journal_queue.py``), done with what ``run_batch`` returns. The
+store holds one ``IndexOps`` for its own start-up and a thread indexer; an index process builds its
+own. Operations travel by name (to a child process too); ``_OPS`` maps each to its method.
 """
 
 from __future__ import annotations
@@ -20,13 +20,13 @@ from typing import Any
 import orjson
 
 from openenv_harness.recorder.store import blocks
-from openenv_harness.recorder.store.base import SessionRow
+from openenv_harness.recorder.store.base import PendingRecord, SessionRow
 from openenv_harness.recorder.store.deltas import SessionTail, hash_delta
 from openenv_harness.recorder.store.prompt_sketch import PromptSketch, block_digests
 from openenv_harness.recorder.store.prompt_sketch import prompt_delta as _prompt_delta
 from openenv_harness.recorder.store.schema import REF_MESSAGES, REF_TOOLS
 
-#: the store's messages keep the one logger name they always had, whichever module logs them
+#: logged under the store's name, whichever of its modules logs: one logger to configure for the store
 log = logging.getLogger("openenv_harness.recorder.store.sqlite")
 
 #: How many earlier prompts of a session are tried as the base of a new one.
@@ -37,13 +37,18 @@ _HASH_CACHE_SESSIONS = 512
 _OPS = {"append": "_op_append", "session": "_op_put_session", "forget": "_op_forget", "nothing": "_op_nothing"}
 
 
+#: What ``run_batch`` returns per operation: its value, or the error that lost it.
+Result = tuple[Any, BaseException | None]
+
+
 class IndexOps:
-    """The operations an indexer runs, one transaction per batch (mixed into ``SQLiteStore``)."""
+    """The operations an indexer runs, one transaction per batch, and the delta bases they share."""
 
-    #: session id -> what its latest record stored (delta base for the next one; a cache, not state)
-    _recent: OrderedDict[str, SessionTail]
+    def __init__(self) -> None:
+        #: session id -> what its latest record stored (delta base for the next one; a cache, not state)
+        self._recent: OrderedDict[str, SessionTail] = OrderedDict()
 
-    def _run_batch(self, conn: sqlite3.Connection, batch: list[tuple[str, Any]]) -> list[tuple[Any, BaseException | None]]:
+    def run_batch(self, conn: sqlite3.Connection, batch: list[tuple[str, Any]]) -> list[Result]:
         """All of ``batch`` (``(operation name, argument)``) in one transaction; if anything fails,
         each op again in its own.
 
@@ -54,8 +59,7 @@ class IndexOps:
         """
         try:
             conn.execute("BEGIN IMMEDIATE")
-            results: list[tuple[Any, BaseException | None]] = [
-                (getattr(self, _OPS[name])(conn, arg), None) for name, arg in batch]
+            results: list[Result] = [(getattr(self, _OPS[name])(conn, arg), None) for name, arg in batch]
             conn.execute("COMMIT")
         except Exception as exc:
             try:
@@ -64,7 +68,7 @@ class IndexOps:
                 pass
             self._recent.clear()
             if len(batch) > 1:
-                return [result for item in batch for result in self._run_batch(conn, [item])]
+                return [result for item in batch for result in self.run_batch(conn, [item])]
             log.exception("store operation failed")
             return [(None, exc)]
         return results
@@ -86,8 +90,9 @@ class IndexOps:
             self._recent.move_to_end(session_id)
         return tail
 
-    def _op_append(self, conn: sqlite3.Connection, item: tuple) -> int:
-        seq, rec = item[0], item[1]  # (seq, record[, where in the journal])
+    def _op_append(self, conn: sqlite3.Connection, item: tuple[Any, ...]) -> int:
+        seq: int = item[0]  # (seq, record[, where in the journal])
+        rec: PendingRecord = item[1]
         tail = self._recent_for(rec.session_id)
         known = tail.known
         written: set[bytes] = set()
@@ -183,5 +188,5 @@ def put_blobs(conn: sqlite3.Connection, pairs: list[tuple[bytes, bytes]], known:
         conn.executemany("INSERT OR IGNORE INTO blobs(hash, data) VALUES (?, ?)", fresh)
 
 
-def _floats_to_bytes(values: array) -> bytes:
+def _floats_to_bytes(values: array[float]) -> bytes:
     return blocks.ids_to_bytes(values)  # same little-endian rule, typecode 'd'

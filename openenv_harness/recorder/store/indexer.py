@@ -6,10 +6,11 @@ alone added ~2 ms to the p99 of every call (``docs/benchmarks.md``): the loop, w
 request, waits for the writer's Python to let go. A child process has its own interpreter, so the
 event loop only writes the journal and sends the child a few bytes per record saying where it is.
 
-Both run the store's own operations (``SQLiteStore._run_batch``) in one transaction per batch, in
-submission order, and report each batch back through ``SQLiteStore._committed`` -- the same path,
-whichever runs it. The thread variant stays for library use where a child process is unwanted,
-and for tests that replace the store's operations in-process.
+Both run the indexer's operations (``IndexOps.run_batch``, ``index_ops.py``) in one transaction per
+batch, in submission order, and report each batch back through the ``committed`` callback they are
+built with (``JournalQueue.committed``) -- the same path, whichever runs it. Neither knows the store:
+each is built from the pieces it uses (``make_indexer``). The thread variant stays for library use
+where a child process is unwanted, and for tests that replace the operations in-process.
 
 The child reads each record from the journal itself (a ``pread`` of the frame the recorder wrote),
 so nothing large crosses the pipe. If the child dies, every operation it had not acknowledged is
@@ -25,22 +26,30 @@ import logging
 import os
 import queue
 import socket
+import sqlite3
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from multiprocessing.connection import Connection
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from openenv_harness.recorder.store.backlog import AppendBacklog
+from openenv_harness.recorder.store.index_ops import IndexOps
 from openenv_harness.recorder.store.index_priority import NICENESS
-
-if TYPE_CHECKING:
-    from openenv_harness.recorder.store.sqlite import SQLiteStore
 
 log = logging.getLogger(__name__)
 
-#: An operation as the store submits it: (name, argument, waiter, loop) -- see ``SQLiteStore._committed``.
+#: An operation as the journal queue submits it: (name, argument, waiter, loop) -- see
+#: ``JournalQueue.committed``.
 Item = tuple[str, Any, Any, Any]
+#: An operation once its transaction is over: ``Item`` plus its value and its error (None if none).
+Done = tuple[str, Any, Any, Any, Any, BaseException | None]
+#: Told of every finished operation, in submission order, on the indexer's own thread.
+Committed = Callable[[list[Done]], None]
+#: What goes to the index process per operation: (token, name, payload, resent, waited).
+Message = tuple[int, str, Any, bool, bool]
 #: Operations per transaction: bounds how long a call waiting on the backlog waits.
 MAX_BATCH = 512
 #: The index process's batches are smaller: it decodes every record of a batch from the journal
@@ -60,11 +69,13 @@ class IndexerFailed(RuntimeError):
 
 
 class ThreadIndexer:
-    """The store's operations on one thread of this process."""
+    """The indexer's operations on one thread of this process, on the store's write connection."""
 
-    def __init__(self, store: "SQLiteStore") -> None:
-        self.store = store
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+    def __init__(self, ops: IndexOps, conn: sqlite3.Connection, committed: Committed) -> None:
+        self._ops = ops
+        self._conn = conn
+        self._committed = committed
+        self._queue: queue.SimpleQueue[Item | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="oeh-store-writer", daemon=True)
 
     def start(self) -> None:
@@ -93,8 +104,7 @@ class ThreadIndexer:
         return not self._thread.is_alive()
 
     def _run(self) -> None:
-        conn = self.store._wconn
-        assert conn is not None
+        conn = self._conn
         while True:
             item = self._queue.get()
             if item is None:
@@ -110,14 +120,14 @@ class ThreadIndexer:
                     stop = True
                     break
                 batch.append(nxt)
-            results = self.store._run_batch(conn, [(name, arg) for name, arg, _, _ in batch])
-            self.store._committed([(*item, *result) for item, result in zip(batch, results)])
+            results = self._ops.run_batch(conn, [(name, arg) for name, arg, _, _ in batch])
+            self._committed([(*item, *result) for item, result in zip(batch, results)])
             if stop:
                 return
 
 
 class ProcessIndexer:
-    """The store's operations in a child process, fed through a socket pair.
+    """The indexer's operations in a child process, fed through a socket pair.
 
     Messages to the child: ``(token, name, payload, resent, waited)``, sent as lists of up to
     ``CHILD_MAX_BATCH``; ``payload`` for an append is ``(seq, where)`` -- where its frame lies in
@@ -131,28 +141,37 @@ class ProcessIndexer:
     records of every call finishing in the same turn go to the child in one message.
     """
 
-    def __init__(self, store: "SQLiteStore", *, python: str = sys.executable) -> None:
-        self.store = store
+    def __init__(self, committed: Committed, *, path: str, synchronous: str, priority: str,
+                 backlog: AppendBacklog, home_loop: asyncio.AbstractEventLoop | None,
+                 python: str = sys.executable) -> None:
         self.python = python
+        #: the database the child opens, how it syncs, and its CPU priority: its command line
+        self._argv = [path, synchronous, priority]
+        self._committed = committed
+        #: appends held back (or about to be) raise an ``idle`` child at once (``_flush_locked``)
+        self._backlog = backlog
+        #: the event loop that opened the store (the recorder's chat loop): sends are deferred to a
+        #: turn of that loop only; another thread's loop (the admin listener) sends at once
+        self._home_loop = home_loop
         self._lock = threading.Lock()
         self._tokens = itertools.count(1)
         #: token -> (item, message): sent and not yet acknowledged, in submission order
-        self._pending: dict[int, tuple[Item, tuple]] = {}
+        self._pending: dict[int, tuple[Item, Message]] = {}
         #: messages not sent yet, waiting for the event loop's next turn (see the class docstring)
-        self._outbox: list[tuple] = []
+        self._outbox: list[Message] = []
         #: the token of the outstanding request to acknowledge at once (``hurry``), if any
         self._hurry_token = 0
         self._appends_pending = 0
         self._conn: Connection | None = None
-        self._child: subprocess.Popen | None = None
+        self._child: subprocess.Popen[bytes] | None = None
         self._reader: threading.Thread | None = None
         self._stopping = False
         self._failed: str | None = None
         self._restarts: list[float] = []
-        #: hands the operations a failed indexer held back to the store (``_fail``)
+        #: hands the operations a failed indexer held back to ``committed`` (``_fail``)
         self._failing: threading.Thread | None = None
         #: an ``idle`` child is raised from here when behind (``_wake_child``)
-        self._adaptive = store.index_priority == "idle"
+        self._adaptive = priority == "idle"
         self._own_nice = os.getpriority(os.PRIO_PROCESS, 0)
 
     @property
@@ -169,8 +188,7 @@ class ProcessIndexer:
 
     def _spawn(self) -> None:
         ours, theirs = socket.socketpair()
-        argv = [self.python, "-m", "openenv_harness.recorder.store.index_child", str(theirs.fileno()),
-                self.store.path, self.store.synchronous, self.store.index_priority]
+        argv = [self.python, "-m", "openenv_harness.recorder.store.index_child", str(theirs.fileno()), *self._argv]
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
         self._child = subprocess.Popen(argv, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, env=env)
         theirs.close()
@@ -182,7 +200,7 @@ class ProcessIndexer:
         self._reader.start()
 
     def submit(self, item: Item, *, resent: bool = False) -> None:
-        """``resent``: an append that may be in SQLite already (``SQLiteStore.recover``); skipped if so."""
+        """``resent``: an append that may be in SQLite already (``JournalQueue.recover``); skipped if so."""
         name, arg = item[0], item[1]
         if name == "append":
             # The child reads the frame from the journal, so the record itself is not kept here: held
@@ -198,12 +216,12 @@ class ProcessIndexer:
                 raise IndexerFailed(self._failed)
             token = next(self._tokens)
             waited = item[2] is not None
-            message = (token, name, payload, resent, waited)
+            message: Message = (token, name, payload, resent, waited)
             self._pending[token] = (item, message)
             self._appends_pending += name == "append"
             self._outbox.append(message)
             loop = None if waited else _running_loop()
-            home = self.store.home_loop
+            home = self._home_loop
             if loop is not None and home is not None and loop is not home:
                 # another thread's loop (the admin listener): a flush left to it would hold the chat
                 # loop's later sends too, and that loop may stop before it turns again
@@ -223,7 +241,7 @@ class ProcessIndexer:
         for i in range(0, len(out), CHILD_MAX_BATCH):
             self._send(out[i : i + CHILD_MAX_BATCH])
         if self._adaptive and out:
-            if self.store.backlog.over() or any(m[4] for m in out):
+            if self._backlog.over() or any(m[4] for m in out):
                 self._wake_child(0)  # replies are held back (records or bytes), or someone waits: as high as the recorder
             elif self._appends_pending >= CHILD_MAX_BATCH:
                 self._wake_child(NICENESS)  # a batch behind: catch up, still after a waking call
@@ -243,7 +261,7 @@ class ProcessIndexer:
                 return
             if self._hurry_token not in self._pending:
                 token = next(self._tokens)
-                message = (token, "nothing", None, False, True)
+                message: Message = (token, "nothing", None, False, True)
                 self._pending[token] = (("nothing", None, None, None), message)
                 self._outbox.append(message)
                 self._hurry_token = token
@@ -268,7 +286,7 @@ class ProcessIndexer:
         except (OSError, AttributeError):
             pass
 
-    def _send(self, messages: list[tuple]) -> None:
+    def _send(self, messages: list[Message]) -> None:
         assert self._conn is not None
         try:
             self._conn.send(messages)
@@ -299,7 +317,7 @@ class ProcessIndexer:
 
     # -- the reader thread ---------------------------------------------------------------------------
 
-    def _read_acks(self, conn: Connection, child: subprocess.Popen) -> None:
+    def _read_acks(self, conn: Connection, child: subprocess.Popen[bytes]) -> None:
         while True:
             try:
                 acks = conn.recv()
@@ -315,7 +333,7 @@ class ProcessIndexer:
 
     def _acknowledge(self, acks: tuple[int, dict[int, str]]) -> None:
         through, errors = acks
-        done: list[tuple] = []
+        done: list[Done] = []
         with self._lock:
             finished = list(itertools.takewhile(lambda token: token <= through, self._pending))
             for token in finished:
@@ -326,7 +344,7 @@ class ProcessIndexer:
                 value = item[1][0] if item[0] == "append" else None
                 done.append((*item, value, failure))
         if done:
-            self.store._committed(done)
+            self._committed(done)
 
     def _restart(self) -> None:
         now = time.monotonic()
@@ -355,9 +373,9 @@ class ProcessIndexer:
         pending, self._pending = list(self._pending.values()), {}
         self._appends_pending = 0
         error = IndexerFailed(why)
-        done = [(*item, None, error) for item, _ in pending]
+        done: list[Done] = [(*item, None, error) for item, _ in pending]
         if done:
-            self._failing = threading.Thread(target=self.store._committed, args=(done,), daemon=True)
+            self._failing = threading.Thread(target=self._committed, args=(done,), daemon=True)
             self._failing.start()
 
 
@@ -368,7 +386,7 @@ def _running_loop() -> asyncio.AbstractEventLoop | None:
         return None
 
 
-def _wait(child: subprocess.Popen, timeout_s: float) -> int | None:
+def _wait(child: subprocess.Popen[bytes], timeout_s: float) -> int | None:
     try:
         return child.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
@@ -376,10 +394,21 @@ def _wait(child: subprocess.Popen, timeout_s: float) -> int | None:
         return child.wait(timeout=timeout_s)
 
 
-def make_indexer(kind: str, store: "SQLiteStore") -> ThreadIndexer | ProcessIndexer:
-    if kind == "thread":
-        return ThreadIndexer(store)
-    if kind == "process":
-        return ProcessIndexer(store)
-    raise ValueError(f"indexer must be 'thread' or 'process', not {kind!r}")
+#: Either indexer: what the journal queue submits to and follows.
+Indexer = ThreadIndexer | ProcessIndexer
+#: Builds an indexer that reports to the callback it is given (the journal queue builds one at the
+#: store's open, and a replacement in ``JournalQueue.recover``).
+IndexerFactory = Callable[[Committed], Indexer]
 
+
+def make_indexer(kind: str, committed: Committed, *, ops: IndexOps, conn: sqlite3.Connection, path: str,
+                 synchronous: str, priority: str, backlog: AppendBacklog,
+                 home_loop: asyncio.AbstractEventLoop | None, python: str = sys.executable) -> Indexer:
+    """A thread indexer (``ops`` on ``conn``, the store's write connection) or an index process (on
+    the database at ``path``, run by ``python``); each takes only the pieces its kind uses."""
+    if kind == "thread":
+        return ThreadIndexer(ops, conn, committed)
+    if kind == "process":
+        return ProcessIndexer(committed, path=path, synchronous=synchronous, priority=priority, backlog=backlog,
+                              home_loop=home_loop, python=python)
+    raise ValueError(f"indexer must be 'thread' or 'process', not {kind!r}")

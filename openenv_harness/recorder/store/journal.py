@@ -47,6 +47,12 @@ _SESSION_TAG = b"OEHSESSION\x00"
 SEGMENT_BYTES = 4 << 20
 
 
+def journal_directory(db_path: str) -> str:
+    """Where the journal of the store at ``db_path`` keeps its segments: beside the database, so the
+    recorder and its index process find it from the one path they share."""
+    return db_path + ".records-log"
+
+
 @dataclass
 class _Segment:
     path: Path

@@ -16,55 +16,52 @@ Why this shape:
   prompt tokens are shared, the new tokens), and its messages as a delta of content-addressed
   message hashes (``blocks.py``); reading a session resolves the chain of bases in one pass.
 
-Where each part lives: this module opens, checkpoints and closes the file and answers reads;
-``journal_queue.py`` journals and queues writes and follows what the indexer committed;
-``index_ops.py`` is what the indexer runs; ``reads.py`` decodes rows; ``deltas.py`` is the delta
-format both sides share; ``schema.py`` the tables.
+How it is put together: ``SQLiteStore`` implements ``RecordStore`` and holds its parts, each built
+from the few pieces it uses and none of them knowing the store -- a ``JournalQueue``
+(``journal_queue.py``: journals and queues writes, follows what the indexer committed), an
+``IndexOps`` (``index_ops.py``: what the indexer runs, here for the store's start-up and a thread
+indexer), the indexer itself, built by the queue from a factory this module binds
+(``indexer.py``), and a ``Checkpointer`` (``checkpointer.py``). This module opens and closes the
+file and answers reads; ``reads.py`` decodes rows; ``deltas.py`` is the delta format both sides
+share; ``connection.py`` sets up every connection; ``schema.py`` holds the tables.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import sqlite3
 import threading
-from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Iterator
 
 from openenv_harness.recorder.store import reads
-from openenv_harness.recorder.store.backlog import MAX_BACKLOG_BYTES, AppendBacklog
-from openenv_harness.recorder.store.deltas import DeltaLists, SessionTail
+from openenv_harness.recorder.store.backlog import MAX_BACKLOG_BYTES
+from openenv_harness.recorder.store.base import PendingRecord, RecordStore, SessionRow
+from openenv_harness.recorder.store.checkpointer import Checkpointer, file_size
+from openenv_harness.recorder.store.connection import WAL_LIMIT_BYTES, connect
+from openenv_harness.recorder.store.deltas import DeltaLists
 from openenv_harness.recorder.store.disk_budget import DiskBudget
-from openenv_harness.recorder.store.read_gate import ReadGate
-from openenv_harness.recorder.store.base import RecordStore, SessionRow
 from openenv_harness.recorder.store.index_ops import IndexOps
 from openenv_harness.recorder.store.index_priority import PRIORITIES
 from openenv_harness.recorder.store.indexer import MAX_BACKLOG as _MAX_BACKLOG
-from openenv_harness.recorder.store.indexer import ProcessIndexer, ThreadIndexer, make_indexer
-from openenv_harness.recorder.store.journal import SEGMENT_BYTES, Journal, decode_record, decode_session
+from openenv_harness.recorder.store.indexer import make_indexer
+from openenv_harness.recorder.store.journal import (SEGMENT_BYTES, Journal, decode_record, decode_session,
+                                                    journal_directory)
 from openenv_harness.recorder.store.journal_queue import JournalQueue
+from openenv_harness.recorder.store.read_gate import ReadGate
 from openenv_harness.recorder.store.schema import SCHEMA
 
 log = logging.getLogger(__name__)
 
-#: The checkpointer copies the WAL into the database this often (seconds), off the writer thread.
-_CHECKPOINT_EVERY_S = 0.25
-#: WAL size past which a checkpoint resets the log (``_checkpoint_loop``): the store's disk footprint
-#: is then its content, the journal's open segment and at most about this much more (less while the
-#: database is small: ``disk_budget.py``).
-WAL_LIMIT_BYTES = 8 << 20
-#: How long a resetting checkpoint waits for readers (and holds the indexer back) before it retries later.
-_CHECKPOINT_WAIT_MS = 200
-#: How long a WAL reset waits, with new readers held back, for this process's readers inside to finish.
-_RESET_READERS_WAIT_S = 1.0
 #: Streamed reads (``iter_records``): records per page, resolved records kept as bases, blobs cached.
 _STREAM_PAGE = 16
 _STREAM_BASES = 8
 _STREAM_BLOBS = 4096
 
 
-class SQLiteStore(JournalQueue, IndexOps, RecordStore):
+class SQLiteStore(RecordStore):
     """SQLite-backed ``RecordStore``. ``path`` may be ``":memory:"``-like only via a temp file.
 
     ``indexer``: ``"thread"`` (default) or ``"process"`` -- where records are indexed into SQLite
@@ -89,42 +86,32 @@ class SQLiteStore(JournalQueue, IndexOps, RecordStore):
         self.synchronous = synchronous.upper()
         # another process cannot open this process's in-memory database
         self.indexer_kind = "thread" if self.path in {":memory:", ""} else indexer
-        self._indexer: ThreadIndexer | ProcessIndexer | None = None
+        #: WAL size past which the checkpointer resets the log (``checkpointer.py``)
+        self.wal_limit_bytes = wal_limit_bytes
+        self._connect = functools.partial(connect, self.path, self.synchronous, wal_limit_bytes)
         self._wconn: sqlite3.Connection | None = None
         self._local = threading.local()
         #: readers pass it; a WAL reset that readers kept failing closes it for a moment (``read_gate.py``)
         self._read_gate = ReadGate()
-        # session id -> what its latest record stored (delta base for the next one; a cache, not state)
-        self._recent: OrderedDict[str, SessionTail] = OrderedDict()
-        self._records_written = 0
         self._closed = False
-        #: the event loop that opened the store (the recorder's chat loop): the indexer defers its sends
-        #: to a turn of that loop only; another thread's loop (the admin listener) sends at once
-        self.home_loop: asyncio.AbstractEventLoop | None = None
-        #: WAL size past which the checkpointer resets the log (``_checkpoint_loop``)
-        self.wal_limit_bytes = wal_limit_bytes
-        self.journal = Journal(self.path + ".records-log", fsync=self.synchronous != "NORMAL",
+        self.journal = Journal(journal_directory(self.path), fsync=self.synchronous != "NORMAL",
                                segment_bytes=journal_segment_bytes)
-        self._append_lock = threading.Lock()
-        #: closed sessions: their appends are refused (``seal``)
-        self._sealed: set[str] = set()
-        self._next_seq = 1
-        #: every record with a lower seq is in SQLite, except ``_unindexed`` (kept in the journal):
-        #: seq -> where its frame lies in the journal (None when not known), until it is indexed
-        self._indexed_through = 0
-        #: per seq: ("append", where it lies in the journal) or ("session", the row), for ``recover``
-        self._unindexed: dict[int, tuple[str, Any]] = {}
+        #: the write side: journal, hand-off to the indexer, what is indexed (``journal_queue.py``)
+        self._queue = JournalQueue(self.journal, max_backlog_records=_MAX_BACKLOG,
+                                   max_backlog_bytes=max_backlog_bytes)
         #: appends journalled and not yet indexed, in records and bytes; replies wait past its bounds
-        self.backlog = AppendBacklog(max_records=_MAX_BACKLOG, max_bytes=max_backlog_bytes,
-                                     records=lambda: self._indexer.backlog() if self._indexer is not None else 0)
+        self.backlog = self._queue.backlog
+        #: what an indexer runs; this one serves the start-up's recovery and a thread indexer
+        self._index_ops = IndexOps()
+        self._checkpointer: Checkpointer | None = None
 
     # -- lifecycle -----------------------------------------------------------------------------
 
     def open(self) -> None:
         try:
-            self.home_loop = asyncio.get_running_loop()
+            home_loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         except RuntimeError:
-            self.home_loop = None
+            home_loop = None
         if self.path not in {":memory:", ""}:
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
         conn = self._connect()
@@ -134,7 +121,7 @@ class SQLiteStore(JournalQueue, IndexOps, RecordStore):
         conn.execute("PRAGMA wal_autocheckpoint=0")
         self._wconn = conn
         try:
-            self._recover(conn)
+            next_seq = self._recover(conn)
         except BaseException:
             conn.close()
             self._wconn = None
@@ -143,14 +130,17 @@ class SQLiteStore(JournalQueue, IndexOps, RecordStore):
         # the configured bounds are the most each may be; while the database is small they are less
         self.disk_budget = DiskBudget(self.wal_limit_bytes, self.backlog.max_bytes, self.journal.segment_bytes)
         self._follow_budget()
-        self._stop_checkpoints = threading.Event()
-        self._indexer = make_indexer(self.indexer_kind, self)
-        self._indexer.start()
-        self._checkpointer = threading.Thread(target=self._checkpoint_loop, name="oeh-store-checkpoint", daemon=True)
+        # the indexer's parts, bound here: the queue builds it now, and again to replace a failed one
+        self._queue.start(next_seq, functools.partial(
+            make_indexer, self.indexer_kind, ops=self._index_ops, conn=conn, path=self.path,
+            synchronous=self.synchronous, priority=self.index_priority, backlog=self.backlog,
+            home_loop=home_loop))
+        self._checkpointer = Checkpointer(self.path, self._connect, self._read_gate, self._follow_budget)
         self._checkpointer.start()
 
-    def _recover(self, conn: sqlite3.Connection) -> None:
-        """Index what the journal holds and SQLite lacks (a crash between reply and commit)."""
+    def _recover(self, conn: sqlite3.Connection) -> int:
+        """Index what the journal holds and SQLite lacks (a crash between reply and commit); returns
+        the next seq, and the journal is open for it."""
         self.journal.acquire()
         recovered = 0
         last = int(conn.execute("SELECT COALESCE(MAX(seq), 0) FROM records").fetchone()[0])
@@ -158,97 +148,78 @@ class SQLiteStore(JournalQueue, IndexOps, RecordStore):
             last = max(last, seq)
             row = decode_session(payload)
             if row is not None:  # re-applied in journal order: the latest frame of a session wins
-                results = self._run_batch(conn, [("session", (seq, row))])
+                results = self._index_ops.run_batch(conn, [("session", (seq, row))])
                 if results[0][1] is not None:
                     raise RuntimeError(f"cannot index journalled session {row.session_id}: {results[0][1]}")
                 continue
             if conn.execute("SELECT 1 FROM records WHERE seq = ?", (seq,)).fetchone() is not None:
                 continue
-            results = self._run_batch(conn, [("append", (seq, decode_record(payload)))])
+            results = self._index_ops.run_batch(conn, [("append", (seq, decode_record(payload)))])
             if results[0][1] is not None:
                 raise RuntimeError(f"cannot index journalled record {seq}: {results[0][1]}") from results[0][1]
             recovered += 1
         if recovered:
             log.warning("store: indexed %d record(s) from the journal after an unclean stop", recovered)
-        self._next_seq = last + 1
-        self._indexed_through = last
-        self.journal.start(self._next_seq)
-
-    def _checkpoint_loop(self) -> None:
-        """Copy the WAL into the database a few times a second, and reset it once past its bound.
-
-        A PASSIVE checkpoint never blocks anyone, but it cannot shrink the log: the file is reused
-        from its start only when a writer finds every frame copied and no reader on it, which a
-        writer that never pauses does not allow -- the WAL then grew with everything written until
-        the recorder stopped (15x the records' bytes in a long run). So past ``wal_limit_bytes`` the
-        checkpoint is a TRUNCATE: it holds the indexer's next transaction back while it copies what
-        is left (off the reply path: agents wait only on the journal) and empties the file. It waits
-        for readers on older snapshots at most ``_CHECKPOINT_WAIT_MS``; if one is still reading, the
-        copy done so far stays and the reset is tried again at once, then on the next tick. This
-        process's new readers are held back while it runs (``read_gate.py``): readers that follow one
-        another without a pause defeated it tick after tick. The bounds (this one,
-        the journal's segment and its byte backlog) follow the database's size (``disk_budget.py``),
-        read here on every tick.
-        """
-        conn = self._connect()
-        conn.execute(f"PRAGMA busy_timeout={_CHECKPOINT_WAIT_MS}")
-        wal = Path(self.path + "-wal")
-        try:
-            while not self._stop_checkpoints.wait(_CHECKPOINT_EVERY_S):
-                try:
-                    if _file_size(wal) > self._follow_budget():
-                        self._reset_wal(conn)
-                    else:
-                        conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
-                except sqlite3.Error:
-                    log.warning("WAL checkpoint failed; will retry", exc_info=True)
-        finally:
-            conn.close()
-
-    def _reset_wal(self, conn: sqlite3.Connection) -> bool:
-        """A TRUNCATE checkpoint with this process's readers held back; tried twice in a row, since
-        a log past its bound grows by the whole write rate while it waits for the next tick. True
-        when it did not finish (SQLite reports the log busy: a reader outlasted the wait, or the
-        index process's transaction did)."""
-        with self._read_gate.alone(_RESET_READERS_WAIT_S):
-            for _ in range(2):
-                if not conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0]:
-                    return False
-        return True
+        self.journal.start(last + 1)
+        return last + 1
 
     def _follow_budget(self) -> int:
         """Set the journal's and the backlog's bounds for the database's size now; returns the WAL's."""
-        bounds = self.disk_budget.at(_file_size(Path(self.path)))
+        bounds = self.disk_budget.at(file_size(Path(self.path)))
         self.journal.segment_bytes = bounds.segment_bytes  # read at the next append (rotation)
         self.backlog.set_max_bytes(bounds.backlog_bytes)
         return bounds.wal_bytes
-
-    def _connect(self) -> sqlite3.Connection:
-        conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=30)
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute(f"PRAGMA synchronous={self.synchronous}")
-        conn.execute("PRAGMA busy_timeout=30000")
-        # a WAL reset by a completed checkpoint is also cut back to this size (not left at its peak)
-        conn.execute(f"PRAGMA journal_size_limit={self.wal_limit_bytes}")
-        return conn
 
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
-        if self._indexer is not None:
-            finished = self._indexer.stop(timeout_s=30)
-            self.backlog.wake(always=True)  # whatever is left is in the journal: nobody waits on a closed store
-            self._stop_checkpoints.set()
-            self._checkpointer.join(timeout=30)
-            # every record reached SQLite unless the indexer failed one: then the journal keeps it
-            self.journal.close(remove=finished and not self._unindexed)
+        clean = self._queue.close(timeout_s=30)  # the indexer finishes what it was given first
+        if self._checkpointer is not None:
+            self._checkpointer.stop(timeout_s=30)
+        # every record reached SQLite unless the indexer failed one (or none ran): then the journal keeps it
+        self.journal.close(remove=clean)
         if self._wconn is not None:
             try:
                 self._wconn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
             except sqlite3.Error:
                 pass
             self._wconn.close()
+
+    # -- writes: the journal queue's -------------------------------------------------------------
+
+    async def append(self, record: PendingRecord) -> int:
+        """Durable when this returns: journalled, and handed to the indexer (``JournalQueue.append``)."""
+        return await self._queue.append(record)
+
+    async def put_session(self, row: SessionRow) -> None:
+        await self._queue.put_session(row)
+
+    async def forget(self, session_id: str) -> None:
+        await self._queue.forget(session_id)
+
+    def seal(self, session_id: str) -> None:
+        self._queue.seal(session_id)
+
+    async def caught_up(self) -> None:
+        """Return once every record appended so far is in SQLite (what readers wait for).
+
+        A store that was never opened is a reader of someone else's file (``trace --store``):
+        there is nothing of ours to wait for. Records a crashed recorder left in its journal
+        appear once a recorder opens the store again.
+        """
+        await self._queue.caught_up()
+
+    def caught_up_sync(self, timeout_s: float = 60.0) -> None:
+        """``caught_up`` for synchronous readers (blocks the calling thread)."""
+        self._queue.caught_up_sync(timeout_s)
+
+    def failure(self) -> str | None:
+        return self._queue.failure()
+
+    async def recover(self) -> bool:
+        """Replace an index process that kept dying, with nothing lost (``JournalQueue.recover``)."""
+        return await self._queue.recover()
 
     # -- reads -----------------------------------------------------------------------------------
 
@@ -309,23 +280,18 @@ class SQLiteStore(JournalQueue, IndexOps, RecordStore):
         rows = await asyncio.to_thread(self._read_records, session_id, 0, request_digest)
         return rows[-1] if rows else None
 
-    def failure(self) -> str | None:
-        if self._closed or self._indexer is None:
-            return "the store is closed"
-        return self._indexer.failed
-
     def stats(self) -> dict[str, Any]:
         conn = self._reader()
         page_count = conn.execute("PRAGMA page_count").fetchone()[0]
         page_size = conn.execute("PRAGMA page_size").fetchone()[0]
         wal = Path(self.path + "-wal")
         return {
-            "records_written": self._records_written,
+            "records_written": self._queue.records_written,
             "db_bytes": page_count * page_size,
             "wal_bytes": wal.stat().st_size if wal.exists() else 0,
-            "queue_depth": self._indexer.backlog() if self._indexer is not None else 0,
-            "journal_backlog": max(0, self._next_seq - 1 - self._indexed_through),
-            "journal_unindexed": len(self._unindexed),
+            "queue_depth": self._queue.queued(),
+            "journal_backlog": self._queue.journal_backlog(),
+            "journal_unindexed": self._queue.unindexed(),
             "journal_backlog_bytes": self.backlog.bytes,
             "failure": self.failure(),
         }
@@ -334,10 +300,3 @@ class SQLiteStore(JournalQueue, IndexOps, RecordStore):
         """Bytes a session occupies (its rows plus every blob it references), for benchmarks."""
         self.caught_up_sync()
         return reads.session_bytes(self._reader(), session_id)
-
-
-def _file_size(path: Path) -> int:
-    try:
-        return path.stat().st_size
-    except FileNotFoundError:
-        return 0

@@ -63,7 +63,7 @@ async def test_a_held_back_index_process_killed_meanwhile_loses_nothing(tmp_path
     store = SQLiteStore(tmp_path / "r.db", indexer="process", max_backlog_bytes=bound)
     store.open()
     try:
-        pid = store._indexer.pid
+        pid = store._queue.indexer.pid
         assert pid is not None
         os.kill(pid, signal.SIGSTOP)
         try:
@@ -79,7 +79,7 @@ async def test_a_held_back_index_process_killed_meanwhile_loses_nothing(tmp_path
         got = await store.read_records("s")
         assert [e["metadata"]["call_index"] for e in got] == list(range(10)), "nothing lost, nothing doubled"
         assert got[-1]["prompt_token_ids"] == _rec(9, prompt_len=PROMPT).prompt_ids.tolist()
-        assert store._indexer.pid != pid and store.stats()["journal_backlog_bytes"] == 0
+        assert store._queue.indexer.pid != pid and store.stats()["journal_backlog_bytes"] == 0
     finally:
         store.close()
 
@@ -106,14 +106,14 @@ async def test_many_appends_at_once_never_take_the_journal_past_the_bound(tmp_pa
     store = SQLiteStore(tmp_path / "r.db", max_backlog_bytes=bound)
     store.open()
     peak = 0
-    real = store._op_append
+    real = store._index_ops._op_append
 
     def watched(conn, item):
         nonlocal peak
         peak = max(peak, store.backlog.bytes)
         return real(conn, item)
 
-    store._op_append = watched  # type: ignore[method-assign]
+    store._index_ops._op_append = watched  # type: ignore[method-assign]
     try:
         recs = [_rec(i, prompt_len=PROMPT, session=f"s{i % 8}") for i in range(64)]
         await asyncio.wait_for(asyncio.gather(*(store.append(r) for r in recs)), 60)

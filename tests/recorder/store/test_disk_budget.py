@@ -18,7 +18,7 @@ from openenv_harness.recorder.store.backlog import MAX_BACKLOG_BYTES
 from openenv_harness.recorder.store.disk_budget import (BACKLOG_FLOOR, BACKLOG_SHARE, SEGMENT_FLOOR, WAL_FLOOR,
                                                          WAL_SHARE, DiskBudget)
 from openenv_harness.recorder.store.journal import SEGMENT_BYTES, encode_record
-from openenv_harness.recorder.store.sqlite import WAL_LIMIT_BYTES
+from openenv_harness.recorder.store.connection import WAL_LIMIT_BYTES
 
 from test_disk_bound import _rec as _fresh_rec
 from test_journal import _rec

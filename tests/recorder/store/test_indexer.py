@@ -23,7 +23,10 @@ from openenv_harness.recorder.store import SQLiteStore
 from openenv_harness.recorder.store import index_child, index_priority
 from openenv_harness.recorder.store import indexer as indexer_module
 from openenv_harness.recorder.store.base import SessionRow
+from openenv_harness.recorder.store.connection import connect
+from openenv_harness.recorder.store.index_ops import IndexOps
 from openenv_harness.recorder.store.indexer import IndexerFailed
+from openenv_harness.recorder.store.journal import Journal, journal_directory
 
 from test_journal import _rec
 
@@ -66,13 +69,13 @@ async def test_a_killed_index_process_is_replaced_and_nothing_is_lost_or_doubled
     store.open()
     try:
         await _fill(store, 0, 20)
-        first = store._indexer.pid
+        first = store._queue.indexer.pid
         assert first is not None and _alive(first)
         os.kill(first, signal.SIGKILL)
         await _fill(store, 20, 40)  # appends go on while the child is gone and while it is replaced
         got = [e for n in range(3) for e in await store.read_records(f"s{n}")]
         assert sorted(e["metadata"]["call_index"] for e in got) == list(range(60))
-        assert store._indexer.pid not in (None, first) and _alive(store._indexer.pid)
+        assert store._queue.indexer.pid not in (None, first) and _alive(store._queue.indexer.pid)
         assert store.stats()["journal_unindexed"] == 0
     finally:
         store.close()
@@ -86,13 +89,13 @@ async def test_an_index_process_that_keeps_dying_fails_the_store_and_the_journal
     store.open()
     await _fill(store, 0, 5)
     await store.caught_up()
-    store._indexer.python = "/bin/false"  # every replacement exits at once
-    os.kill(store._indexer.pid, signal.SIGKILL)
+    store._queue.indexer.python = "/bin/false"  # every replacement exits at once
+    os.kill(store._queue.indexer.pid, signal.SIGKILL)
     await _fill(store, 5, 5)  # journalled (durable) before the failure is known
     deadline = time.monotonic() + 20
-    while store._indexer.failed is None and time.monotonic() < deadline:
+    while store._queue.indexer.failed is None and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
-    assert store._indexer.failed and "died" in store._indexer.failed
+    assert store._queue.indexer.failed and "died" in store._queue.indexer.failed
     with pytest.raises(IndexerFailed):
         await store.append(_rec(99))  # refused before it is journalled: the agent's retry is no twin
     store.close()
@@ -115,7 +118,7 @@ def test_the_index_process_ends_with_its_recorder(tmp_path: Path) -> None:
         store = SQLiteStore({str(tmp_path / "r.db")!r}, indexer="process")
         store.open()
         store.caught_up_sync()  # the index process is up and serving (a starting one at nice +10
-        print(store._indexer.pid, flush=True)  # takes long to import on a loaded machine)
+        print(store._queue.indexer.pid, flush=True)  # takes long to import on a loaded machine)
         time.sleep(60)
     """)
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
@@ -137,8 +140,8 @@ async def test_appends_reach_the_index_process_on_the_loops_next_turn_in_one_mes
     store = SQLiteStore(tmp_path / "r.db", indexer="process")
     store.open()
     sent: list[list[tuple]] = []
-    real_send = store._indexer._send
-    monkeypatch.setattr(store._indexer, "_send", lambda messages: (sent.append(messages), real_send(messages)))
+    real_send = store._queue.indexer._send
+    monkeypatch.setattr(store._queue.indexer, "_send", lambda messages: (sent.append(messages), real_send(messages)))
     try:
         for i in range(5):  # no await suspends here: the loop does not turn between these appends
             await store.append(_rec(i))
@@ -160,7 +163,7 @@ async def test_a_child_killed_with_appends_still_in_the_outbox_gets_them_once(tm
     try:
         await _fill(store, 0, 10)
         await store.caught_up()
-        first = store._indexer.pid
+        first = store._queue.indexer.pid
         for i in range(10, 20):
             await store.append(_rec(i, session=f"s{i % 3}"))  # queued for the next turn
         os.kill(first, signal.SIGKILL)
@@ -192,7 +195,7 @@ async def test_the_index_process_runs_at_the_priority_asked_for(tmp_path: Path, 
     store = SQLiteStore(tmp_path / "r.db", indexer="process", index_priority=priority)
     store.open()
     try:
-        assert await _settled(store._indexer.pid, expected) == expected
+        assert await _settled(store._queue.indexer.pid, expected) == expected
         await store.append(_rec(0))
         await store.caught_up()
         assert len(await store.read_records("s")) == 1
@@ -209,7 +212,7 @@ async def _idle_store(tmp_path: Path) -> AsyncIterator[tuple[SQLiteStore, int]]:
     store = SQLiteStore(tmp_path / "r.db", indexer="process", index_priority="idle")
     store.open()
     try:
-        pid = store._indexer.pid
+        pid = store._queue.indexer.pid
         assert await _settled(pid, _IDLE) == _IDLE
         yield store, pid
     finally:
@@ -290,7 +293,10 @@ def test_the_index_process_says_it_is_behind_when_more_than_a_batch_is_queued(tm
     for i in range(0, len(nothing), indexer_module.CHILD_MAX_BATCH):
         ours.send(nothing[i : i + indexer_module.CHILD_MAX_BATCH])
     spy = _Spy()
-    worker = threading.Thread(target=index_child.serve, args=(theirs, SQLiteStore(tmp_path / "r.db"), spy))
+    path = str(tmp_path / "r.db")
+    db = connect(path, "NORMAL")
+    journal = Journal(journal_directory(path))  # only read from, as the index process does
+    worker = threading.Thread(target=index_child.serve, args=(theirs, IndexOps(), db, journal, spy))
     worker.start()
     assert ours.poll(10)
     acked = ours.recv()[0]
@@ -304,6 +310,7 @@ def test_the_index_process_says_it_is_behind_when_more_than_a_batch_is_queued(tm
     ours.send([(0, "stop", None, False, True)])
     worker.join(10)
     assert not worker.is_alive()
+    db.close()
     assert spy.calls[0] == "behind", spy.calls  # two batches were queued before it started
     assert "caught_up" in spy.calls, "with the queue empty it said so before waiting"
 
@@ -368,7 +375,7 @@ async def test_pending_appends_hold_no_record_while_the_index_process_works(tmp_
         for record in records:
             await store.append(record)
         # still unacknowledged (the child acknowledges every ACK_EVERY appends unless someone waits)
-        held = [entry[0] for entry in store._indexer._pending.values()]
+        held = [entry[0] for entry in store._queue.indexer._pending.values()]
         assert [item[1][0] for item in held] == [1, 2, 3, 4, 5]  # their sequence numbers
         assert all(item[1][1] is None for item in held), "the child reads the journal: no record is kept"
         assert all(not any(part is record for part in item[1]) for item in held for record in records)

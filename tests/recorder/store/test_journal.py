@@ -99,8 +99,7 @@ def test_a_failed_write_leaves_no_partial_frame(tmp_path: Path, monkeypatch: pyt
 
 
 async def test_reads_see_every_acknowledged_record_and_close_leaves_no_journal(tmp_path: Path) -> None:
-    store = SQLiteStore(tmp_path / "r.db")
-    store.journal = Journal(tmp_path / "r.db.records-log", segment_bytes=4096)
+    store = SQLiteStore(tmp_path / "r.db", journal_segment_bytes=4096)
     store.open()
     seqs = await asyncio.gather(*(store.append(_rec(i)) for i in range(40)))
     assert sorted(seqs) == list(range(1, 41))
@@ -115,14 +114,14 @@ async def test_a_record_the_writer_failed_is_indexed_at_the_next_open(tmp_path: 
     path = tmp_path / "r.db"
     store = SQLiteStore(path)
     store.open()
-    real = store._op_append
+    real = store._index_ops._op_append
 
     def flaky(conn, item):
         if item[1].call_index == 1:
             raise OSError("simulated I/O error")
         return real(conn, item)
 
-    store._op_append = flaky  # type: ignore[method-assign]
+    store._index_ops._op_append = flaky  # type: ignore[method-assign]
     for i in range(3):
         await store.append(_rec(i))
     assert [e["metadata"]["call_index"] for e in await store.read_records("s")] == [0, 2]
@@ -144,12 +143,12 @@ _CHILD = textwrap.dedent("""
     import asyncio, sys, time
     sys.path.insert(0, {tests!r})
     from openenv_harness.recorder.store import SQLiteStore
+    from openenv_harness.recorder.store.index_ops import IndexOps
     from test_journal import _rec
 
-    SQLiteStore._run_batch_real = SQLiteStore._run_batch
     def stalled(self, conn, batch):  # the writer never gets to commit these
         time.sleep(3600)
-    SQLiteStore._run_batch = stalled
+    IndexOps.run_batch = stalled
 
     async def main():
         store = SQLiteStore({db!r})
@@ -221,7 +220,7 @@ async def test_one_failing_record_in_a_batch_loses_only_itself(tmp_path: Path) -
     store = SQLiteStore(tmp_path / "r.db")
     store.open()
     gate, stalled = threading.Event(), threading.Event()
-    real = store._op_append
+    real = store._index_ops._op_append
 
     def flaky(conn, item):
         if item[1].call_index == 0:
@@ -231,7 +230,7 @@ async def test_one_failing_record_in_a_batch_loses_only_itself(tmp_path: Path) -
             raise OSError("simulated I/O error")
         return real(conn, item)
 
-    store._op_append = flaky  # type: ignore[method-assign]
+    store._index_ops._op_append = flaky  # type: ignore[method-assign]
     try:
         await store.append(_rec(0, prompt_len=500))
         assert await asyncio.to_thread(stalled.wait, 10)
@@ -294,11 +293,12 @@ _SESSION_CHILD = textwrap.dedent("""
     import asyncio, sys, time
     sys.path.insert(0, {tests!r})
     from openenv_harness.recorder.store import SessionRow, SQLiteStore
+    from openenv_harness.recorder.store.index_ops import IndexOps
     from test_journal import _rec
 
     def stalled(self, conn, batch):  # the writer never gets to commit anything
         time.sleep(3600)
-    SQLiteStore._run_batch = stalled
+    IndexOps.run_batch = stalled
 
     async def main():
         store = SQLiteStore({db!r})

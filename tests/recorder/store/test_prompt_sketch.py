@@ -79,7 +79,7 @@ async def test_prompts_with_divergences_anywhere_read_back_exactly(tmp_path: Pat
         got = await store.read_records("s")
         assert [e["prompt_token_ids"] for e in got] == expected
         await store.caught_up()
-        held = sum(s.nbytes() for tail in store._recent.values() for s in tail.prompts)
+        held = sum(s.nbytes() for tail in store._index_ops._recent.values() for s in tail.prompts)
         assert held < 2 * (len(prompt) * 4 // 50 + BLOCK * 4), "two bases, each digests and a partial block"
         stored = store.session_bytes("s")["total"]
         assert stored < sum(len(p) for p in expected) * 4 // 4, "still stored as deltas"

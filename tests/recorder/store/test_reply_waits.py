@@ -10,6 +10,7 @@ is measured, the outcome is all or nothing.
 from __future__ import annotations
 
 import asyncio
+import functools
 import sys
 from pathlib import Path
 
@@ -35,8 +36,7 @@ def lazy_child(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # the indexer runs ``PYTHON -m openenv_harness.recorder.store.index_child FD DB SYNC PRIORITY``
     wrapper.write_text(f"#!/bin/sh\nshift 2\nexec {sys.executable} -c '{code}' \"$@\"\n")
     wrapper.chmod(0o755)
-    monkeypatch.setattr(sqlite_module, "make_indexer",
-                        lambda kind, store: indexer_module.ProcessIndexer(store, python=str(wrapper)))
+    monkeypatch.setattr(sqlite_module, "make_indexer", functools.partial(indexer_module.make_indexer, python=str(wrapper)))
 
 
 def _frame_bytes(index: int) -> int:

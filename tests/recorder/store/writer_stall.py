@@ -11,12 +11,12 @@ def stall_writer(store: SQLiteStore) -> tuple[threading.Event, threading.Event]:
     """Make the writer wait at each append until ``gate`` is set; ``stalled`` is set once it waits.
     Returns ``(gate, stalled)``; set ``gate`` before closing the store."""
     gate, stalled = threading.Event(), threading.Event()
-    real = store._op_append
+    real = store._index_ops._op_append
 
     def slow(conn, item):
         stalled.set()
         gate.wait(30)
         return real(conn, item)
 
-    store._op_append = slow  # type: ignore[method-assign]
+    store._index_ops._op_append = slow  # type: ignore[method-assign]
     return gate, stalled
