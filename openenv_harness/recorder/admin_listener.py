@@ -34,7 +34,8 @@ from typing import Any
 from fastapi import APIRouter, Depends, FastAPI, Request
 from starlette.responses import Response
 
-from openenv_harness.recorder import admin
+from openenv_harness.recorder.admin import health, sessions
+from openenv_harness.recorder.admin.access import require_admin
 from openenv_harness.recorder.context import RecorderContext
 from openenv_harness.recorder.error_handlers import install_error_handlers
 from openenv_harness.recorder.errors import error_response
@@ -45,13 +46,13 @@ log = logging.getLogger(__name__)
 
 #: (method, path, endpoint) served here: the same functions as the main port's routes
 SERVED = (
-    ("POST", "/sessions", admin.create_session),
-    ("GET", "/sessions/{session_id}", admin.get_session),
-    ("POST", "/sessions/{session_id}/close", admin.close_session),
-    ("GET", "/listener", admin.listener),
+    ("POST", "/sessions", sessions.create_session),
+    ("GET", "/sessions/{session_id}", sessions.get_session),
+    ("POST", "/sessions/{session_id}/close", sessions.close_session),
+    ("GET", "/listener", health.listener),
     # what a rollout factory asks before each create (placement, the engine's context window): reads
     # of dicts, counters and the store's own per-thread SQLite reader
-    ("GET", "/health", admin.health),
+    ("GET", "/health", health.health),
 )
 
 
@@ -66,7 +67,7 @@ class _HeadLimits:
     def __init__(self, app: FastAPI, limits: RequestLimits) -> None:
         self.app, self.limits, self.state = app, limits, app.state
 
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "http":
             refusal = check_scope(scope, self.limits)
             if refusal is not None:
@@ -80,10 +81,10 @@ def admin_listener_app(ctx: RecorderContext, chat_port: int) -> FastAPI:
     app = FastAPI(title="openenv-harness recorder admin listener", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.ctx = ctx
     app.state.chat_port = chat_port
-    router = APIRouter(prefix="/admin", dependencies=[Depends(admin.require_admin)])
+    router = APIRouter(prefix="/admin", dependencies=[Depends(require_admin)])
     for method, path, endpoint in SERVED:
         router.add_api_route(path, endpoint, methods=[method],
-                             status_code=201 if endpoint is admin.create_session else 200)
+                             status_code=201 if endpoint is sessions.create_session else 200)
     app.include_router(router)
     app.add_route("/{path:path}", _elsewhere, methods=["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD"])
     install_error_handlers(app, ctx.config)

@@ -20,7 +20,9 @@ from openenv_harness.recorder.context import RecorderConfig, RecorderContext
 from openenv_harness.recorder.call.authenticate import authenticate
 from openenv_harness.recorder.call.pipeline import handle_call
 from openenv_harness.recorder.dialects.base import Dialect
-from openenv_harness.recorder.dialects.routes import ANTHROPIC, CHAT, DIALECTS, agent_target
+from openenv_harness.recorder.dialects.anthropic import ANTHROPIC
+from openenv_harness.recorder.dialects.chat import CHAT
+from openenv_harness.recorder.dialects.routes import DIALECTS, agent_target
 from openenv_harness.recorder.dialects.count_tokens import count_tokens_route
 from openenv_harness.recorder.engine_watch import EngineWatch
 from openenv_harness.recorder.error_handlers import install_error_handlers
@@ -139,7 +141,7 @@ class RecorderApp:
         return {"timeout_keep_alive": config.keep_alive_timeout_s, "backlog": config.listen_backlog,
                 "h11_max_incomplete_event_size": config.max_header_bytes}
 
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "http":  # the recorder's own protocol has checked this already; another server may not
             refusal = check_scope(scope, self.limits)
             if refusal is not None:
@@ -153,7 +155,7 @@ class RecorderApp:
                 return
         await self.inner(scope, receive, send)
 
-    async def _chat(self, scope: dict, receive: Any, session_id: str | None, dialect: Dialect) -> Response:
+    async def _chat(self, scope: dict[str, Any], receive: Any, session_id: str | None, dialect: Dialect) -> Response:
         ctx: RecorderContext = self.state.ctx
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         limit = ctx.config.max_body_bytes
@@ -203,12 +205,12 @@ def create_recorder_app(
         metrics=RecorderMetrics(),
         admin_token=admin_token,
         admin_auth=AdminAuth(admin_token),
+        engine_watch=EngineWatch({}, ttl_s=config.template_reprobe_s, probe_template=config.probe_template),
         span_budget=SpanBudget(int(config.prompt_cache_mb * (1 << 20))),
     )
     if config.engine_replicas or config.engine_replicas_from_router:
         ctx.replicas = ReplicaFence(config.engine_replicas, api_key=config.engine_api_key,
                                     router=ups.get("default") if config.engine_replicas_from_router else None)
-    ctx.engine_watch = EngineWatch(ctx.engine_info, ttl_s=config.template_reprobe_s, probe_template=config.probe_template)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

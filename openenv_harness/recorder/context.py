@@ -147,9 +147,9 @@ class RecorderContext:
     metrics: RecorderMetrics
     admin_token: str = field(repr=False)
     admin_auth: AdminAuth
-    engine_info: dict[str, Any] = field(default_factory=dict)
-    #: probes the default engine's template at start and again when it may have changed
-    engine_watch: EngineWatch | None = None
+    #: probes the default engine's template at start and again when it may have changed; what it
+    #: learns is ``engine_info`` (its dict), which health, sessions and provenance read
+    engine_watch: EngineWatch
     viewer_logins: ViewerLogins = field(default_factory=ViewerLogins)
     #: the engine replicas the fence pauses and resumes (``replicas.ReplicaFence``), when there are several
     replicas: Any = None
@@ -165,6 +165,10 @@ class RecorderContext:
     start_admin_listener: Callable[[], SideListener] | None = None
     #: the admin listener while it runs
     admin_listener: SideListener | None = None
+
+    @property
+    def engine_info(self) -> dict[str, Any]:
+        return self.engine_watch.info
 
     def upstream_for(self, name: str | None) -> Upstream | None:
         return self.upstreams.get(name or "default")

@@ -62,7 +62,7 @@ class LiveSession:
     #: str | None}`` (``POST /admin/sessions/{id}/outcome``); exports stamp the reward on every row
     outcome: dict[str, Any] | None = None
     #: request digest -> future of the in-flight twin (retry de-duplication)
-    inflight: dict[str, asyncio.Future] = field(default_factory=dict)
+    inflight: dict[str, asyncio.Future[Any]] = field(default_factory=dict)
     #: shared per-session state of the fidelity classifier (last prompt of each chain tip, bounded)
     fidelity: FidelityTracker | None = None
     #: the session's recent prompts as text and ids, so a prompt's shared history is not parsed again
@@ -84,13 +84,13 @@ class LiveSession:
     #: recovered with records: its chain state (fidelity tips, dialect memory) is still to be rebuilt
     #: from them before its next call (``restore.py``); ``restoring`` is that one rebuild
     restore_pending: bool = False
-    restoring: asyncio.Future | None = None
+    restoring: asyncio.Future[None] | None = None
     #: the calls being served now, from authentication to reply (``call.flow.Flow`` by id): close waits for them
     calls: dict[int, CallInFlight] = field(default_factory=dict)
     _changed: asyncio.Event | None = None
     _calls_idle: asyncio.Event | None = None
     #: set once a close has begun; resolved when it is done
-    _close_done: asyncio.Future | None = None
+    _close_done: asyncio.Future[None] | None = None
 
     @property
     def affinity_key(self) -> str | None:

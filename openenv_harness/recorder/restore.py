@@ -28,6 +28,7 @@ from array import array
 from typing import Any, Iterable
 
 from openenv_harness.recorder.dialects.memory import ReplayMemory
+from openenv_harness.recorder.dialects.chat import CHAT
 from openenv_harness.recorder.dialects.routes import BY_NAME
 from openenv_harness.recorder.fidelity import FidelityTracker
 from openenv_harness.recorder.live_session import LiveSession
@@ -45,8 +46,8 @@ def rebuild(records: Iterable[dict[str, Any]]) -> tuple[FidelityTracker | None, 
                             array("I", record.get("completion_token_ids") or []))
             if md.get("seq") is not None:
                 tracker.placed(str(md.get("node_id")), int(md["seq"]))
-        dialect = BY_NAME.get(md.get("dialect") or "chat")
-        if dialect is not None and md.get("error") is None and md.get("status") != "failed":
+        dialect = BY_NAME.get(md.get("dialect") or "chat", CHAT)
+        if md.get("error") is None and md.get("status") != "failed":
             dialect.remember(record, memory)  # a reply the agent was handed
     return (tracker if tracker.tips else None), (memory if len(memory) else None)
 

@@ -15,7 +15,7 @@ import orjson
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from starlette.responses import Response
 
-from openenv_harness.recorder.admin import require_admin
+from openenv_harness.recorder.admin.access import require_admin
 from openenv_harness.recorder.context import RecorderContext
 from openenv_harness.recorder.errors import error_response
 from openenv_harness.viewer.digest import (

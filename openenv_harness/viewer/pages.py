@@ -20,7 +20,7 @@ from urllib.parse import parse_qs
 from fastapi import APIRouter, Request
 from starlette.responses import RedirectResponse, Response
 
-from openenv_harness.recorder.admin import ADMIN_COOKIE, admin_authorized
+from openenv_harness.recorder.admin.access import ADMIN_COOKIE, admin_authorized
 from openenv_harness.recorder.context import RecorderContext
 
 VIEWER_PATH = "/viewer/"

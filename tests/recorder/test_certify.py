@@ -150,7 +150,7 @@ def test_certification_renders_as_the_chat_route_does_when_the_engine_serves_ren
 
 
 def test_a_refusal_names_the_mode_and_what_the_template_is_exact_in() -> None:
-    from openenv_harness.recorder.admin import exact_template_refusal
+    from openenv_harness.recorder.admin.exact_template import exact_template_refusal
 
     think = {"status": "failed", "exact_in": ["incremental"], "properties": {"turn_start": False, "junction": True},
              "failed": [{"property": "turn_start", "detail": "the generation prompt is not a token prefix",

@@ -39,7 +39,7 @@ def observe_cause(flow: Flow, md: dict[str, Any], transition: Any, ev: Evidence)
     if transition.fidelity in ("replay_drift", "break"):
         parent = views.get(transition.parent)
         prompt = ev.prompt_ids.tobytes()
-        certification = flow.ctx.engine_watch.certification if flow.ctx.engine_watch else None
+        certification = flow.ctx.engine_watch.certification
         if parent is None:
             cause = "unknown"
         elif transition.fidelity == "replay_drift":

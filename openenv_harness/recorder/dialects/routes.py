@@ -15,6 +15,8 @@ AGENT_ROUTES: dict[str, Dialect] = {d.path_suffix: d for d in DIALECTS}
 #: A record's ``metadata.dialect`` -> the dialect that handed its reply out (``restore.py``).
 BY_NAME: dict[str, Dialect] = {d.name: d for d in DIALECTS}
 
+__all__ = ["AGENT_ROUTES", "ANTHROPIC", "BY_NAME", "CHAT", "CHAT_SUFFIX", "DIALECTS", "RESPONSES", "agent_target"]
+
 
 def agent_target(path: str) -> tuple[str | None, Dialect] | None:
     """``(session id or None, dialect)`` for an agent call's POST path; None for any other path."""

@@ -188,8 +188,7 @@ def session_state(session: LiveSession) -> IncrementalState:
 
 def _turn_end_ids(flow: "Flow") -> list[int]:
     """The certified turn ending (end-of-turn id, then the trailer), or nothing."""
-    watch = flow.ctx.engine_watch
-    cert = watch.certification if watch is not None else None
+    cert = flow.ctx.engine_watch.certification
     return cert.certified_turn_end if cert is not None else []
 
 
