@@ -29,6 +29,7 @@ from openenv_harness.recorder.error_handlers import install_error_handlers
 from openenv_harness.recorder.errors import AgentError, body_too_large
 from openenv_harness.recorder.fence import Fence
 from openenv_harness.recorder.metrics import RecorderMetrics
+from openenv_harness.recorder.request_body import read_body
 from openenv_harness.recorder.request_limits import RequestLimits, check_scope
 from openenv_harness.recorder.sessions import SessionRegistry
 from openenv_harness.recorder.store.base import RecordStore
@@ -42,20 +43,6 @@ from openenv_harness.viewer import viewer_router
 log = logging.getLogger(__name__)
 
 
-async def _read_body(request: Request, limit: int) -> bytes:
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise body_too_large(limit)
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise body_too_large(limit)
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
 def _agent_headers(request: Request) -> dict[str, str]:
     return {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in request.scope["headers"]}
 
@@ -66,7 +53,7 @@ async def chat_route(request: Request) -> Response:
     target = agent_target(request.url.path)
     dialect = target[1] if target is not None else CHAT
     try:
-        raw = await _read_body(request, ctx.config.max_body_bytes)
+        raw = await read_body(request, ctx.config.max_body_bytes)
     except AgentError as exc:
         return dialect.error(exc)
     return await handle_call(ctx, request.path_params.get("session_id"), _agent_headers(request), raw, dialect)

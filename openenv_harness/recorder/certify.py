@@ -54,7 +54,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Awaitable, Literal
 
-from openenv_harness.recorder.upstream.routes import RENDER
+from openenv_harness.recorder.upstream.routes import RENDER, TOKENIZE
 
 if TYPE_CHECKING:
     from openenv_harness.recorder.upstream.base import Upstream
@@ -210,8 +210,8 @@ class _Renderer:
             else:
                 self.via = "render"
                 return self._ids(RENDER, status, reply, "token_ids")
-        status, reply = await self._post("/tokenize", body)
-        return self._ids("/tokenize", status, reply, "tokens")
+        status, reply = await self._post(TOKENIZE, body)
+        return self._ids(TOKENIZE, status, reply, "tokens")
 
     async def _post(self, path: str, body: dict[str, Any]) -> tuple[int, Any]:
         from openenv_harness.recorder.upstream.base import UpstreamFailure

@@ -15,7 +15,7 @@ import hashlib
 import json
 from typing import TYPE_CHECKING, Any
 
-from openenv_harness.recorder.upstream.routes import RENDER
+from openenv_harness.recorder.upstream.routes import RENDER, TOKENIZE
 
 if TYPE_CHECKING:
     from openenv_harness.recorder.upstream.base import Upstream
@@ -94,7 +94,7 @@ async def probe_template(upstream: "Upstream", model: str | None = None) -> tupl
         if model:
             body["model"] = model
         try:
-            reply = await upstream.request("POST", "/tokenize", json=body)
+            reply = await upstream.request("POST", TOKENIZE, json=body)
         except UpstreamFailure as exc:
             return None, f"unverified: /tokenize unreachable ({exc.kind})"
         tokens = (reply.json or {}).get("tokens")

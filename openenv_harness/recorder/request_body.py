@@ -23,7 +23,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from openenv_harness.recorder.errors import AgentError
+from starlette.requests import Request
+
+from openenv_harness.recorder.errors import AgentError, body_too_large
 
 #: The largest value ``max_json_depth`` may take: a record holds the body two levels down and is
 #: serialized by orjson, whose limit is 255 levels.
@@ -95,3 +97,19 @@ def _check_integers(raw: bytes) -> None:
             400, f"request body holds an integer outside the 64-bit range ({shown}); the recorder forwards "
             "bodies exactly and cannot represent it -- send it as a string", code="integer_out_of_range",
         ) from None
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """A request's body, refused as too large (413) from its declared length or as soon as more
+    than ``limit`` bytes arrived -- never read whole first."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise body_too_large(limit)
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise body_too_large(limit)
+        chunks.append(chunk)
+    return b"".join(chunks)

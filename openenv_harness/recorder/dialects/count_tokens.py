@@ -19,23 +19,12 @@ from openenv_harness.recorder.context import RecorderContext
 from openenv_harness.recorder.dialects import anthropic_request
 from openenv_harness.recorder.dialects.anthropic import anthropic_error
 from openenv_harness.recorder.dialects.base import decode_object, memory_for
-from openenv_harness.recorder.errors import AgentError, body_too_large
+from openenv_harness.recorder.errors import AgentError
 from openenv_harness.recorder.call.authenticate import authenticate
 from openenv_harness.recorder.relay_errors import relay_upstream_error
+from openenv_harness.recorder.request_body import read_body
 from openenv_harness.recorder.upstream.base import UpstreamFailure
-
-
-async def _body(request: Request, limit: int) -> bytes:
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise body_too_large(limit)
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise body_too_large(limit)
-        chunks.append(chunk)
-    return b"".join(chunks)
+from openenv_harness.recorder.upstream.routes import TOKENIZE
 
 
 async def count_tokens_route(request: Request) -> Response:
@@ -43,7 +32,7 @@ async def count_tokens_route(request: Request) -> Response:
     headers = {k.lower(): v for k, v in request.headers.items()}
     try:
         session = authenticate(ctx, request.path_params.get("session_id"), headers)
-        raw = await _body(request, ctx.config.max_body_bytes)
+        raw = await read_body(request, ctx.config.max_body_bytes)
         body = decode_object(raw, ctx.config.max_body_bytes)
         chat, _ = anthropic_request.to_chat(body, memory_for(session), count_only=True)
     except AgentError as exc:
@@ -57,7 +46,7 @@ async def count_tokens_route(request: Request) -> Response:
     if chat.get("tools"):
         tokenize["tools"] = chat["tools"]
     try:
-        reply = await upstream.request("POST", "/tokenize", json=tokenize)
+        reply = await upstream.request("POST", TOKENIZE, json=tokenize)
     except UpstreamFailure as exc:
         if exc.kind == "protocol":
             return anthropic_error(501, f"count_tokens is not available on this engine: {exc.message}")
