@@ -170,6 +170,7 @@ def test_the_dialect_benchmark_drives_all_three_apis_through_the_recorder(tmp_pa
     assert "| chain P=1k N=1 T=3 stream | anthropic |" in capsys.readouterr().out
 
 
+@pytest.mark.slow  # the benchmark at one and two recorders behind the router (~7 s)
 def test_the_scale_out_benchmark_runs_one_and_two_recorders_behind_the_router(tmp_path: Path) -> None:
     import bench_scale_out
 
@@ -183,6 +184,7 @@ def test_the_scale_out_benchmark_runs_one_and_two_recorders_behind_the_router(tm
         assert row["stored_bytes_per_call"] > 0 and row["recorder_cpu_ms_per_call"] > 0
 
 
+@pytest.mark.slow  # builds a baseline tree from git and benchmarks both (~18 s)
 def test_compare_trees_runs_a_baseline_tree_beside_this_one_and_prints_ratios(tmp_path: Path) -> None:
     """The tree comparison end to end, with this commit as its own baseline (a git archive of HEAD)."""
     out = tmp_path / "compare.jsonl"

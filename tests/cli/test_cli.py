@@ -73,6 +73,7 @@ def test_trace_list_show_export(run_dir: Path) -> None:
     assert unknown.returncode == 2 and "no records for session no-such-session" in unknown.stderr
 
 
+@pytest.mark.slow  # five CLI processes, each a fresh interpreter (~8.5 s)
 def test_errors_are_one_clear_line(tmp_path: Path) -> None:
     missing = cli("trace", "list", "--store", str(tmp_path / "nope.db"))
     assert missing.returncode == 2

@@ -8,9 +8,12 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import pytest
 
 from openenv_harness.recorder import RecorderClient, RecorderConfig, RecorderServer
 from openenv_harness.testing.engine import EngineServer
@@ -33,15 +36,23 @@ def _one_call(recorder: RecorderServer) -> str:
     return s["session_id"]
 
 
-def test_trace_reads_several_recorders_and_stores(tmp_path: Path) -> None:
+@pytest.fixture
+def stores() -> Iterator[Path]:
+    """A folder with a short path for the stores: the table's "where" column, in the CLI's 150 columns,
+    cuts a long path short with "…", and pytest's tmp_path is a folder deeper under pytest-xdist."""
+    with tempfile.TemporaryDirectory(prefix="oeh-trace-") as folder:
+        yield Path(folder)
+
+
+def test_trace_reads_several_recorders_and_stores(stores: Path) -> None:
     with EngineServer() as engine:
-        recorders = [RecorderServer(RecorderConfig(store_path=str(tmp_path / f"r{i}.db"), engine_url=engine.url,
+        recorders = [RecorderServer(RecorderConfig(store_path=str(stores / f"r{i}.db"), engine_url=engine.url,
                                                    admin_token=ADMIN)).start() for i in range(3)]
         try:
             live, down, stored = (_one_call(r) for r in recorders)
             recorders[1].stop()
             recorders[2].stop()  # read from its store file instead
-            sources = ["--url", recorders[0].url, "--url", recorders[1].url, "--store", str(tmp_path / "r2.db"),
+            sources = ["--url", recorders[0].url, "--url", recorders[1].url, "--store", str(stores / "r2.db"),
                        "--admin-token", ADMIN]
             listed = _trace("list", *sources)
             assert listed.returncode == 0, listed.stderr

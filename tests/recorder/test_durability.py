@@ -67,6 +67,7 @@ def _sessions(base: str, engine: EngineServer, count: int) -> list[dict]:
     return sessions
 
 
+@pytest.mark.slow  # agents run 2.5 s before the kill, then a restart (~9 s)
 def test_sigkill_mid_session_loses_no_acknowledged_call(tmp_path: Path, engine: EngineServer) -> None:
     store = tmp_path / "records.db"
     port = free_port()

@@ -17,6 +17,7 @@ from collections import Counter
 from pathlib import Path
 
 import httpx
+import pytest
 
 from openenv_harness.recorder import RecorderClient
 from openenv_harness.recorder.serving import free_port
@@ -72,6 +73,7 @@ def _index_process(proc) -> int | None:
     return pids[0] if len(pids) == 1 else None
 
 
+@pytest.mark.slow  # rounds of kills and restarts of a recorder process and its index process (~7 s)
 def test_kills_at_random_moments_lose_no_acknowledged_call(tmp_path: Path, engine: EngineServer) -> None:
     rng = random.Random(15)
     store, port = tmp_path / "records.db", free_port()

@@ -144,6 +144,7 @@ def test_a_huge_declared_body_gets_413_at_once(limited: RecorderServer, engine: 
         assert len(admin.records(s["session_id"])) == 1
 
 
+@pytest.mark.slow  # four connections each left to the header timeout (~8.5 s)
 def test_a_head_that_never_ends_gets_408_and_is_closed(impatient: RecorderServer, engine: EngineServer) -> None:
     s = _session(impatient, engine)
     for partial in (b"GET /healthz HTTP/1.1\r\nhost: x\r\n", _chat(s).split(b"\r\n\r\n")[0],  b"P"):

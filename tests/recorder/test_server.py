@@ -95,10 +95,12 @@ def recorder_process(tmp_path: Path, engine: EngineServer) -> Iterator[int]:
         proc.wait(timeout=30)
 
 
+@pytest.mark.slow  # idles IDLE_S (7 s) on the connection
 def test_the_recorder_process_keeps_an_idle_connection_longer_than_uvicorns_default(recorder_process: int) -> None:
     assert _ask_after_idle(recorder_process, IDLE_S).startswith(b"HTTP/1.1 200")
 
 
+@pytest.mark.slow  # idles IDLE_S (7 s) on the connection
 def test_the_in_process_recorder_keeps_an_idle_connection_as_long(tmp_path: Path, engine: EngineServer) -> None:
     config = RecorderConfig(store_path=str(tmp_path / "r.db"), engine_url=engine.url, admin_token=ADMIN)
     with RecorderServer(config) as server:

@@ -18,6 +18,7 @@ import threading
 from pathlib import Path
 
 import httpx
+import pytest
 
 from openenv_harness.recorder.serving import free_port
 from openenv_harness.testing.engine import EngineServer
@@ -84,6 +85,7 @@ def _agent(base: str, s: dict, errors: list[str]) -> None:
             messages += [msg, {"role": "tool", "tool_call_id": msg["tool_calls"][0]["id"], "content": TOOL_TEXT}]
 
 
+@pytest.mark.slow  # a soak: rounds of concurrent sessions through a recorder process (~15 s)
 def test_disk_and_memory_stay_bounded_over_rounds_of_sessions(tmp_path: Path, engine: EngineServer) -> None:
     db = tmp_path / "records.db"
     port = free_port()

@@ -78,6 +78,7 @@ def _exchanges(tmp_path: Path, version: str) -> list[dict[str, Any]]:
     return out
 
 
+@pytest.mark.slow  # each release's models are imported and checked in the engine venv (8-13 s a release)
 @pytest.mark.parametrize("version", ["0.32", "0.33", "0.34"])
 def test_every_exchange_is_what_the_release_defines(tmp_path: Path, version: str) -> None:
     exchanges = _exchanges(tmp_path, version)

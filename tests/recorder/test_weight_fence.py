@@ -216,6 +216,7 @@ def test_a_failed_engine_resume_leaves_the_fence_closed_and_a_retry_bumps_once(t
         engine.stop()
 
 
+@pytest.mark.slow  # the pause waits out a 3 s prefill, twice (~7 s)
 def test_a_wait_pause_outlasts_the_clients_default_timeout(tmp_path: Path) -> None:
     """``pause_engine("wait")`` returns when the engine's calls in flight are done, however long they
     take; the client's timeout, sized for quick admin calls, must not cut it (a real engine's long

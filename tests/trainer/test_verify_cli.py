@@ -74,6 +74,7 @@ def _store(path: Path, logps: list[float], *, constrained: bool) -> str:
     return str(path)
 
 
+@pytest.mark.slow  # two CLI runs, each loading and scoring the model (~8.5 s)
 def test_an_all_constrained_session_verifies_nothing_and_says_so(tmp_path: Path, model_dir: Path) -> None:
     store = _store(tmp_path / "records.db", _own_logprobs(model_dir), constrained=True)
     done = cli("trace", "verify", "s", "--store", store, "--model", str(model_dir))
