@@ -11,6 +11,7 @@ from openenv_harness.recorder import RecorderClient, RecorderConfig, RecorderSer
 from openenv_harness.testing.engine import EngineServer
 
 from agentloop import ADMIN
+from refused_bodies import LIMIT
 
 @pytest.fixture(scope="module")
 def engine() -> Iterator[EngineServer]:
@@ -29,7 +30,7 @@ def recorder(tmp_path: Path, engine: EngineServer) -> Iterator[RecorderServer]:
 def small_recorder(tmp_path: Path, engine: EngineServer) -> Iterator[RecorderServer]:
     """A recorder with a 64 KiB request body limit, for the size-limit tests."""
     config = RecorderConfig(store_path=str(tmp_path / "r.db"), engine_url=engine.url, admin_token=ADMIN,
-                            max_body_bytes=64 * 1024)
+                            max_body_bytes=LIMIT)
     with RecorderServer(config) as server:
         yield server
 

@@ -8,6 +8,7 @@ from openenv_harness.recorder import RecorderClient, RecorderServer
 from openenv_harness.testing.engine import EngineServer
 
 from agentloop import ADMIN, tool_script
+from refused_bodies import REFUSED
 
 
 
@@ -17,19 +18,7 @@ def test_malformed_requests(small_recorder: RecorderServer, engine: EngineServer
         engine.set_script(s["session_id"], tool_script(0))
         url = f"{s['base_url']}/chat/completions"
         auth = {"authorization": f"Bearer {s['secret']}", "content-type": "application/json"}
-        cases = [
-            (b"{not json", 400, "invalid_json"),
-            (b"[1,2,3]", 400, "invalid_body"),
-            (b'{"model":"m"}', 400, "invalid_messages"),
-            (b'{"messages":[]}', 400, "invalid_messages"),
-            (b'{"messages":"hello"}', 400, "invalid_messages"),
-            (b'{"messages":[{"content":"no role"}]}', 400, "invalid_messages"),
-            (b'{"messages":[{"role":"user","content":"x"}],"n":3}', 400, "invalid_n"),
-            (b'{"messages":[{"role":"user","content":"x"}],"tools":{"a":1}}', 400, "invalid_tools"),
-            (b'{"messages":[{"role":"user","content":"x"}],"stream":"yes"}', 400, "invalid_stream"),
-            (b'{"messages":[{"role":"user","content":"' + b"x" * 70_000 + b'"}]}', 413, "body_too_large"),
-        ]
-        for body, status, code in cases:
+        for body, status, code in REFUSED:
             r = httpx.post(url, content=body, headers=auth)
             assert r.status_code == status, (body[:40], r.text)
             assert r.json()["error"]["code"] == code
