@@ -122,7 +122,20 @@ class Provenance(BaseModel):
         default_factory=dict, description="The sampling values in force for the call, where known")
     sampling_unknown: list[str] = Field(
         default_factory=list, description="Fields the engine filled in with defaults nobody stated")
-    logprobs_mode: str = Field("unknown", description="What the engine's logprobs are (vLLM: raw_logprobs)")
+    logprobs_mode: str = Field(
+        "unknown", description="What the engine's logprobs are: raw_logprobs (before temperature and truncation) or "
+        "processed_logprobs (the distribution sampled from), as measured by the recorder; unknown when neither "
+        "measured nor declared")
+    logprobs_mode_source: Literal["measured", "configured", "unknown"] = Field(
+        "unknown", description="measured: probed on the engine (top-2 gap at two temperatures); configured: declared "
+        "by whoever started the recorder")
+    sampling_policy: dict[str, Any] | None = Field(
+        None, description="The session's training sampling policy (whole vocabulary at a temperature), when pinned")
+    sampling_neutralised: dict[str, Any] | None = Field(
+        None, description="Narrowing knobs the agent sent that the policy replaced (field -> the agent's value)")
+    sampling_policy_differs: dict[str, Any] | None = Field(
+        None, description="Where the call's effective sampling differs from the policy (field -> policy and "
+        "effective); non-empty makes the call untrainable")
     decoding_constraint: dict[str, Any] | None = Field(
         None, description="tool_choice=required / named, response_format, structured outputs: logprobs are "
         "taken after the engine's mask, so they are not the policy's")
@@ -173,6 +186,9 @@ class RecordMetadata(BaseModel):
     partial: bool = Field(False, description="The engine aborted the call part-way (finish_reason=abort)")
     logprobs_are_policy: bool = Field(
         True, description="False under a decoding constraint: exclude or correct these logprobs")
+    sampling_off_policy: dict[str, Any] | None = Field(
+        None, description="Present when the call's effective sampling differs from the session's training sampling "
+        "policy (provenance.sampling_policy_differs): the call is recorded but not trainable")
     engine_paused: EnginePausedWait | None = Field(
         None, description="Present when the engine, paused by someone else, refused the call and the recorder sent it "
         "again (vLLM 0.33+ refuses new requests while paused in abort or wait mode)")

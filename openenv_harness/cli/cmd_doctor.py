@@ -30,7 +30,7 @@ def _engine_checks(url: str, model: str | None) -> list[tuple[str, bool, str]]:
     import httpx
 
     from openenv_harness.recorder.certify import certify_template, exact_in_words
-    from openenv_harness.recorder.provenance import engine_version, probe_template
+    from openenv_harness.recorder.provenance import engine_version, measure_logprobs_mode, probe_template
     from openenv_harness.recorder.upstream.http import HTTPEngine
     from openenv_harness.recorder.upstream.reply_parse import parse_json_object
     from openenv_harness.recorder.validate import extract_evidence
@@ -63,6 +63,10 @@ def _engine_checks(url: str, model: str | None) -> list[tuple[str, bool, str]]:
                 ev = extract_evidence(parse_json_object(reply.body) or {})
                 out.append(("token ids + logprobs", ev.valid, "ok" if ev.valid else "; ".join(ev.reasons)))
             out.extend(await _path_checks(eng, body))
+            mode, how = await measure_logprobs_mode(eng, body["model"] or None)
+            # either mode trains (processed: at the sampled temperature; raw: at temperature 1 only); unknown fails
+            out.append(("logprobs mode", mode != "unknown", f"{mode} ({how})" + (
+                "; raw logprobs are the sampling policy's at temperature 1 only" if mode == "raw_logprobs" else "")))
             fp, status = await probe_template(eng, body["model"] or None)
             out.append(("template fingerprint", fp is not None, fp or status))
             cert = await certify_template(eng, body["model"] or None)

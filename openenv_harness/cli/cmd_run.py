@@ -87,6 +87,16 @@ def training_view(records: list[dict[str, Any]]) -> dict[str, Any]:
     return view
 
 
+def pins_beside_policy(sampling: dict[str, Any] | None, temperature: float | None) -> dict[str, Any] | None:
+    """The stack's pinned sampling without what a training sampling policy sets itself (its temperature and
+    its neutral knobs): the policy decides those."""
+    if temperature is None or not sampling:
+        return sampling
+    from openenv_harness.recorder.sampling_policy import policy_values
+
+    return {k: v for k, v in sampling.items() if k not in policy_values(temperature)} or None
+
+
 def trainer_line(mode: str, reports: list[Any]) -> str:
     """One line per prompt mode: what a trainer gets from these rollouts (split rows: the default strategy)."""
     views = [r.training for r in reports if r.prompt_mode == mode and r.training and "strategies" in r.training]
@@ -185,8 +195,17 @@ def run(
     admin_token: str = typer.Option(None, "--admin-token", envvar="OEH_ADMIN_TOKEN", help="Admin token of "
                                     "--recorder-url"),
     out: str = typer.Option(None, "--out", help="Run directory (default runs/<timestamp>)"),
+    training_sampling: float = typer.Option(None, "--training-sampling", min=0.01, max=10.0, help="Pin a training "
+                                            "sampling policy at this temperature: the whole vocabulary, no penalty, "
+                                            "whatever the agent asks (its knobs are neutralised and recorded); "
+                                            "other than 1 it needs an engine serving processed logprobs"),
+    logprobs_mode: str = typer.Option(None, "--logprobs-mode", help="--engine vllm only: raw_logprobs (vLLM's "
+                                      "default) | processed_logprobs (the distribution sampled from)"),
 ) -> None:
     harnesses = [h.strip() for h in harness.split(",") if h.strip()]
+    if logprobs_mode is not None and (engine != "vllm" or logprobs_mode not in ("raw_logprobs", "processed_logprobs")):
+        raise CLIError("--logprobs-mode raw_logprobs | processed_logprobs applies to the engine --engine vllm starts",
+                       "start your own engine with vLLM's --logprobs-mode; the recorder measures it either way")
     tasks = _tasks([t.strip() for t in task.split(",") if t.strip()])
     if engine not in ("reference", "vllm"):
         raise CLIError(f"unknown engine {engine!r}", "use --engine reference, --engine vllm, or --engine-url URL")
@@ -232,6 +251,7 @@ def run(
     store = str(run_dir / "records.db")
     stack = LocalStack(engine_url=engine_url, store_path=store, model=model, tasks=tasks, segmentation=segmentation,
                        engine="vllm" if engine == "vllm" else None, chat_template=chat_template,
+                       logprobs_mode=logprobs_mode,
                        recorder_url=recorder_url, admin_token=admin_token,
                        progress=lambda m: console.print(f"[dim][engine][/] {m}"))
     budgets = {"max_agent_calls": max_agent_calls, "max_wall_clock_s": max_wall_clock_s}
@@ -248,7 +268,8 @@ def run(
             factory = HarnessSessionFactory(
                 harness=h, recorder_url=stack.recorder_url, admin_token=stack.admin_token,
                 prompt_mode=mode, require_exact_template=require_exact_template,
-                model=stack.model_for(t, h), tasks={t.id: t}, budgets=budgets, sampling=stack.sampling,
+                model=stack.model_for(t, h), tasks={t.id: t}, budgets=budgets,
+                sampling=pins_beside_policy(stack.sampling, training_sampling), training_temperature=training_sampling,
                 sandbox_factory=sandbox_factory, metadata={"rollout": i}, options=stack.options_for(h),
                 # a remote sandbox runs the CLI its image provides (on PATH), not this machine's copy
                 executable=get_preset(h).bin_name if sandbox != "local" else None,

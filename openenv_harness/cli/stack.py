@@ -45,8 +45,10 @@ class LocalStack:
     def __init__(self, *, engine_url: str | None, store_path: str, model: str | None,
                  tasks: list[Task], segmentation: str = "canonical", admin_token: str | None = None,
                  engine: str | None = None, progress: Any = None, chat_template: Path | None = None,
-                 recorder_url: str | None = None) -> None:
+                 recorder_url: str | None = None, logprobs_mode: str | None = None) -> None:
         self.engine_url = engine_url
+        #: vLLM --logprobs-mode for the engine started here (None: vLLM's default, raw_logprobs)
+        self.logprobs_mode = logprobs_mode
         #: a recorder somebody else runs (``serve``): nothing is started here, its engine is its own
         self.remote_recorder = recorder_url
         #: the template the engine started here serves instead of the model's own
@@ -94,13 +96,15 @@ class LocalStack:
 
         python, model_dir = ensure_engine(spec, progress=self.progress)
         settings = VLLMSettings(model_dir=model_dir, served_name=spec.served_name, python=python,
-                                max_model_len=spec.max_model_len, chat_template=self.chat_template)
+                                max_model_len=spec.max_model_len, chat_template=self.chat_template,
+                                logprobs_mode=self.logprobs_mode)
         self.progress("starting vLLM (about a minute and a half; the first start compiles)")
         self.engine = VLLMServer(settings, log_path=Path(self.store_path).parent / "vllm.log").start(timeout_s=900)
         self.model = spec.served_name
         self.sampling = dict(REAL_ENGINE_SAMPLING)
+        # declared as started (vLLM's default is raw); the recorder measures it and records the measurement
         return self.engine.url, {"engine_sampling_defaults": sampling_defaults(model_dir),
-                                 "engine_logprobs_mode": "raw_logprobs"}
+                                 "engine_logprobs_mode": self.logprobs_mode or "raw_logprobs"}
 
     def __enter__(self) -> "LocalStack":
         if self.remote_recorder is not None:

@@ -36,6 +36,8 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--chat-template", type=Path, default=None)
     serve.add_argument("--no-scale-out", action="store_true")
+    serve.add_argument("--logprobs-mode", choices=["raw_logprobs", "processed_logprobs"], default=None,
+                       help="vLLM --logprobs-mode (default: vLLM's, raw_logprobs)")
     args = parser.parse_args(argv)
     if args.command == "protocols":
         from openenv_harness.engine.protocols import ensure_protocols
@@ -65,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     settings = VLLMSettings(model_dir=model_dir, served_name=spec.served_name, python=python, port=args.port,
                             max_model_len=spec.max_model_len, chat_template=args.chat_template,
-                            enable_scale_out=not args.no_scale_out)
+                            enable_scale_out=not args.no_scale_out, logprobs_mode=args.logprobs_mode)
     server = VLLMServer(settings)
     _progress(f"starting vLLM on {server.url} (first start compiles: a minute or two)")
     try:

@@ -55,6 +55,9 @@ class VLLMSettings:
     cpu_bind: str | None = None
     kv_cache_gib: int = 4
     seed: int | None = 0
+    #: vLLM --logprobs-mode: None leaves vLLM's default (raw_logprobs, before temperature and truncation);
+    #: processed_logprobs reports the distribution sampled from (what TRL's vllm-serve starts)
+    logprobs_mode: str | None = None
     extra_args: list[str] = field(default_factory=list)
 
     def command(self) -> list[str]:
@@ -69,6 +72,8 @@ class VLLMSettings:
             cmd += ["--chat-template", str(self.chat_template)]
         if self.seed is not None:
             cmd += ["--seed", str(self.seed)]
+        if self.logprobs_mode is not None:
+            cmd += ["--logprobs-mode", self.logprobs_mode]
         return cmd + list(self.extra_args)
 
     def environment(self) -> dict[str, str]:

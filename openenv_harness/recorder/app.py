@@ -192,7 +192,8 @@ def create_recorder_app(
         metrics=RecorderMetrics(),
         admin_token=admin_token,
         admin_auth=AdminAuth(admin_token),
-        engine_watch=EngineWatch({}, ttl_s=config.template_reprobe_s, probe_template=config.probe_template),
+        engine_watch=EngineWatch({}, ttl_s=config.template_reprobe_s, probe_template=config.probe_template,
+                                 probe_logprobs_mode=config.probe_logprobs_mode),
         span_budget=SpanBudget(int(config.prompt_cache_mb * (1 << 20))),
     )
     if config.engine_replicas or config.engine_replicas_from_router:

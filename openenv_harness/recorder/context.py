@@ -119,8 +119,14 @@ class RecorderConfig(BaseModel):
         "model's generation_config.json); recorded with every call. None: recorded as unknown -- a recorder "
         "cannot ask vLLM for them, so the launcher that started the engine, or the user, says what they are")
     engine_logprobs_mode: str | None = Field(
-        None, description="What the engine's logprobs are (vLLM --logprobs-mode; its default is raw_logprobs: "
-        "before temperature, top-p/top-k and penalties); recorded with every call, 'unknown' when not set")
+        None, description="What the engine's logprobs are said to be (vLLM --logprobs-mode; its default is "
+        "raw_logprobs: before temperature, top-p/top-k and penalties). The recorder measures the default engine's "
+        "mode (probe_logprobs_mode) and records the measurement; this declared value is recorded where nothing was "
+        "measured, and a measurement that contradicts it is logged")
+    probe_logprobs_mode: bool = Field(
+        True, description="Measure whether the default engine's logprobs are raw or processed (two one-token calls "
+        "at temperatures 1 and 2: processed logprobs halve the gap between the two likeliest tokens) whenever its "
+        "template is probed; recorded as provenance.logprobs_mode with every call")
 
 
 class SideListener(Protocol):

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from openenv_harness.recorder.certify import Certification, certify_template, exact_in_words
 from openenv_harness.recorder.provenance import (
-    engine_models, engine_sampling_defaults, engine_version, probe_template,
+    engine_models, engine_sampling_defaults, engine_version, measure_logprobs_mode, probe_template,
 )
 
 if TYPE_CHECKING:
@@ -30,10 +30,12 @@ log = logging.getLogger("openenv_harness.recorder")
 class EngineWatch:
     """Probes the default engine and keeps the result in ``info`` (the dict health reports)."""
 
-    def __init__(self, info: dict[str, Any], *, ttl_s: float, probe_template: bool) -> None:
+    def __init__(self, info: dict[str, Any], *, ttl_s: float, probe_template: bool,
+                 probe_logprobs_mode: bool = True) -> None:
         self.info = info
         self.ttl_s = ttl_s
         self.probe_template = probe_template
+        self.probe_logprobs_mode = probe_logprobs_mode
         self.certification: Certification | None = None
         self.probed_at: float | None = None
         self.probes = 0
@@ -75,7 +77,8 @@ class EngineWatch:
             await self.ensure_fresh(upstream, force="the served template changed")
 
     async def _probe(self, upstream: "Upstream", reason: str) -> None:
-        before = (self.info.get("version"), self.info.get("served_models"), self.info.get("template_fingerprint"))
+        before = (self.info.get("version"), self.info.get("served_models"), self.info.get("template_fingerprint"),
+                  self.info.get("logprobs_mode"))
         self.info["name"] = upstream.name
         self.info["version"] = await engine_version(upstream)
         models = await engine_models(upstream)
@@ -86,6 +89,9 @@ class EngineWatch:
         defaults = await engine_sampling_defaults(upstream, served)
         if defaults is not None:
             self.info["sampling_defaults"] = defaults
+        if self.probe_logprobs_mode:
+            mode, how = await measure_logprobs_mode(upstream, served)
+            self.info["logprobs_mode"], self.info["logprobs_mode_measure"] = mode, how
         if self.probe_template:
             fp, status = await probe_template(upstream)
             self.info["template_fingerprint"] = fp
@@ -97,10 +103,12 @@ class EngineWatch:
         self.info["probed_at"] = time.time()
         self.info["probe_reason"] = reason
         self._stale_reason = None
-        after = (self.info.get("version"), self.info.get("served_models"), self.info.get("template_fingerprint"))
+        after = (self.info.get("version"), self.info.get("served_models"), self.info.get("template_fingerprint"),
+                 self.info.get("logprobs_mode"))
         if self.probes > 1 and after != before:
-            log.warning("recorder: the engine changed (%s): version %s -> %s, models %s -> %s, template %s -> %s",
-                        reason, before[0], after[0], before[1], after[1], before[2], after[2])
+            log.warning("recorder: the engine changed (%s): version %s -> %s, models %s -> %s, template %s -> %s, "
+                        "logprobs %s -> %s", reason, before[0], after[0], before[1], after[1], before[2], after[2],
+                        before[3], after[3])
         if self.certification is not None:
             log.info("recorder: served template %s (%s), probed via %s (probe: %s)%s", self.certification.status,
                      exact_in_words(self.certification.exact_in), self.certification.probed_via, reason, "".join(

@@ -58,6 +58,8 @@ class LiveSession:
     template_fingerprint: str | None = None
     template_certification: dict[str, Any] | None = None
     engine_version: str | None = None
+    #: the engine's logprobs mode when the session was created (measured, else declared, else "unknown")
+    logprobs_mode: str | None = None
     #: how the rollout ended, once the trainer scored it: ``{"reward": float | None, "unscored_reason":
     #: str | None}`` (``POST /admin/sessions/{id}/outcome``); exports stamp the reward on every row
     outcome: dict[str, Any] | None = None
@@ -167,6 +169,7 @@ class LiveSession:
             "template_status": self.template_status,
             "template_certification": self.template_certification,
             "engine_version": self.engine_version,
+            "logprobs_mode": self.logprobs_mode,
             "outcome": self.outcome,
         }
 
@@ -185,6 +188,7 @@ class LiveSession:
                 "template_fingerprint": self.template_fingerprint,
                 "template_certification": self.template_certification,
                 "engine_version": self.engine_version,
+                "logprobs_mode": self.logprobs_mode,
                 "outcome": self.outcome,
             },
         )

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from openenv_harness.recorder.sampling_policy import policy_values, same_value
 
 
 class Budgets(BaseModel):
@@ -40,6 +42,16 @@ class AuxRule(BaseModel):
     system_prompt_contains: str | None = None
     last_user_message_startswith: str | None = None
     model: str | None = None
+
+
+class TrainingSampling(BaseModel):
+    """A training sampling policy (``recorder/sampling_policy.py``): the whole vocabulary at ``temperature``
+    with no penalty or bias, sent on every call whatever the agent asked."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    temperature: float = Field(1.0, gt=0, le=10, description="The policy's temperature; other than 1 it needs an "
+                               "engine serving processed logprobs (the session is refused on a raw one)")
 
 
 class SessionSpec(BaseModel):
@@ -80,3 +92,17 @@ class SessionSpec(BaseModel):
             " recorded in each record's provenance.sampling"
         ),
     )
+    training_sampling: TrainingSampling | None = Field(
+        None, description="Pin a training sampling policy: every call is sampled from the whole vocabulary at its "
+        "temperature (narrowing knobs the agent sends are neutralised and recorded); a call whose effective sampling "
+        "differs from it is recorded with the difference and is not trainable")
+
+    @model_validator(mode="after")
+    def _policy_and_pins_agree(self) -> SessionSpec:
+        if self.training_sampling is None or not self.sampling:
+            return self
+        clash = {k: v for k, v in policy_values(self.training_sampling.temperature).items()
+                 if k in self.sampling and not same_value(k, self.sampling[k], v)}
+        if clash:
+            raise ValueError(f"sampling pins {clash} against the training_sampling policy: pin one or the other")
+        return self

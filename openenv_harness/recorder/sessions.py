@@ -74,6 +74,7 @@ class SessionRegistry:
             session.template_fingerprint = state.get("template_fingerprint")
             session.template_certification = state.get("template_certification")
             session.engine_version = state.get("engine_version")
+            session.logprobs_mode = state.get("logprobs_mode")
             session.outcome = state.get("outcome")
             totals = state.get("totals") or {}
             for key, value in totals.items():

@@ -73,6 +73,7 @@ class HarnessSessionFactory(ResourceSessionFactory):
         options: HarnessOptions | None = None,
         budgets: dict[str, Any] | None = None,
         sampling: dict[str, Any] | None = None,
+        training_temperature: float | None = None,
         metadata: dict[str, Any] | None = None,
         context_window: int | None = None,
         max_output_tokens: int = 4096,
@@ -101,6 +102,8 @@ class HarnessSessionFactory(ResourceSessionFactory):
         self.options = options or HarnessOptions()
         self.budgets = dict(budgets or {})
         self.sampling = dict(sampling) if sampling else None
+        #: the sessions' training sampling policy (the whole vocabulary at this temperature; None: no policy)
+        self.training_temperature = training_temperature
         self.metadata = dict(metadata or {})
         self.context_window = context_window
         self.max_output_tokens = max_output_tokens
@@ -136,6 +139,7 @@ class HarnessSessionFactory(ResourceSessionFactory):
                 budgets=self.budgets,
                 metadata={**self.metadata, "task_id": resolved.id, "seed": seed, "episode_id": episode_id},
                 sampling=self.sampling,
+                training_temperature=self.training_temperature,
                 upstream=self.upstream,
                 trainer_template_fingerprint=self.trainer_template_fingerprint,
                 prompt_mode=self.prompt_mode,
@@ -176,6 +180,8 @@ class TRLSessionFactory:
     prompt_mode: str = "full_history"
     prompt_mode_strict: bool = False
     require_exact_template: bool = False
+    #: pin a training sampling policy on every session (the whole vocabulary at this temperature)
+    training_temperature: float | None = None
 
     def __call__(self, sampling: dict[str, Any] | None = None) -> HarnessSessionFactory:
         tasks = None if self.tasks is None else {k: Task.model_validate(v) for k, v in self.tasks.items()}
@@ -188,6 +194,7 @@ class TRLSessionFactory:
             options=HarnessOptions(**self.options),
             budgets=self.budgets,
             sampling=sampling,
+            training_temperature=self.training_temperature,
             metadata=self.metadata,
             context_window=self.context_window,
             max_output_tokens=self.max_output_tokens,

@@ -86,6 +86,7 @@ def launch_agent(
     budgets: dict[str, Any] | None = None,
     metadata: dict[str, Any] | None = None,
     sampling: dict[str, Any] | None = None,
+    training_temperature: float | None = None,
     upstream: str | None = None,
     trainer_template_fingerprint: str | None = None,
     prompt_mode: str = "full_history",
@@ -119,6 +120,8 @@ def launch_agent(
     }
     if sampling:
         spec["sampling"] = sampling
+    if training_temperature is not None:
+        spec["training_sampling"] = {"temperature": training_temperature}
     if upstream:
         spec["upstream"] = upstream
     if trainer_template_fingerprint:

@@ -133,6 +133,17 @@ def test_doctor_checks_an_engine_for_token_evidence() -> None:
     assert done.returncode == 0, done.stdout
 
 
+def test_doctor_measures_the_engines_logprobs_mode() -> None:
+    """Raw or processed is measured on the engine (two one-token calls at two temperatures), not assumed."""
+    from openenv_harness.testing.engine import EngineConfig, EngineServer
+
+    for mode in ("raw_logprobs", "processed_logprobs"):
+        with EngineServer(EngineConfig(logprobs_mode=mode)) as engine:
+            done = cli("doctor", "--engine-url", engine.url)
+        [line] = [ln for ln in done.stdout.splitlines() if "logprobs mode" in ln]
+        assert f"│ yes │ {mode} (measured: top-2 gap" in line, line
+
+
 def test_doctor_exits_non_zero_when_the_engine_gives_no_token_evidence() -> None:
     """An engine (or a router in front of it) that drops the ids fails the check, and the command."""
     from openenv_harness.testing.engine import EngineServer, Fault

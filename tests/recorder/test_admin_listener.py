@@ -193,7 +193,7 @@ def test_creates_through_both_ports_never_collide(stack: Any, tmp_path: Path) ->
     # every session is durable: a recorder opened on the same store resumes all of them
     server.stop()
     again = RecorderServer(RecorderConfig(store_path=server.config.store_path, admin_token=ADMIN,
-                                          probe_template=False)).start()
+                                          probe_template=False, probe_logprobs_mode=False)).start()
     try:
         assert {x.id for x in again.ctx.sessions.all()} == set(by_id) | set(fresh)
     finally:

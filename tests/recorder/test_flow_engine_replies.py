@@ -38,7 +38,7 @@ def test_an_aborted_call_is_kept_partial_and_the_retry_is_sampled_again(tmp_path
         sent.append(orjson.loads(request.content))
         return httpx.Response(200, content=answers[len(sent) - 1], headers={"content-type": "application/json"})
 
-    config = RecorderConfig(store_path=str(tmp_path / "r.db"), admin_token=ADMIN, probe_template=False)
+    config = RecorderConfig(store_path=str(tmp_path / "r.db"), admin_token=ADMIN, probe_template=False, probe_logprobs_mode=False)
     engine = HTTPEngine("http://engine", transport=httpx.MockTransport(handler))
     body = {"model": "m", "messages": [{"role": "user", "content": "go"}], "tools": TOOLS}
     with RecorderServer(config, upstreams={"default": engine}) as server, RecorderClient(server.url, ADMIN) as admin:
@@ -70,7 +70,7 @@ def test_a_pinned_tool_choice_skips_calls_without_tools(tmp_path) -> None:
         sent.append(orjson.loads(request.content))
         return httpx.Response(200, content=_reply("stop", [5]), headers={"content-type": "application/json"})
 
-    config = RecorderConfig(store_path=str(tmp_path / "r.db"), admin_token=ADMIN, probe_template=False)
+    config = RecorderConfig(store_path=str(tmp_path / "r.db"), admin_token=ADMIN, probe_template=False, probe_logprobs_mode=False)
     engine = HTTPEngine("http://engine", transport=httpx.MockTransport(handler))
     with RecorderServer(config, upstreams={"default": engine}) as server, RecorderClient(server.url, ADMIN) as admin:
         s = admin.create_session(sampling={"tool_choice": "required", "temperature": 0})
@@ -95,7 +95,7 @@ def test_per_token_weight_versions_are_recorded_and_not_shown_to_the_agent(tmp_p
         return httpx.Response(200, content=_reply("stop", [5, 6], weight_versions=versions),
                               headers={"content-type": "application/json"})
 
-    config = RecorderConfig(store_path=str(tmp_path / "r.db"), admin_token=ADMIN, probe_template=False)
+    config = RecorderConfig(store_path=str(tmp_path / "r.db"), admin_token=ADMIN, probe_template=False, probe_logprobs_mode=False)
     engine = HTTPEngine("http://engine", transport=httpx.MockTransport(handler))
     with RecorderServer(config, upstreams={"default": engine}) as server, RecorderClient(server.url, ADMIN) as admin:
         s = admin.create_session()

@@ -52,7 +52,7 @@ def test_an_engine_without_the_routes_falls_back_and_strict_rejects(tmp_path: Pa
 
 def test_an_uncertified_junction_falls_back(tmp_path: Path, engine: EngineServer) -> None:
     config = RecorderConfig(store_path=str(tmp_path / "r.db"), engine_url=engine.url, admin_token=ADMIN,
-                            probe_template=False)
+                            probe_template=False, probe_logprobs_mode=False)
     with RecorderServer(config) as rec, RecorderClient(rec.url, ADMIN) as admin:
         s = admin.create_session(prompt_mode="incremental")
         engine.set_script(s["session_id"], tool_script(1, spaced_args=True))

@@ -102,7 +102,7 @@ def test_sampling_the_engine_filled_in_is_unknown_unless_someone_says(tmp_path) 
     tools = [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object"}}}]
     out = {}
     for name, configured in (("unknown", None), ("configured", {"temperature": 0.6, "top_p": 0.9})):
-        config = RecorderConfig(store_path=str(tmp_path / f"{name}.db"), admin_token=admin_token, probe_template=False,
+        config = RecorderConfig(store_path=str(tmp_path / f"{name}.db"), admin_token=admin_token, probe_template=False, probe_logprobs_mode=False,
                                 engine_sampling_defaults=configured)
         engine = HTTPEngine("http://engine", transport=httpx.MockTransport(handler))
         with RecorderServer(config, upstreams={"default": engine}) as server, \

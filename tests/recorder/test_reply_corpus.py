@@ -32,7 +32,7 @@ def corpus_run(tmp_path_factory: pytest.TempPathFactory):
     with CannedEngine() as engine:
         for case in cases:
             engine.add(case.key, case.raw)
-        config = RecorderConfig(store_path=str(store), engine_url=engine.url, admin_token=ADMIN, probe_template=False)
+        config = RecorderConfig(store_path=str(store), engine_url=engine.url, admin_token=ADMIN, probe_template=False, probe_logprobs_mode=False)
         with RecorderServer(config) as server, RecorderClient(server.url, ADMIN) as admin:
             sessions = [admin.create_session() for _ in range(SESSIONS)]
 

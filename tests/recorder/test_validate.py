@@ -135,7 +135,7 @@ def test_bad_ids_in_a_later_turn_are_named_through_the_whole_recorder(tmp_path) 
                               headers={"content-type": "application/json"})
 
     admin_token = "admin-" + "x" * 32
-    config = RecorderConfig(store_path=str(tmp_path / "r.db"), admin_token=admin_token, probe_template=False)
+    config = RecorderConfig(store_path=str(tmp_path / "r.db"), admin_token=admin_token, probe_template=False, probe_logprobs_mode=False)
     engine = HTTPEngine("http://engine", transport=httpx.MockTransport(handler))
     with RecorderServer(config, upstreams={"default": engine}) as server, RecorderClient(server.url, admin_token) as admin:
         s = admin.create_session()

@@ -28,7 +28,7 @@ def test_a_router_that_drops_token_ids_leaves_untrainable_records(
         tmp_path: Path, router: VLLMRouter, replicas: list[EngineServer], dropped: str) -> None:
     with ThreadedServer(stripping_proxy(router.url, (dropped,))) as proxy:
         config = RecorderConfig(store_path=str(tmp_path / "r.db"), engine_url=proxy.url, admin_token=ADMIN,
-                                probe_template=False)
+                                probe_template=False, probe_logprobs_mode=False)
         with RecorderServer(config) as recorder, RecorderClient(recorder.url, ADMIN) as admin:
             s = admin.create_session()
             for engine in replicas:

@@ -15,6 +15,7 @@ from openenv_harness.recorder.admin.exact_template import exact_template_refusal
 from openenv_harness.recorder.context import RecorderContext
 from openenv_harness.recorder.exports import records_response, training_trace_response
 from openenv_harness.recorder.live_session import LiveSession
+from openenv_harness.recorder.sampling_policy import refusal as sampling_refusal
 from openenv_harness.recorder.session_spec import SessionSpec
 from openenv_harness.recorder.sessions import SessionError
 
@@ -66,6 +67,7 @@ async def _create(ctx: RecorderContext, request: Request, spec: SessionSpec, ses
             await ctx.on_chat_loop(ctx.engine_watch.confirm_fingerprint(upstream))
     info = ctx.engine_info if default else {}
     session.engine_version = info.get("version")
+    session.logprobs_mode = info.get("logprobs_mode")
     session.template_fingerprint = info.get("template_fingerprint")
     session.template_status = info.get("template_status") or "unverified"
     session.template_certification = info.get("template_certification") or (
@@ -75,6 +77,14 @@ async def _create(ctx: RecorderContext, request: Request, spec: SessionSpec, ses
     if refusal and spec.require_exact_template:
         raise HTTPException(status_code=409, detail=refusal)
     warnings: list[str] = []
+    if spec.training_sampling is not None:
+        mode = session.logprobs_mode or ctx.config.engine_logprobs_mode or "unknown"
+        refused = sampling_refusal(spec.training_sampling.temperature, mode)
+        if refused:
+            raise HTTPException(status_code=409, detail=refused)
+        if mode not in ("raw_logprobs", "processed_logprobs") and spec.training_sampling.temperature != 1.0:
+            warnings.append(f"the engine's logprobs mode is {mode}: calls at temperature "
+                            f"{spec.training_sampling.temperature:g} will be recorded as off the training policy")
     if refusal and session.template_certification.get("properties"):
         # said up front, with the remedy: the records will show the drift or break it causes
         warnings.append(refusal.removeprefix("require_exact_template: "))

@@ -16,6 +16,7 @@ from openenv_harness.recorder.call.flow import Flow
 from openenv_harness.recorder.engine_paused import send_through_pause
 from openenv_harness.recorder.errors import AgentError, session_closed
 from openenv_harness.recorder.prompt_modes.registry import mode_for
+from openenv_harness.recorder.sampling_policy import apply_policy
 from openenv_harness.recorder.relay_errors import relay_upstream_error, relay_upstream_failure
 from openenv_harness.recorder.upstream.base import UpstreamFailure
 from openenv_harness.recorder.upstream.reply_parse import PromptIdsReader
@@ -26,12 +27,17 @@ from openenv_harness.recorder.upstream.reply_parse import PromptIdsReader
 CAPTURE_FIELDS = {"return_token_ids": True, "logprobs": True, "stream": False, "return_weight_versions": True}
 
 
-def upstream_body(body: dict[str, Any], sampling: dict[str, Any] | None = None) -> dict[str, Any]:
+def upstream_body(body: dict[str, Any], sampling: dict[str, Any] | None = None,
+                  policy_temperature: float | None = None) -> dict[str, Any]:
     """The agent's body verbatim plus the capture fields (``top_logprobs`` only if absent).
 
-    ``sampling`` is what the trainer pinned for the session (applied over the agent's fields).
+    ``sampling`` is what the trainer pinned for the session (applied over the agent's fields);
+    ``policy_temperature``, the session's training sampling policy (``sampling_policy.py``), sets the
+    whole distribution last.
     """
     out = {k: v for k, v in body.items() if k != "stream_options"}
+    if policy_temperature is not None:
+        apply_policy(out, body, policy_temperature)
     if sampling:
         out.update(sampling)
         if "tool_choice" in sampling and not body.get("tools"):
@@ -62,7 +68,9 @@ async def forward(flow: Flow) -> None:
         ctx.metrics.rejected.labels("paused").inc()
         raise AgentError(503, "engine is paused for a weight update; retry shortly", type="server_error",
                          code="engine_paused", headers={"retry-after": str(ctx.config.retry_after_s)})
-    flow.upstream_body = upstream_body(flow.body, flow.session.spec.sampling)
+    policy = flow.session.spec.training_sampling
+    flow.upstream_body = upstream_body(flow.body, flow.session.spec.sampling,
+                                       policy.temperature if policy is not None else None)
     if ctx.fence.served_model:
         flow.upstream_body["model"] = ctx.fence.served_model
     if flow.session.closing:  # a retry whose twin was cancelled by the close, or a call held at the fence

@@ -13,6 +13,7 @@ from typing import Any
 from openenv_harness.recorder.context import RecorderContext
 from openenv_harness.recorder.provenance import DEFAULTED_FIELDS, SAMPLING_FIELDS, decoding_constraint
 from openenv_harness.recorder.live_session import LiveSession
+from openenv_harness.recorder.sampling_policy import apply_policy, policy_differences, policy_values
 from openenv_harness.version import __version__
 
 
@@ -59,7 +60,8 @@ def sampling_provenance(ctx: RecorderContext, session: LiveSession, agent_body: 
             unknown.append(name)
         elif name in defaults:
             effective[name] = defaults[name]
-    return {
+    mode, mode_source = logprobs_mode_of(ctx, session)
+    out = {
         "sampling": sent,
         "sampling_from_agent": agent,
         "sampling_pinned": pinned,
@@ -67,9 +69,26 @@ def sampling_provenance(ctx: RecorderContext, session: LiveSession, agent_body: 
         "engine_sampling_defaults_source": source,
         "sampling_effective": effective,
         "sampling_unknown": unknown,
-        "logprobs_mode": ctx.config.engine_logprobs_mode or "unknown",
+        "logprobs_mode": mode,
+        "logprobs_mode_source": mode_source,
         "decoding_constraint": decoding_constraint(sent_body),
     }
+    policy = session.spec.training_sampling
+    if policy is not None:
+        out["sampling_policy"] = policy_values(policy.temperature)
+        out["sampling_neutralised"] = apply_policy({}, agent_body, policy.temperature)
+        out["sampling_policy_differs"] = policy_differences(effective, unknown, mode, policy.temperature)
+    return out
+
+
+def logprobs_mode_of(ctx: RecorderContext, session: LiveSession) -> tuple[str, str]:
+    """What the session's engine's logprobs are, and how that is known: ``measured`` when the
+    session was created (the default engine, probed), else ``configured`` (declared), else ``unknown``."""
+    if session.logprobs_mode not in (None, "unknown"):
+        return str(session.logprobs_mode), "measured"
+    if ctx.config.engine_logprobs_mode:
+        return ctx.config.engine_logprobs_mode, "configured"
+    return "unknown", "unknown"
 
 
 def call_provenance(ctx: RecorderContext, session: LiveSession, sent_body: dict[str, Any],

@@ -40,6 +40,11 @@ async def record(flow: Flow) -> None:
     # under a decoding constraint the engine's logprobs are taken after its mask: a trainer must
     # exclude or correct these calls' logprobs (the sampled ids are still what was sampled)
     md["logprobs_are_policy"] = constraint is None
+    off_policy = md["provenance"].get("sampling_policy_differs")
+    if off_policy and trainable:
+        # sampled from another distribution than the session's training policy: kept, never trained
+        trainable = md["trainable"] = False
+        md["sampling_off_policy"] = off_policy
     weight_versions = _weight_versions(flow.reply.json)
     if weight_versions is not None:
         md["weight_versions"] = weight_versions

@@ -39,6 +39,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--reasoning-content", choices=["rename", "drop"], default="rename",
                         help="What the chat route does with a replayed reasoning_content (vLLM 0.32: rename)")
     parser.add_argument("--return-tokens-as-token-ids", action="store_true")
+    parser.add_argument("--logprobs-mode", choices=["raw_logprobs", "processed_logprobs"], default="raw_logprobs")
     parser.add_argument("--tool-arguments", choices=["verbatim", "parsed"], default="parsed")
     parser.add_argument("--strict-model-name", action="store_true")
     parser.add_argument("--decode-delay-s", type=float, default=0.0)
@@ -80,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         reasoning_field=args.reasoning_field,
         reasoning_content=args.reasoning_content,
         return_tokens_as_token_ids=args.return_tokens_as_token_ids,
+        logprobs_mode=args.logprobs_mode,
         tool_arguments=args.tool_arguments,
         strict_model_name=args.strict_model_name,
         decode_delay_s=args.decode_delay_s,

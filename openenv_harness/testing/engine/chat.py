@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from openenv_harness.testing.engine.config import SESSION_HEADER, EngineConfig
 from openenv_harness.testing.engine.faults import Fault, error_body
 from openenv_harness.testing.engine.messages import MessageError
-from openenv_harness.testing.engine.policy import choose_turn, sample_turn
+from openenv_harness.testing.engine.policy import as_reported, choose_turn, logprob_scale, sample_turn
 from openenv_harness.testing.engine.prompt import render_prompt
 from openenv_harness.testing.engine.state import EngineState
 from openenv_harness.testing.engine.wire import ReplySpec, StreamEncoder, completion_body, dumps, new_id
@@ -231,14 +231,16 @@ async def chat_completions(state: EngineState, request: Request) -> Response:
     budget = max_tokens_for(config, chat, len(prompt.ids))
     if isinstance(budget, Response):
         return budget
+    sampling = effective_sampling(config, body)
+    scale = logprob_scale(config.logprobs_mode, float(sampling["temperature"]))
     try:
-        sample = sample_turn(choice, script, script_key, state.tokenizer, state.template, budget)
+        sample = as_reported(sample_turn(choice, script, script_key, state.tokenizer, state.template, budget), scale)
     except ValueError as exc:
         return error_response(500, f"the scripted turn cannot be sampled: {exc}")
     # what was sampled and with which settings, for tests that check a recorder stored exactly this
     entry.update(sampled={"prompt_token_ids": prompt.ids, "token_ids": list(sample.token_ids),
                           "logprobs": list(sample.logprobs)},
-                 sampling={**effective_sampling(config, body), "max_tokens": budget})
+                 sampling={**sampling, "max_tokens": budget})
     tokens_as_ids = chat.return_tokens_as_token_ids
     spec = ReplySpec(
         request_id=new_id(),
@@ -255,6 +257,7 @@ async def chat_completions(state: EngineState, request: Request) -> Response:
         return_token_ids=bool(chat.return_token_ids),
         want_logprobs=bool(chat.logprobs),
         top_logprobs=chat.top_logprobs or 0,
+        logprob_scale=scale,
         tokens_as_ids=config.return_tokens_as_token_ids if tokens_as_ids is None else tokens_as_ids,
         reasoning_field=config.reasoning_field,
         parse_tools=bool(chat.tools) and chat.tool_choice != "none",

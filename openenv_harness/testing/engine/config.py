@@ -92,6 +92,10 @@ class EngineConfig(BaseModel):
         "rename", description="A replayed 'reasoning_content' on the chat route: vLLM 0.32 renames it to "
         "'reasoning' (rendered); 'drop' ignores it, as its /tokenize does")
     return_tokens_as_token_ids: bool = Field(False, description="vLLM --return-tokens-as-token-ids")
+    logprobs_mode: Literal["raw_logprobs", "processed_logprobs"] = Field(
+        "raw_logprobs", description="vLLM --logprobs-mode: raw (the scripted temperature-1 values, whatever the "
+        "request's temperature) or processed (the sampled distribution's: scaled by 1 / temperature, which divides "
+        "the gap between any two candidates as a real temperature does)")
     tool_arguments: ToolArguments = Field(
         "parsed",
         description="'parsed' is vLLM: string tool arguments are json.loads-ed before templating; 'verbatim' "

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -221,3 +222,19 @@ def sample_turn(
         text = tokenizer.decode(ids)
     logprobs = [token_logprob(key, choice.index, pos, tid) for pos, tid in enumerate(ids)]
     return Sample(text, ids, logprobs, finish, choice)
+
+
+def logprob_scale(logprobs_mode: str, temperature: float) -> float:
+    """What the engine's reported logprobs are, relative to the scripted (temperature 1) ones: raw
+    logprobs (vLLM's default) ignore the temperature; processed logprobs are of the distribution sampled
+    from, whose log-probability gaps divide by it. Greedy decoding (temperature 0) reports raw values."""
+    if logprobs_mode == "processed_logprobs" and temperature > 0:
+        return 1.0 / temperature
+    return 1.0
+
+
+def as_reported(sample: Sample, scale: float) -> Sample:
+    """The sample with its logprobs as the engine reports them (``logprob_scale``)."""
+    if scale == 1.0:
+        return sample
+    return dataclasses.replace(sample, logprobs=[value * scale for value in sample.logprobs])

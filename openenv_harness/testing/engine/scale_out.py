@@ -37,7 +37,7 @@ from openenv_harness.testing.engine.chat import (
 from openenv_harness.testing.engine.config import SESSION_HEADER, EngineConfig
 from openenv_harness.testing.engine.messages import MessageError
 from openenv_harness.testing.engine.parser import parse_output
-from openenv_harness.testing.engine.policy import Sample, choose_turn, sample_turn
+from openenv_harness.testing.engine.policy import Sample, as_reported, choose_turn, logprob_scale, sample_turn
 from openenv_harness.testing.engine.prompt import render_prompt
 from openenv_harness.testing.engine.state import EngineState
 from openenv_harness.testing.engine.wire import dumps, new_id, output_text
@@ -168,8 +168,11 @@ async def _sample_ids(state: EngineState, request: Request, path: str, body: Any
         return Response(dumps(fault.error_response_body(dict(request.headers))), status_code=fault.status,
                         media_type="application/json", headers=fault.error_headers())
     room = state.config.max_model_len - len(prompt_ids)
-    sample = sample_turn(choice, script, script_key, state.tokenizer, state.template,
-                         min(max_tokens, room) if max_tokens else room)
+    params = body.get("sampling_params") if path == "/inference/v1/generate" and isinstance(body, dict) else body
+    temperature = float(effective_sampling(state.config, params if isinstance(params, dict) else {})["temperature"])
+    sample = as_reported(sample_turn(choice, script, script_key, state.tokenizer, state.template,
+                                     min(max_tokens, room) if max_tokens else room),
+                         logprob_scale(state.config.logprobs_mode, temperature))
     emitted, aborted = await _paced(state, len(sample.token_ids))
     ids, logprobs = list(sample.token_ids[:emitted]), list(sample.logprobs[:emitted])
     entry.update(sampled={"prompt_token_ids": list(prompt_ids), "token_ids": ids, "logprobs": logprobs})

@@ -67,6 +67,8 @@ class ReplySpec:
     return_token_ids: bool = False
     want_logprobs: bool = False
     top_logprobs: int = 0
+    #: the reported logprobs over the scripted ones (``policy.logprob_scale``): the alternatives scale alike
+    logprob_scale: float = 1.0
     tokens_as_ids: bool = False
     reasoning_field: str = "reasoning"
     parse_tools: bool = False
@@ -116,7 +118,8 @@ def _top_entries(tokenizer: ReferenceTokenizer, spec: ReplySpec, position: int) 
         step += 1
         if alternative == sampled:
             continue
-        value = min(token_logprob(spec.key, spec.turn_index, position, alternative), spec.logprobs[position]) - 0.25
+        raw = token_logprob(spec.key, spec.turn_index, position, alternative) * spec.logprob_scale
+        value = min(raw, spec.logprobs[position]) - 0.25 * spec.logprob_scale
         entries.append((alternative, value))
     result = []
     for token_id, value in entries:

@@ -205,7 +205,7 @@ class _NoTokenizer(Upstream):
 
 
 def test_count_tokens_without_a_tokenizer_is_a_501(tmp_path) -> None:
-    config = RecorderConfig(store_path=str(tmp_path / "r.db"), admin_token=ADMIN, probe_template=False)
+    config = RecorderConfig(store_path=str(tmp_path / "r.db"), admin_token=ADMIN, probe_template=False, probe_logprobs_mode=False)
     with RecorderServer(config, upstreams={"default": _NoTokenizer()}) as server, \
             RecorderClient(server.url, ADMIN) as admin:
         s = admin.create_session()
