@@ -28,7 +28,7 @@ from typing import Any, Literal
 
 from openenv_harness.assembly.errors import AssemblyError
 from openenv_harness.assembly.tokens import pack_ids
-from openenv_harness.contract import is_training_entry
+from openenv_harness.contract import CallVersions, call_versions, is_training_entry
 
 #: finish reasons that mean the model ended its turn itself (used to auto-detect the end-of-turn id).
 NATURAL_STOPS: frozenset[str] = frozenset({"stop", "tool_calls"})
@@ -58,6 +58,8 @@ class Call:
     completion_bytes: bytes = field(repr=False)
     #: the engine's effective sampling settings (``provenance.sampling_effective``); None where not recorded
     sampling: dict[str, Any] | None = None
+    #: the policy versions the call ran under (start, end, straddled a sync, engine weight-version spans)
+    versions: CallVersions = CallVersions()
 
     @property
     def trainable_tokens(self) -> int:
@@ -139,6 +141,10 @@ def call_from_entry(entry: Mapping[str, Any], *, non_policy: NonPolicy = "mask")
     prompt_bytes = pack_ids(prompt, what=f"{node_id}: prompt_token_ids")
     completion_bytes = pack_ids(completion, what=f"{node_id}: completion_token_ids")
 
+    try:
+        versions = call_versions(dict(entry))
+    except ValueError as exc:
+        raise AssemblyError(str(exc)) from None
     status = metadata.get("status", "ok")
     policy = metadata.get("logprobs_are_policy", True) is not False
     trainable = metadata.get("trainable", True) is True and status == "ok" and (policy or non_policy == "keep")
@@ -164,6 +170,7 @@ def call_from_entry(entry: Mapping[str, Any], *, non_policy: NonPolicy = "mask")
         prompt_bytes=prompt_bytes,
         completion_bytes=completion_bytes,
         sampling=_effective_sampling(metadata),
+        versions=versions,
     )
 
 
