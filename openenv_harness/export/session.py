@@ -125,32 +125,48 @@ def _records_trainable(records: list[dict[str, Any]], non_policy: str) -> bool:
     return any(any(e["loss_mask"][len(e["prompt_token_ids"]):]) for e in training_entries(records, non_policy))
 
 
-def untrainable_reason(records: list[dict[str, Any]], non_policy: str = "mask") -> tuple[str, str | None]:
-    """Why none of ``records`` offers a trainable sampled id, as counts per cause, and a hint where one helps."""
+#: why a record offers no trainable id: (one, several), for ``untrainable_reason``'s line
+_CAUSES: dict[str, tuple[str, str]] = {
+    "aux": ("aux call", "aux calls"),
+    "unaligned": ("record without aligned tokens", "records without aligned tokens"),
+    "empty": ("call with no sampled id", "calls with no sampled id"),
+    "untrainable": ("call marked untrainable", "calls marked untrainable"),
+    "constrained": ("call under a decoding constraint (logprobs not the policy's: mask 0)",
+                    "calls under a decoding constraint (logprobs not the policy's: mask 0)"),
+    "assembly": ("call whose ids the assembly kept as context only", "calls whose ids the assembly kept as context only"),
+}
+
+
+def _count(n: int, forms: tuple[str, str]) -> str:
+    return f"{n} {forms[0] if n == 1 else forms[1]}"
+
+
+def untrainable_reason(records: list[dict[str, Any]], non_policy: str = "mask") -> tuple[str, str]:
+    """Why none of ``records`` offers a trainable sampled id, as counts per cause, and a hint."""
     causes: Counter[str] = Counter()
     for record in records:
         md = record.get("metadata") or {}
         if md.get("call_kind", "agent") != "agent":
-            causes["aux call"] += 1
+            causes["aux"] += 1
         elif md.get("status", "ok") != "ok":
-            causes[f"{md.get('status')} call"] += 1
+            causes[f"status:{md.get('status')}"] += 1
         elif not is_training_entry(record):
-            causes["record without aligned tokens"] += 1
+            causes["unaligned"] += 1
         elif not record.get("completion_token_ids"):
-            causes["call with no sampled id"] += 1
+            causes["empty"] += 1
         elif md.get("trainable", True) is not True or not any(
                 (record.get("loss_mask") or [])[len(record["prompt_token_ids"]):]):
-            causes["call marked untrainable"] += 1
+            causes["untrainable"] += 1
         elif md.get("logprobs_are_policy", True) is False and non_policy == "mask":
-            causes["call under a decoding constraint (logprobs not the policy's: mask 0)"] += 1
+            causes["constrained"] += 1
         else:
-            causes["other"] += 1
-    listed = ", ".join(f"{n} {cause}" for cause, n in causes.items())
-    hint = None
-    if any(cause.startswith("call under a decoding constraint") for cause in causes):
-        hint = ("--non-policy keep keeps constrained ids trainable for a trainer that recomputes old logprobs; "
-                "--format entries exports the records as they are")
-    return f"{len(records)} record(s): {listed}", hint or "--format entries exports the records as they are"
+            causes["assembly"] += 1
+    listed = ", ".join(
+        _count(n, _CAUSES.get(cause) or (f"{cause[7:]} call", f"{cause[7:]} calls")) for cause, n in causes.items())
+    hint = "--format entries exports the records as they are"
+    if causes["constrained"]:
+        hint = "--non-policy keep keeps constrained ids trainable for a trainer that recomputes old logprobs; " + hint
+    return f"{_count(len(records), ('record', 'records'))}: {listed}", hint
 
 
 def export_session(records: list[dict[str, Any]], format: ExportFormat = "entries", *, session_id: str | None = None,

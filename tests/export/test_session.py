@@ -104,7 +104,7 @@ def test_a_session_with_nothing_trainable_is_an_error_saying_why(fmt: str) -> No
     failed = Records()
     failed.call(status="failed")
     failed.call(call_kind="aux")
-    with pytest.raises(NothingToExport, match=rf"session s has nothing trainable in format {fmt}: 2 record\(s\): "
+    with pytest.raises(NothingToExport, match=rf"session s has nothing trainable in format {fmt}: 2 records: "
                        r"1 failed call, 1 aux call"):
         export_session(failed.records, fmt)  # type: ignore[arg-type]
     constrained = Records()
