@@ -16,6 +16,10 @@ engine reported logprobs after its mask) are never offered as trainable by defau
 mask 0, like an untrainable record's, since a trainer would take them as the old policy's logprobs
 (importance ratios of 1e-6 on a constrained tag token). ``non_policy="keep"`` keeps them trainable
 for a trainer that recomputes old logprobs itself; either way every segment says which it is.
+
+Each call also keeps the policy versions its record carries (``contract.call_versions``: start, end,
+straddled a weight sync, the engine's weight-version spans), read and checked here once so every
+segment built from the call carries them; a malformed version is an ``AssemblyError`` naming the call.
 """
 
 from __future__ import annotations
