@@ -305,8 +305,68 @@ def to_training_trace(entries: list[dict[str, Any]], non_policy: str = "mask") -
     """
     from openenv.core.harness import TrainingTrace  # lazy: importing OpenEnv costs seconds
 
-    selected = [{**e, "loss_mask": training_loss_mask(e, non_policy)} for e in entries if is_training_entry(e)]
-    return TrainingTrace.from_entries(selected)
+    return TrainingTrace.from_entries(training_entries(entries, non_policy))
+
+
+def training_entries(entries: Iterable[dict[str, Any]], non_policy: str = "mask") -> list[dict[str, Any]]:
+    """The entries a training trace holds, in order, each with the loss mask a trainer gets."""
+    return [{**e, "loss_mask": training_loss_mask(e, non_policy)} for e in entries if is_training_entry(e)]
+
+
+class WeightVersionSpan(BaseModel):
+    """One span of a call's sampled ids and the engine weight version that produced it (vLLM 0.33+
+    ``return_weight_versions``): ids ``[start, end)`` of the completion, ``version`` the engine's label
+    (``/update_weight_version``), which need not be the recorder's integer policy version."""
+
+    model_config = ConfigDict(strict=True, frozen=True, extra="allow")
+
+    version: int | str
+    start: int = Field(ge=0)
+    end: int = Field(ge=0)
+
+
+class CallVersions(BaseModel):
+    """The policy versions one call ran under, read from its record (the recorder's fence, D12).
+
+    A record without the fields gets the record schema's defaults (``RecordMetadata``); a call is
+    ``straddled_sync`` when its record says so or its start and end versions differ -- a straddle
+    wrongly assumed costs one sample, a straddle missed trains mixed-weight tokens as one policy's.
+    """
+
+    model_config = ConfigDict(strict=True, frozen=True)
+
+    policy_version_start: int = 0
+    policy_version_end: int = 0
+    straddled_sync: bool = False
+    weight_versions: list[WeightVersionSpan] | None = Field(
+        None, description="The engine's per-span weight versions, where it reported them (vLLM 0.33+)")
+
+
+def call_versions(entry: dict[str, Any]) -> CallVersions:
+    """``CallVersions`` of one record; ``ValueError`` naming the record when its fields are malformed
+    (a version that is not an integer, a span that is not ``{version, start <= end}``)."""
+    md = entry.get("metadata") or {}
+    node = md.get("node_id", "?")
+    start, end = md.get("policy_version_start", 0), md.get("policy_version_end", 0)
+    for what, value in (("policy_version_start", start), ("policy_version_end", end)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"{node}: metadata.{what} must be an integer, got {value!r}")
+    flag = md.get("straddled_sync", False)
+    if not isinstance(flag, bool):
+        raise ValueError(f"{node}: metadata.straddled_sync must be a boolean, got {flag!r}")
+    raw = md.get("weight_versions")
+    spans: list[WeightVersionSpan] | None = None
+    if raw is not None:
+        try:
+            spans = [WeightVersionSpan.model_validate(span) for span in raw]
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{node}: metadata.weight_versions is not a list of {{version, start, end}} "
+                             f"spans ({exc})") from None
+        bad = next((s for s in spans if s.end < s.start), None)
+        if bad is not None:
+            raise ValueError(f"{node}: metadata.weight_versions span ends before it starts ({bad.start}, {bad.end})")
+    return CallVersions(policy_version_start=start, policy_version_end=end, straddled_sync=flag or start != end,
+                        weight_versions=spans)
 
 
 if __name__ == "__main__":  # python -m openenv_harness.contract  → regenerate the committed schema

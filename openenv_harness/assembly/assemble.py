@@ -25,6 +25,10 @@ On replay drift (the sampled ids did not come back verbatim) the strategy decide
   end-of-turn id, split.
 
 Breaks start new chains; a sample never spans two chains (fork, keep both sides, no truncation).
+
+Every segment carries its call's policy versions (start, end, whether it straddled a weight sync,
+the engine's weight-version spans where recorded), and the sample the oldest start, the newest end
+and whether any segment straddled: what a staleness filter reads (``openenv_harness/export``).
 """
 
 from __future__ import annotations
@@ -56,6 +60,7 @@ from openenv_harness.assembly.trace import (
     Strategy,
     TraceMetadata,
 )
+from openenv_harness.contract import WeightVersionSpan
 
 STRATEGIES: tuple[Strategy, ...] = get_args(Strategy)
 #: slime's default realign gate on the incoming completion length.
@@ -117,7 +122,7 @@ class _SampleBuilder:
         self.segments.append(
             Segment(
                 node_id=call.node_id, offset=len(self.response), length=len(call.completion), trainable_tokens=trainable,
-                logprobs_are_policy=call.logprobs_are_policy, sampling=call.sampling,
+                logprobs_are_policy=call.logprobs_are_policy, sampling=call.sampling, **_segment_versions(call),
             )
         )
         self.node_ids.append(call.node_id)
@@ -153,10 +158,9 @@ class _SampleBuilder:
         del self.logprobs[cut:]
         kept_trainable = sum(self.mask[segment.offset : cut])
         if kept:
-            self.segments.append(Segment(node_id=prev.node_id, offset=segment.offset, length=kept,
-                                         trainable_tokens=kept_trainable, partial=True,
-                                         logprobs_are_policy=segment.logprobs_are_policy,
-                                         sampling=segment.sampling))
+            self.segments.append(segment.model_copy(update={
+                "length": kept, "trainable_tokens": kept_trainable, "partial": True,
+                "weight_versions": _clip_spans(segment.weight_versions, kept)}))
         self.realigned.append(prev.node_id)
         lost = segment.trainable_tokens - kept_trainable
         self.lost_tokens += lost
@@ -172,6 +176,7 @@ class _SampleBuilder:
 
     def build(self, ended_by: EndedBy) -> HarnessTrace:
         non_policy = [s for s in self.segments if not s.logprobs_are_policy]
+        straddled = [s.node_id for s in self.segments if s.straddled_sync]
         metadata = TraceMetadata(
             session_id=self.options.session_id,
             chain_id=self.chain_id,
@@ -190,6 +195,10 @@ class _SampleBuilder:
             approximate=bool(self.spliced),
             ended_by=ended_by,
             eot_id=self.options.eot_id,
+            policy_version_start=min(s.policy_version_start for s in self.segments),
+            policy_version_end=max(s.policy_version_end for s in self.segments),
+            straddled_sync=bool(straddled),
+            straddled_node_ids=straddled,
         )
         return HarnessTrace(
             prompt_ids=self.prompt,
@@ -199,6 +208,20 @@ class _SampleBuilder:
             reward=self.options.reward,
             metadata=metadata,
         )
+
+
+def _segment_versions(call: Call) -> dict[str, Any]:
+    """The call's policy versions as a segment carries them (``Segment``)."""
+    v = call.versions
+    return {"policy_version_start": v.policy_version_start, "policy_version_end": v.policy_version_end,
+            "straddled_sync": v.straddled_sync, "weight_versions": v.weight_versions}
+
+
+def _clip_spans(spans: list[WeightVersionSpan] | None, length: int) -> list[WeightVersionSpan] | None:
+    """Weight-version spans cut to a partial segment's first ``length`` ids."""
+    if spans is None:
+        return None
+    return [span.model_copy(update={"end": min(span.end, length)}) for span in spans if span.start < length]
 
 
 def _eot_position(call: Call, start: int, eot_id: int | None) -> int | None:

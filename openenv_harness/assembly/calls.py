@@ -16,6 +16,10 @@ engine reported logprobs after its mask) are never offered as trainable by defau
 mask 0, like an untrainable record's, since a trainer would take them as the old policy's logprobs
 (importance ratios of 1e-6 on a constrained tag token). ``non_policy="keep"`` keeps them trainable
 for a trainer that recomputes old logprobs itself; either way every segment says which it is.
+
+Each call also keeps the policy versions its record carries (``contract.call_versions``: start, end,
+straddled a weight sync, the engine's weight-version spans), read and checked here once so every
+segment built from the call carries them; a malformed version is an ``AssemblyError`` naming the call.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from typing import Any, Literal
 
 from openenv_harness.assembly.errors import AssemblyError
 from openenv_harness.assembly.tokens import pack_ids
-from openenv_harness.contract import is_training_entry
+from openenv_harness.contract import CallVersions, call_versions, is_training_entry
 
 #: finish reasons that mean the model ended its turn itself (used to auto-detect the end-of-turn id).
 NATURAL_STOPS: frozenset[str] = frozenset({"stop", "tool_calls"})
@@ -58,6 +62,8 @@ class Call:
     completion_bytes: bytes = field(repr=False)
     #: the engine's effective sampling settings (``provenance.sampling_effective``); None where not recorded
     sampling: dict[str, Any] | None = None
+    #: the policy versions the call ran under (start, end, straddled a sync, engine weight-version spans)
+    versions: CallVersions = CallVersions()
 
     @property
     def trainable_tokens(self) -> int:
@@ -139,6 +145,10 @@ def call_from_entry(entry: Mapping[str, Any], *, non_policy: NonPolicy = "mask")
     prompt_bytes = pack_ids(prompt, what=f"{node_id}: prompt_token_ids")
     completion_bytes = pack_ids(completion, what=f"{node_id}: completion_token_ids")
 
+    try:
+        versions = call_versions(dict(entry))
+    except ValueError as exc:
+        raise AssemblyError(str(exc)) from None
     status = metadata.get("status", "ok")
     policy = metadata.get("logprobs_are_policy", True) is not False
     trainable = metadata.get("trainable", True) is True and status == "ok" and (policy or non_policy == "keep")
@@ -164,6 +174,7 @@ def call_from_entry(entry: Mapping[str, Any], *, non_policy: NonPolicy = "mask")
         prompt_bytes=prompt_bytes,
         completion_bytes=completion_bytes,
         sampling=_effective_sampling(metadata),
+        versions=versions,
     )
 
 

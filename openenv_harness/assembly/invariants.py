@@ -6,6 +6,8 @@ rules need the calls it was built from:
 
 - every segment's sampled ids equal the call's sampled ids (a partial segment: their prefix), and
   mask 1 sits exactly on the trainable ones;
+- every segment carries its call's policy versions, and the trace's summary (oldest start, newest
+  end, any straddle) is the one its segments give;
 - unless the trace is labelled ``approximate``: the tokens before each segment equal that call's
   canonical prompt (every mask-1 token has the context the engine saw), and the trace ends with
   its last call's sampled ids -- so ``prompt_ids + response_ids`` equals the last call's prompt +
@@ -59,6 +61,20 @@ def check_structure(trace: HarnessTrace) -> None:
         end = segment.offset + segment.length
     if trace.metadata.trainable_tokens != sum(trace.loss_mask):
         raise AssemblyError(f"{label}: metadata.trainable_tokens disagrees with loss_mask")
+    _check_version_summary(trace, label)
+
+
+def _check_version_summary(trace: HarnessTrace, label: str) -> None:
+    """The sample's versions summarize its segments': a staleness filter reads only the summary."""
+    md, segments = trace.metadata, trace.metadata.segments
+    if not segments:
+        return
+    straddled = [s.node_id for s in segments if s.straddled_sync]
+    summary = (md.policy_version_start, md.policy_version_end, md.straddled_sync, md.straddled_node_ids)
+    expected = (min(s.policy_version_start for s in segments), max(s.policy_version_end for s in segments),
+                bool(straddled), straddled)
+    if summary != expected:
+        raise AssemblyError(f"{label}: policy versions {summary} disagree with its segments' {expected}")
 
 
 def check_identity(trace: HarnessTrace, calls: Mapping[str, Call]) -> None:
@@ -83,6 +99,10 @@ def check_identity(trace: HarnessTrace, calls: Mapping[str, Call]) -> None:
         if not whole or not starts_with_at(full, sampled, start):
             raise AssemblyError(f"{label}: sampled ids of {call.node_id} are not reproduced verbatim")
         expected_mask[segment.offset : segment.offset + segment.length] = call.mask[: segment.length]
+        v = call.versions
+        if (segment.policy_version_start, segment.policy_version_end, segment.straddled_sync) != (
+                v.policy_version_start, v.policy_version_end, v.straddled_sync):
+            raise AssemblyError(f"{label}: segment {call.node_id} does not carry its call's policy versions")
         if trace.metadata.approximate:
             continue
         if start != len(call.prompt) or not full.startswith(call.prompt_bytes):

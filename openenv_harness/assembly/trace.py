@@ -13,6 +13,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from openenv_harness.contract import WeightVersionSpan
+
 Strategy = Literal["split", "realign", "approximate"]
 #: why a sample ended: its chain ended, or a replay drift closed it (split).
 EndedBy = Literal["chain_end", "replay_drift"]
@@ -36,6 +38,14 @@ class Segment(BaseModel):
         None, description="The call's effective sampling settings (temperature, top_p, top_k, min_p, penalties: "
         "metadata.provenance.sampling_effective), what importance sampling corrected for truncated sampling "
         "(TRL >= 1.17 under top-k / top-p / min-p) needs per token; None where the records do not say")
+    policy_version_start: int = Field(0, description="The recorder's policy version when the call started")
+    policy_version_end: int = Field(0, description="The policy version when the call ended")
+    straddled_sync: bool = Field(False, description="The call was in flight across a weight sync (kept by a "
+                                 "keep-mode pause): ids before the sync came from the old weights, after it from "
+                                 "the new ones, on a KV cache the old weights built")
+    weight_versions: list[WeightVersionSpan] | None = Field(
+        None, description="The engine's weight-version spans for this segment's ids, where it reported them (vLLM "
+        "0.33+): start/end index the segment's own ids (add offset for positions in response_ids)")
 
 
 class TraceMetadata(BaseModel):
@@ -70,6 +80,11 @@ class TraceMetadata(BaseModel):
     approximate: bool = Field(False, description="True when a mask-1 token's context differs from what the engine saw")
     ended_by: EndedBy = "chain_end"
     eot_id: int | None = None
+    policy_version_start: int = Field(0, description="The oldest policy version a segment of this sample started "
+                                      "under (its staleness: the trainer's current version minus this)")
+    policy_version_end: int = Field(0, description="The newest policy version a segment of this sample ended under")
+    straddled_sync: bool = Field(False, description="A segment of this sample straddled a weight sync")
+    straddled_node_ids: list[str] = Field(default_factory=list, description="The calls whose segments straddled one")
 
 
 class HarnessTrace(BaseModel):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any
+from typing import Any, Optional
 
 import typer
 from rich.console import Console
@@ -38,9 +38,11 @@ def list_sessions(store: list[str] = STORE, url: list[str] = URL, admin_token: s
 
 
 def _problems(src: Any) -> None:
-    """Sources that could not be read, on stderr (the others were read)."""
-    for problem in getattr(src, "problems", []):
+    """Sources that could not be read, on stderr (the others were read); each said once."""
+    problems = getattr(src, "problems", [])
+    for problem in problems:
         Console(stderr=True).print(f"could not read {problem}", style="yellow")
+    problems.clear()
 
 
 def _delta_text(md: dict[str, Any]) -> str:
@@ -196,34 +198,58 @@ def export(
     session_id: str,
     store: list[str] = STORE, url: list[str] = URL, admin_token: str = TOKEN,
     format: str = typer.Option("entries", "--format", help="entries (TraceEntry JSONL) | training (OpenEnv "
-                               "TrainingTrace JSON) | harness (HarnessTrace JSON)"),
+                               "TrainingTrace JSON) | harness (HarnessTrace JSON); docs/exports.md says what each "
+                               "carries"),
     strategy: str = typer.Option("split", help="harness format: split | realign | approximate"),
     non_policy: str = typer.Option("mask", "--non-policy", help="training and harness formats: sampled ids whose "
                                    "logprobs are not the policy's (decoding constraint): mask (loss_mask 0) | keep "
                                    "(trainable, flagged per segment; the trainer recomputes old logprobs)"),
+    max_staleness: Optional[int] = typer.Option(
+        None, "--max-staleness", min=0, help="Drop rows (whole samples, as TRL's max_staleness does) whose oldest "
+        "policy version is more than K versions behind --current-version; entries: per record"),
+    current_version: Optional[int] = typer.Option(
+        None, "--current-version", help="The trainer's current policy version for --max-staleness. Default: the "
+        "highest policy version the sources know -- with --store the highest any record in the store started or "
+        "ended under (the whole store is read), with --url the recorder's current policy version (GET "
+        "/admin/fence); never below the exported session's own highest"),
+    drop_straddled: bool = typer.Option(False, "--drop-straddled", help="Drop rows holding a call that was in "
+                                        "flight across a weight sync (straddled_sync)"),
     out: str = typer.Option("-", "--out", help="File (default stdout)"),
 ) -> None:
-    """Export a session's records. An unknown session is an error, never an empty file."""
+    """Export a session's records; what the filters dropped goes to stderr. An unknown session, or one
+    with nothing to train (training and harness formats; any format the filters emptied), is an error,
+    never an empty file."""
+    from openenv_harness.export import FORMATS, ExportFilters, NothingToExport, export_session, highest_policy_version
+
+    if format not in FORMATS:
+        raise CLIError(f"unknown format {format!r}", "use entries, training or harness")
+    if current_version is not None and max_staleness is None:
+        raise CLIError("--current-version is only read by --max-staleness", "pass --max-staleness K too")
     src = open_source(store, url, admin_token)
     records = src.records(session_id)
     _problems(src)
     if not records:
         raise CLIError(f"no records for session {session_id}", "`openenv-harness trace list` shows the sessions")
-    if format == "entries":
-        text = "".join(json.dumps(r) + "\n" for r in records)
-    elif format == "training":
-        from openenv_harness.contract import to_training_trace
-
-        text = to_training_trace(records, non_policy=non_policy).model_dump_json(indent=1)
-    elif format == "harness":
-        from openenv_harness.assembly import assemble_session
-
-        reward = _reward(src, session_id)
-        assembled = assemble_session(records, strategy=strategy, non_policy=non_policy,  # type: ignore[arg-type]
-                                     reward=reward)
-        text = json.dumps([t.model_dump() for t in assembled.traces], indent=1)
-    else:
-        raise CLIError(f"unknown format {format!r}", "use entries, training or harness")
+    source = "given by --current-version"
+    if max_staleness is not None and current_version is None:
+        known, source = src.current_policy_version()
+        _problems(src)
+        own = highest_policy_version(records) or 0
+        if known is None or own > known:
+            known, source = own, f"the highest in session {session_id}"
+        current_version = known
+    filters = ExportFilters(max_staleness=max_staleness, current_version=current_version,
+                            current_version_source=source, drop_straddled=drop_straddled)
+    reward = _reward(src, session_id) if format == "harness" else None
+    try:
+        done = export_session(records, format, session_id=session_id, strategy=strategy,  # type: ignore[arg-type]
+                              non_policy=non_policy, reward=reward, filters=filters)
+    except NothingToExport as exc:
+        raise CLIError(str(exc), exc.hint) from None
+    if filters.active:
+        Console(stderr=True).print(f"session {session_id}: {done.report.line()}", soft_wrap=True, highlight=False,
+                                   markup=False)
+    text = done.text()
     if out == "-":
         sys.stdout.write(text)
     else:

@@ -37,6 +37,18 @@ class StoreSource:
     def records(self, session_id: str) -> list[dict[str, Any]]:
         return asyncio.run(self.store.read_records(session_id))
 
+    def current_policy_version(self) -> tuple[int | None, str]:
+        """The highest policy version any record in the store started or ended under (every session's
+        records are read, one at a time: a store knows no version apart from its records)."""
+        from openenv_harness.export import highest_policy_version
+
+        highest: int | None = None
+        for row in self.store.load_sessions():
+            found = highest_policy_version(self.store.iter_records(row.session_id))
+            if found is not None and (highest is None or found > highest):
+                highest = found
+        return highest, "the highest recorded in the store"
+
 
 class RecorderSource:
     def __init__(self, url: str, admin_token: str | None) -> None:
@@ -51,6 +63,11 @@ class RecorderSource:
 
     def records(self, session_id: str) -> list[dict[str, Any]]:
         return self.client.records(session_id)
+
+    def current_policy_version(self) -> tuple[int | None, str]:
+        """The recorder's current policy version (its fence's, which every new record starts under)."""
+        version = (self.client.health().get("fence") or {}).get("policy_version")
+        return (version if isinstance(version, int) else None), "the recorder's current policy version"
 
 
 class MultiSource:
@@ -85,6 +102,20 @@ class MultiSource:
             if records:
                 return records
         return []
+
+
+    def current_policy_version(self) -> tuple[int | None, str]:
+        """The highest current version over the sources that answer (``problems`` names the others)."""
+        best: tuple[int | None, str] = (None, "no source knew one")
+        for where, source in self.sources:
+            try:
+                version, what = source.current_policy_version()
+            except Exception as exc:  # noqa: BLE001 -- one unreadable source must not hide the others
+                self.problems.append(f"{where}: {type(exc).__name__}: {exc}")
+                continue
+            if version is not None and (best[0] is None or version > best[0]):
+                best = (version, f"{what} {where}")
+        return best
 
 
 def open_source(store: str | list[str] | None, url: str | list[str] | None,

@@ -1,6 +1,7 @@
 """``trace verify`` and ``trace export`` as a trainer's pipeline runs them: a proof over no policy
 token is no proof (exit 1, "nothing verified"), the summary is machine-readable, an unknown session
-is an error and never an empty file, and constrained calls are never exported as trainable."""
+is an error and never an empty file, and constrained calls are never exported as trainable (a session of
+nothing else exports nothing: an error saying so)."""
 
 from __future__ import annotations
 
@@ -107,12 +108,15 @@ def test_a_missing_model_folder_is_named_as_one(tmp_path: Path) -> None:
 
 def test_export_masks_constrained_calls_and_refuses_an_unknown_session(tmp_path: Path) -> None:
     store = _store(tmp_path / "records.db", [-1e-9, -14.0, -0.1], constrained=True)
-    rows = json.loads(cli("trace", "export", "s", "--store", store, "--format", "harness").stdout)
-    assert rows and all(sum(row["loss_mask"]) == 0 for row in rows), "post-mask logprobs are never trainable"
-    assert all(not seg["logprobs_are_policy"] for row in rows for seg in row["metadata"]["segments"])
+    # post-mask logprobs are never trainable: with every call constrained there is nothing to train
+    masked = cli("trace", "export", "s", "--store", store, "--format", "harness")
+    assert masked.returncode == 2 and not masked.stdout
+    assert "nothing trainable in format harness: 2 records: 2 calls under a decoding constraint" in masked.stderr
+    assert "--non-policy keep" in masked.stderr
     kept = json.loads(cli("trace", "export", "s", "--store", store, "--format", "harness",
                           "--non-policy", "keep").stdout)
     assert sum(sum(row["loss_mask"]) for row in kept) == 6
+    assert all(not seg["logprobs_are_policy"] for row in kept for seg in row["metadata"]["segments"])
     out = tmp_path / "out.jsonl"
     unknown = cli("trace", "export", "nobody", "--store", store, "--out", str(out))
     assert unknown.returncode == 2 and "no records for session nobody" in unknown.stderr
