@@ -249,7 +249,7 @@ class DiskWeightSync:
         except httpx.HTTPError as exc:  # no answer: the fence may be closed
             self._roll_back(report, back, f"pausing the engine got no answer ({exc})", laps)
         laps.lap("pause")
-        step = "pause"
+        step = "set_version"
         try:
             self.recorder.set_policy_version(version_before)
             step = "load"
