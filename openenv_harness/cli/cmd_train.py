@@ -10,8 +10,9 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.console import Console
@@ -19,7 +20,11 @@ from rich.table import Table
 
 from openenv_harness.cli.errors import CLIError
 
+if TYPE_CHECKING:  # the trainer's modules import torch: loaded only once the command runs
+    from openenv_harness.trainer.train_loop import LoopReport, TrainLoop
+
 console = Console(width=None if sys.stdout.isatty() else 150)
+errors = Console(stderr=True, width=None if sys.stderr.isatty() else 150)
 
 
 def _delta_row(table: Table, name: str, stats: Any) -> None:
@@ -140,13 +145,36 @@ def train_demo(
             workdir=run_dir, harness=harness, task=task, group=group, next_rollouts=next_rollouts,
             max_tokens=max_tokens, temperature=temperature, seed=seed, learning_rate=learning_rate, layers=layers)
         loop = TrainLoop(settings, progress=progress)
+        report: LoopReport | None = None
+        restore_error: str | None = None
         try:
             report = loop.run()
+        finally:  # a run that failed half-way must not leave trained or partial weights in the user's engine
             if engine_url and not keep_weights:
-                loop.restore(report)
-        finally:
+                restore_error = restore_base_weights(loop, report, progress)
             loop.close()
-    (run_dir / "report.json").write_text(json.dumps(report.as_dict(), indent=2, default=str))
+    (run_dir / "report.json").write_text(json.dumps({**report.as_dict(), "restore_error": restore_error},
+                                                    indent=2, default=str))
     print_report(report)
     console.print(f"[dim]records: {run_dir / 'records.db'}; report: {run_dir / 'report.json'}[/]", soft_wrap=True)
+    if restore_error is not None:
+        errors.print(f"[bold red]error:[/] {restore_error}", soft_wrap=True)
+        return 1
     return 1 if report.problems() else 0
+
+
+def restore_base_weights(loop: TrainLoop, report: LoopReport | None, progress: Callable[[str], None]) -> str | None:
+    """Load the engine's base weights back through the fence, after the run or after its failure; what
+    went wrong if that failed (printed at once, to stderr: the engine is not in the state it was lent in)."""
+    try:
+        restored = loop.restore(report)
+    except Exception as exc:  # noqa: BLE001 -- reported loudly and turned into a non-zero exit, never swallowed
+        message = (f"the engine's base weights were NOT loaded back ({type(exc).__name__}: {exc}); its weights are "
+                   f"not {loop.settings.model_dir}")
+        errors.print(f"[bold red]{message}[/]", soft_wrap=True)
+        return message
+    if restored is None:
+        progress(f"the engine holds its base weights ({loop.settings.model_dir}): nothing trained was left in it")
+    else:
+        progress(f"the engine's base weights were loaded back (version {restored.version_after})")
+    return None

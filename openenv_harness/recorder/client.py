@@ -169,8 +169,10 @@ class RecorderClient:
         kw: dict[str, Any] = {} if timeout_s is None else {"timeout": timeout_s}
         return self._call("POST", "/admin/engine/pause", params={"mode": mode}, **kw)
 
-    def resume_engine(self) -> dict[str, Any]:
-        return self._call("POST", "/admin/engine/resume")
+    def resume_engine(self, *, bump: bool = True) -> dict[str, Any]:
+        """Resume the engine and open the fence; ``bump`` advances the policy version first (a sync),
+        ``bump=False`` keeps it (the engine serves the weights it served before the pause)."""
+        return self._call("POST", "/admin/engine/resume", params={"bump": str(bump).lower()})
 
     def fence_pause(self) -> dict[str, Any]:
         """Hold new calls at this recorder without touching the engine (another one pauses it)."""

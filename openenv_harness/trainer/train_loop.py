@@ -175,7 +175,7 @@ class TrainLoop:
         self.settings = settings
         self.progress = progress or (lambda _m: None)
         self.client = RecorderClient(settings.recorder_url, settings.admin_token)
-        self.sync = DiskWeightSync(self.client, settings.engine_url)
+        self.sync = DiskWeightSync(self.client, settings.engine_url, base_weights=settings.model_dir)
         self.phases: dict[str, float] = {}
         self._traces: dict[str, list[Any]] = {}
 
@@ -280,10 +280,19 @@ class TrainLoop:
                           sync.version_after, before, step, sync, after, check_before, check_after, check_stale,
                           dict(self.phases))
 
-    def restore(self, report: LoopReport) -> LoopReport:
-        """Load the base weights back through the fence (a new version: the engine was someone else's)."""
-        report.restored = self.sync.sync(self.settings.model_dir, version_before=report.version_after)
-        return report
+    def restore(self, report: LoopReport | None = None) -> SyncReport | None:
+        """Load the base weights back through the fence (a new version: the engine was someone else's),
+        whatever a failed run left: a fence a sync left closed is recovered first. None when the engine
+        holds the base weights already (the run failed before its sync, or its sync was rolled back)."""
+        if self.sync.fence_closed:
+            self.sync.recover()
+        if self.sync.loaded == self.settings.model_dir.resolve():
+            return None
+        version = int(self.client.health()["fence"]["policy_version"])
+        restored = self.sync.sync(self.settings.model_dir, version_before=version)
+        if report is not None:
+            report.restored = restored
+        return restored
 
     def close(self) -> None:
         self.client.close()

@@ -193,6 +193,30 @@ def test_fence(pair: Pair) -> None:
     assert pair.real.get("/is_paused").json() == {"is_paused": False}
 
 
+#: what a disk weight sync uses (``trainer/weight_sync.py``), served in vLLM's dev mode
+SYNC_ROUTES = {"/collective_rpc", "/reset_prefix_cache", "/update_weight_version", "/weight_info", "/pause", "/resume"}
+
+
+def test_weight_routes(pair: Pair) -> None:
+    """The weight sync's routes on both engines: listed in ``/openapi.json``, and answered alike. The
+    real engine is shared: its label is set to the one it has, and the folder it reloads is its own."""
+    real_paths = set(pair.real.get("/openapi.json").json()["paths"])
+    ref_paths = set(pair.reference.get("/openapi.json").json()["paths"])
+    assert SYNC_ROUTES <= real_paths and SYNC_ROUTES <= ref_paths, (SYNC_ROUTES - real_paths, SYNC_ROUTES - ref_paths)
+    assert ref_paths <= real_paths, ref_paths - real_paths  # the reference engine lists no route vLLM lacks
+    label, _ = pair.same_shape("GET", "/weight_info", "weight_info")
+    pair.same_shape("POST", "/update_weight_version", "update_weight_version",
+                    json={"new_version": label["weight_version"]})
+    root = pair.real.get("/v1/models").json()["data"][0]["root"]
+    real, ref = pair.same_shape("POST", "/collective_rpc", "reload_weights of the served folder",
+                                json={"method": "reload_weights", "kwargs": {"weights_path": root}})
+    assert real == ref == {"results": [None]}
+    real, ref = pair.same_shape("POST", "/reset_prefix_cache", "reset_prefix_cache")
+    assert real == ref == {"success": True}
+    real, ref = pair.same_shape("POST", "/collective_rpc", "collective_rpc without a method", json={"kwargs": {}})
+    assert real == ref, (real, ref)
+
+
 def test_small_routes(pair: Pair) -> None:
     pair.same_shape("POST", "/tokenize", "tokenize (chat form)", json={"model": MODEL, "messages": [USER]})
     pair.same_shape("POST", "/tokenize", "tokenize (prompt form)", json={"model": MODEL, "prompt": "hello world"})

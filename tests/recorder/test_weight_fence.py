@@ -100,6 +100,24 @@ def test_external_fence_and_explicit_version(slow_stack) -> None:
     assert versions == [7, 8]
 
 
+def test_a_resume_without_bump_serves_the_old_version_again(slow_stack) -> None:
+    """What a sync that put the old weights back resumes with: the engine and the fence open, the
+    version as it stood (a call after it is the old policy's, and says so)."""
+    engine, server, admin = slow_stack
+    s = admin.create_session()
+    engine.set_script(s["session_id"], tool_script(0, final="ok"))
+    admin.set_policy_version(4)
+    admin.pause_engine("wait")
+    assert engine.is_paused()
+    state = admin.resume_engine(bump=False)
+    assert (state["policy_version"], state["paused"]) == (4, False) and not engine.is_paused()
+    assert chat(s, "old policy").status_code == 200
+    md = admin.records(s["session_id"])[0]["metadata"]
+    assert (md["policy_version_start"], md["policy_version_end"], md["straddled_sync"]) == (4, 4, False)
+    admin.pause_engine("wait")
+    assert admin.resume_engine()["policy_version"] == 5  # the default still bumps
+
+
 def test_lora_sync_serves_the_published_adapter_name(slow_stack) -> None:
     engine, server, admin = slow_stack
     s = admin.create_session()

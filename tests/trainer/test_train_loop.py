@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from openenv_harness.recorder import RecorderClient
-from openenv_harness.testing.engine import EngineServer
+from openenv_harness.testing.engine import EngineConfig, EngineServer
 from openenv_harness.trainer.grpo import StepReport
 from openenv_harness.trainer.train_loop import LoopReport, LoopSettings, RolloutSummary, shaped_reward, trainable_view
 from openenv_harness.trainer.verify import DeltaStats
@@ -61,7 +61,7 @@ def test_the_report_proves_the_loop_only_when_every_point_holds() -> None:
 
 
 def test_an_engine_that_cannot_reload_weights_is_refused_before_the_loop(tmp_path: Path) -> None:
-    engine = EngineServer().start()  # the reference engine serves no /collective_rpc
+    engine = EngineServer(EngineConfig(dev_mode=False)).start()  # a vLLM without VLLM_SERVER_DEV_MODE
     try:
         sync = DiskWeightSync(RecorderClient("http://127.0.0.1:9", "t"), engine.url)
         with pytest.raises(WeightSyncError, match="does not serve /collective_rpc, /reset_prefix_cache"):

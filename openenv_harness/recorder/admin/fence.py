@@ -73,15 +73,18 @@ async def engine_pause(request: Request, mode: str = Query("keep", pattern="^(ke
 
 
 @router.post("/engine/resume")
-async def engine_resume(request: Request) -> Response:
+async def engine_resume(request: Request, bump: bool = Query(True)) -> Response:
     """Bump the policy version, resume the engine, open the fence -- in that order (``fence.py``):
     a kept call the engine finishes before acknowledging the resume must end at the new version.
-    If the engine does not acknowledge, the fence stays closed and a retry does not bump again."""
+    If the engine does not acknowledge, the fence stays closed and a retry does not bump again.
+    ``bump=false`` resumes at the version as it stands: a sync that failed and put the old weights
+    back (``trainer/weight_sync.py``) serves the old policy again, under its own version."""
     ctx = context_of(request)
-    ctx.fence.advance()
-    ctx.metrics.policy_version.set(ctx.fence.version)
+    if bump:
+        ctx.fence.advance()
+        ctx.metrics.policy_version.set(ctx.fence.version)
     engine = await _fence_engines(ctx, "resume")
-    ctx.fence.resume(bump=True)
+    ctx.fence.resume(bump=bump)
     ctx.metrics.paused.set(0)
     ctx.metrics.policy_version.set(ctx.fence.version)
     return json_response({**ctx.fence.state(), "engine": engine})

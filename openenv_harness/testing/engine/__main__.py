@@ -51,7 +51,9 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--generate-derender", action="store_true",
                         help="vLLM 0.33: render answers a parse_context, generate takes output_mode='derender' "
                         "(implied by --vllm-version 0.33 and 0.34)")
-    parser.add_argument("--no-dev-mode", action="store_true", help="Do not serve /pause, /resume, /is_paused")
+    parser.add_argument("--no-dev-mode", action="store_true", help="Do not serve /pause, /resume, /is_paused "
+                        "and the weight routes (/collective_rpc, /reset_prefix_cache, /update_weight_version, "
+                        "/weight_info)")
     parser.add_argument("--script", type=Path, help="JSON file with the default Script")
     parser.add_argument("--builtin-tasks", action="store_true",
                         help="Serve the built-in tasks' scripted solutions by model name (reference/<task>, "

@@ -1,8 +1,10 @@
 """The reference engine as an ASGI app: vLLM's OpenAI-compatible routes plus test controls.
 
 vLLM routes served: ``POST /v1/chat/completions``, ``GET /v1/models``, ``POST /tokenize``,
-``POST /detokenize``, ``GET /version``, ``GET /health``, ``GET|POST /ping`` and, in dev mode,
-``POST /pause``, ``POST /resume``, ``GET /is_paused``.
+``POST /detokenize``, ``GET /version``, ``GET /health``, ``GET|POST /ping``, ``GET /openapi.json``
+(the route list) and, in dev mode, ``POST /pause``, ``POST /resume``, ``GET /is_paused`` and the
+weight routes of ``weights.py`` (``/collective_rpc`` reload_weights, ``/reset_prefix_cache``,
+``/update_weight_version``, ``GET /weight_info``).
 
 Test controls (not part of vLLM) live under ``/_ref/``: register scripts and faults by key, read
 back the requests the engine received (bodies and headers, so a test can check exactly what a
@@ -18,6 +20,7 @@ from typing import Any
 import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
+from fastapi.routing import APIRoute
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.types import Receive, Scope, Send
 
@@ -35,6 +38,7 @@ from openenv_harness.testing.engine.policy import Script
 from openenv_harness.testing.engine.scale_out import add_scale_out_routes
 from openenv_harness.testing.engine.prompt import render_prompt
 from openenv_harness.testing.engine.state import DEFAULT_KEY, EngineState
+from openenv_harness.testing.engine.weights import add_weight_routes, fault_answer, take_route_fault
 from openenv_harness.testing.engine.wire import dumps
 
 
@@ -271,8 +275,27 @@ def create_engine_app(config: EngineConfig | None = None) -> FastAPI:
         add_scale_out_routes(app, state)
     if config.dev_mode:
         _add_fence_routes(app, state)
+        add_weight_routes(app, state)
+
+    @app.get("/openapi.json", include_in_schema=False)
+    async def _openapi() -> Response:
+        """vLLM serves FastAPI's schema (defaults: title ``FastAPI``, version ``0.1.0``); clients read its
+        route list to see which optional routes (dev mode, scale-out) this engine serves. The operations
+        here name their method only: the test controls under ``/_ref/`` are left out."""
+        paths: dict[str, dict[str, Any]] = {}
+        for route in app.routes:
+            if isinstance(route, APIRoute) and route.include_in_schema and not route.path.startswith("/_ref/"):
+                for method in sorted(route.methods or ()):
+                    paths.setdefault(route.path, {})[method.lower()] = {"operationId": f"{route.name}_{method.lower()}"}
+        return _json({"openapi": "3.1.0", "info": {"title": "FastAPI", "version": "0.1.0"}, "paths": paths})
+
     _add_control_routes(app, state)
     return app
+
+
+def _failed(step: str) -> dict[str, Any]:
+    """vLLM's body when pausing or resuming raised (its own shape, not the error envelope)."""
+    return {"error": f"Failed to {step} generation: injected failure"}
 
 
 def _add_fence_routes(app: FastAPI, state: EngineState) -> None:
@@ -285,34 +308,23 @@ def _add_fence_routes(app: FastAPI, state: EngineState) -> None:
                                          f"(got {mode!r})", "type": "Bad Request", "param": "query.mode",
                               "code": 400}}
             return _json(body, 400)
+        answer = fault_answer(await take_route_fault(state, "/pause"), _failed("pause"))
+        if answer is not None:
+            return answer
         await state.fence.pause(mode)
         return _json({"status": "paused"})
 
     @app.post("/resume")
     async def _resume() -> Response:
+        answer = fault_answer(await take_route_fault(state, "/resume"), _failed("resume"))
+        if answer is not None:
+            return answer  # still paused
         state.fence.resume()
         return _json({"status": "resumed"})
 
     @app.get("/is_paused")
     async def _is_paused() -> Response:
         return _json({"is_paused": state.fence.paused})
-
-    @app.post("/update_weight_version")
-    async def _update_weight_version(request: Request) -> Response:
-        """vLLM's label for the weights it serves, reported in generate's (and, 0.33+, chat's) spans."""
-        try:
-            version = orjson.loads(await request.body()).get("new_version")
-        except (orjson.JSONDecodeError, AttributeError):
-            version = None
-        if not isinstance(version, str):
-            return _json({"error": {"message": "new_version: a string is required", "type": "Bad Request",
-                                    "param": "new_version", "code": 400}}, 400)
-        state.weight_version = version
-        return _json({"success": True, "new_version": version})
-
-    @app.get("/weight_info")
-    async def _weight_info() -> Response:
-        return _json({"weight_version": state.weight_version})
 
 
 def _add_control_routes(app: FastAPI, state: EngineState) -> None:
@@ -358,4 +370,5 @@ def _add_control_routes(app: FastAPI, state: EngineState) -> None:
             "eos_token_id": tokenizer.im_end_id,
             "in_flight": state.fence.in_flight,
             "paused": state.fence.paused,
+            **state.weights.info(),
         })

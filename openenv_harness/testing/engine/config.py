@@ -117,7 +117,12 @@ class EngineConfig(BaseModel):
         False, description="vLLM 0.33's one-step parse: render answers a parse_context and generate takes "
         "output_mode='derender' (the parsed chat message in generate's reply); off: vLLM 0.32, whose generate "
         "answers ids only and whose render has no parse_context")
-    dev_mode: bool = Field(True, description="Serve /pause, /resume, /is_paused (VLLM_SERVER_DEV_MODE=1)")
+    dev_mode: bool = Field(True, description="Serve /pause, /resume, /is_paused and the weight routes "
+                           "(/collective_rpc, /reset_prefix_cache, /update_weight_version, /weight_info) as "
+                           "VLLM_SERVER_DEV_MODE=1 does")
+    weights_dir: Path | None = Field(None, description="The folder the served weights were loaded from at start "
+                                     "(vLLM's model folder): what a reload_weights through /collective_rpc "
+                                     "replaces; default: the tokenizer folder, else the served name")
     pause_rejects_new: bool = Field(
         False, description="vLLM 0.33/0.34: while paused in abort or wait mode, new requests get a retryable 503 "
         "('Generation is paused. Please retry after it resumes.') until /resume; off: vLLM 0.32, which holds them")

@@ -9,6 +9,12 @@ HTTP error bodies follow vLLM: ``{"error": {"message", "type", "param", "code"}}
 serving layer, ``type`` being the exception name it uses (``BadRequestError``, ``NotFoundError``,
 ``InternalServerError``) or, for statuses it only raises as ``HTTPException``, the HTTP reason
 phrase. A 401 is what vLLM's ``--api-key`` middleware answers: ``{"error": "Unauthorized"}``.
+
+A fault can also target one of vLLM's dev-mode routes a weight sync uses (``DEV_ROUTES``: reload
+through ``/collective_rpc``, ``/reset_prefix_cache``, the weight-version routes, ``/pause`` and
+``/resume``): there it answers an error status (the route's effect fails), waits first
+(``latency_s``: a reload slower than its client's timeout), or answers 200 with another body
+(``reply``: ``{"success": false}`` from a prefix-cache reset that did not happen).
 """
 
 from __future__ import annotations
@@ -19,6 +25,10 @@ from http import HTTPStatus
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+#: vLLM's dev-mode routes a fault can target besides the sampling and render routes (``weights.py``)
+DEV_ROUTES: tuple[str, ...] = ("/collective_rpc", "/reset_prefix_cache", "/update_weight_version", "/weight_info",
+                               "/pause", "/resume")
 
 _ERROR_TYPES: dict[int, str] = {400: "BadRequestError", 404: "NotFoundError", 500: "InternalServerError"}
 
@@ -51,13 +61,21 @@ class Fault(BaseModel):
     agent_only: bool = Field(False, description="Never hit calls without tools (titles, summaries)")
     echo_headers: bool = Field(False, description="With status: the error message quotes the request's headers, "
                                "credentials included, as some gateways do")
-    route: str | None = Field(None, description="Only requests to this path (e.g. /v1/chat/completions/render); "
-                              "None: any sampling route (chat, generate, completions)")
+    route: str | None = Field(None, description="Only requests to this path (/v1/chat/completions/render or one "
+                              "of DEV_ROUTES); None: any sampling route (chat, generate, completions)")
+    reply: dict[str, Any] | None = Field(None, description="On a dev route: answer 200 with this body and do "
+                                         "nothing (a /reset_prefix_cache that reports it did not reset)")
 
     @model_validator(mode="after")
     def _has_an_effect(self) -> Fault:
-        if self.route is not None and self.status is None:
-            raise ValueError("a fault on a non-sampling route (route) answers an error status")
+        dev_route = self.route in DEV_ROUTES
+        if self.reply is not None and (not dev_route or self.status is not None):
+            raise ValueError(f"a reply body replaces the answer of a dev route ({', '.join(DEV_ROUTES)}), "
+                             "without an error status")
+        waits_or_replies = self.latency_s > 0 or self.reply is not None
+        if self.route is not None and self.status is None and not (dev_route and waits_or_replies):
+            raise ValueError("a fault on a non-sampling route (route) answers an error status (a dev route may "
+                             "instead wait, latency_s, or answer a reply body)")
         effects = (
             self.status is not None,
             self.latency_s > 0,
@@ -66,6 +84,7 @@ class Fault(BaseModel):
             self.logprob_mismatch,
             self.usage_mismatch,
             self.nan_logprob,
+            self.reply is not None,
         )
         if not any(effects):
             raise ValueError("a fault needs at least one effect (status, latency_s, drop, or a reply defect)")

@@ -20,6 +20,7 @@ from openenv_harness.testing.engine.policy import Script
 from openenv_harness.testing.engine.template import ChatTemplate, load_chat_template
 from openenv_harness.testing.engine.prompt_reading import PromptReader
 from openenv_harness.testing.engine.tokenizer import ReferenceTokenizer, hf_tokenizer, reference_tokenizer
+from openenv_harness.testing.engine.weights import LoadedWeights
 
 DEFAULT_KEY = "*"
 
@@ -43,12 +44,17 @@ class EngineState:
         #: reads roles and open think blocks back out of id prompts (the scale-out routes)
         self.prompt_reader = PromptReader(self.tokenizer)
         self.fence = Fence(reject_new=config.pause_rejects_new)
-        #: the label of the weights being served (vLLM's ``/update_weight_version``; "default" from the start)
-        self.weight_version = "default"
+        #: which weights are served, as a weight sync changes them (``weights.py``)
+        self.weights = LoadedWeights(str(config.weights_dir) if config.weights_dir is not None else self.model_root)
         self.faults = FaultBook()
         self._scripts: dict[str, Script] = {}
         self._requests: deque[dict[str, Any]] = deque(maxlen=config.max_recorded_requests)
         self._lock = threading.Lock()
+
+    @property
+    def weight_version(self) -> str:
+        """The label of the weights being served (vLLM's ``/update_weight_version``; "default" from the start)."""
+        return self.weights.version
 
     @staticmethod
     def keys_for(session: str | None, model: str | None) -> list[str]:
@@ -109,9 +115,10 @@ class EngineState:
         return [e for e in entries if key in (e["session"], e["model"])]
 
     def reset(self) -> None:
-        """Forget scripts, faults and logged requests, and lift any pause."""
+        """Forget scripts, faults and logged requests, lift any pause, and serve the weights of the start."""
         with self._lock:
             self._scripts.clear()
             self._requests.clear()
         self.faults.clear()
         self.fence.resume()
+        self.weights.reset()
