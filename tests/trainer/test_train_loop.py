@@ -172,3 +172,29 @@ def test_the_step0_check_scores_each_record_at_its_temperature() -> None:
 
     assert _check(model, [[record("processed_logprobs")]]).delta_max < 1e-4
     assert _check(model, [[record("raw_logprobs")]]).delta_max > 0.05
+
+
+def test_a_group_whose_records_the_trainer_cannot_reproduce_stops_the_loop_before_the_step() -> None:
+    """The group's rows are built with their records' sampling: raw logprobs at T = 0.7 stop the loop with the
+    records' reason; processed ones give rows scored at T = 0.7."""
+    from openenv_harness.assembly.trace import HarnessTrace, Segment, TraceMetadata
+
+    def entries(mode: str) -> list[dict]:
+        return [{"metadata": {"node_id": "s/0", "call_kind": "agent", "status": "ok", "provenance": {
+            "sampling_effective": {**FULL_VOCABULARY, "temperature": 0.7}, "sampling_unknown": [],
+            "logprobs_mode": mode}}}]
+
+    row = HarnessTrace(prompt_ids=[1, 2], response_ids=[3, 4], loss_mask=[1, 1], response_logprobs=[-0.5, -0.25],
+                       metadata=TraceMetadata(session_id="s", chain_id=0, sample_index=0, strategy="split",
+                                              node_ids=["s/0"], segments=[Segment(node_id="s/0", offset=0, length=2,
+                                                                                  trainable_tokens=2)]))
+    loop = TrainLoop(_settings(temperature=0.7))
+    try:
+        loop._traces["s"] = [row]
+        summary = RolloutSummary("s", 0, [0], 0.0, 0.3, 1, 2, 1, 2, True)
+        with pytest.raises(UnreproducibleSampling, match="s/0: the engine's logprobs are raw .* temperature 0.7"):
+            loop._samples([(summary, entries("raw_logprobs"))], [1.0])
+        samples = loop._samples([(summary, entries("processed_logprobs"))], [1.0])
+        assert [(s.temperature_divisor, s.advantage, s.session_id) for s in samples] == [(0.7, 1.0, "s")]
+    finally:
+        loop.close()
