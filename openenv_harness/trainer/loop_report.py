@@ -42,6 +42,9 @@ class StateTrace:
     master_before: str
     master_after: str
     served_after: str
+    #: the trained tensors (the trainer's names) whose bf16 copy the step changed: what the sync must change
+    #: in the engine, and nothing else
+    served_changed: list[str] = field(default_factory=list)
 
 
 @dataclass

@@ -48,6 +48,8 @@ class CheckpointMeta(BaseModel):
     step: int = Field(ge=0, description="Optimizer updates taken")
     layers: int = Field(ge=1, description="Decoder layers trained (the last ones, with the final norm)")
     learning_rate: float
+    #: the norms' own learning rate (None: they train at ``learning_rate``)
+    norm_learning_rate: float | None = None
     model_type: str = Field(description="The model's config.model_type")
     #: every trained parameter's name and shape, in the optimizer's order
     parameters: dict[str, list[int]]
@@ -84,20 +86,36 @@ class TrainerState:
     step: int = 0
 
     @classmethod
-    def create(cls, model: Any, *, layers: int, learning_rate: float) -> TrainerState:
+    def create(cls, model: Any, *, layers: int, learning_rate: float,
+               norm_learning_rate: float | None = None) -> TrainerState:
         """Train the last ``layers`` decoder layers and the final norm of ``model`` with Adam.
 
-        The trained parameters must be fp32: a bf16 master would round every update away."""
+        The trained parameters must be fp32: a bf16 master would round every update away.
+        ``norm_learning_rate`` gives the norm weights (RMSNorm) a learning rate of their own: they sit
+        near 1-10 where projection weights sit near 0.02, so one Adam step of a given size is a far
+        smaller share of a norm weight, and under half its bf16 spacing it reaches the engine only
+        once the master has accumulated enough. The norms form the optimizer's second group."""
         torch = _torch()
-        if not learning_rate >= 0:
-            raise ValueError(f"the learning rate must be a non-negative number, got {learning_rate}")
+        for name, rate in (("learning rate", learning_rate), ("norm learning rate", norm_learning_rate)):
+            if rate is not None and not rate >= 0:
+                raise ValueError(f"the {name} must be a non-negative number, got {rate}")
         train_last_layers(model, layers)
         trained = {name: p for name, p in model.named_parameters() if p.requires_grad}
         wrong = sorted(name for name, p in trained.items() if p.dtype != torch.float32)
         if wrong:
             raise ValueError(f"the trained parameters must be float32 master weights; {wrong[0]} is "
                              f"{trained[wrong[0]].dtype} (load the model with dtype float32)")
-        optimizer = torch.optim.Adam(list(trained.values()), lr=learning_rate)
+        if norm_learning_rate is None:
+            optimizer = torch.optim.Adam(list(trained.values()), lr=learning_rate)
+        else:
+            norms = {id(p) for module in model.modules() if "norm" in type(module).__name__.lower()
+                     for p in module.parameters(recurse=False)}
+            rest = [p for p in trained.values() if id(p) not in norms]
+            normed = [p for p in trained.values() if id(p) in norms]
+            optimizer = torch.optim.Adam([{"params": rest, "lr": learning_rate},
+                                          {"params": normed, "lr": norm_learning_rate}])
+            order = {id(p): name for name, p in trained.items()}
+            trained = {order[id(p)]: p for p in [*rest, *normed]}  # the optimizer's order
         model.eval()
         return cls(model, optimizer, trained, layers)
 
@@ -171,6 +189,8 @@ class TrainerState:
         torch.save(self.optimizer.state_dict(), str(folder / CHECKPOINT_OPTIMIZER))
         meta = CheckpointMeta(step=self.step, layers=self.layers,
                               learning_rate=float(self.optimizer.param_groups[0]["lr"]),
+                              norm_learning_rate=(float(self.optimizer.param_groups[1]["lr"])
+                                                  if len(self.optimizer.param_groups) > 1 else None),
                               model_type=str(getattr(self.model.config, "model_type", "")),
                               parameters={name: list(p.shape) for name, p in self.trained.items()},
                               master_digest=self.master_digest())

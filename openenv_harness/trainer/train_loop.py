@@ -74,6 +74,10 @@ class LoopSettings:
     temperature: float = 1.0
     seed: int = 0
     learning_rate: float = 1e-4
+    #: the norm weights' own learning rate (``TrainerState.create``); None: ``learning_rate``
+    norm_learning_rate: float | None = None
+    #: the most rollouts a group draws while its rewards tie (None: twice ``group``)
+    max_group: int | None = None
     layers: int = 2
     brevity: float = 0.5
     max_agent_calls: int = 2
@@ -121,6 +125,8 @@ class TrainLoop:
     def __init__(self, settings: LoopSettings, *, progress: Callable[[str], None] | None = None) -> None:
         if settings.group < 2:
             raise ValueError("a GRPO group needs at least 2 rollouts")
+        if settings.max_group is not None and settings.max_group < settings.group:
+            raise ValueError(f"max_group {settings.max_group} is smaller than the group ({settings.group})")
         if settings.task not in BUILTIN_TASKS:
             raise ValueError(f"unknown task {settings.task!r}; built-in tasks: {', '.join(sorted(BUILTIN_TASKS))}")
         if not (math.isfinite(settings.temperature) and settings.temperature > 0):
@@ -210,8 +216,8 @@ class TrainLoop:
                ) -> tuple[list[RolloutSummary], list[list[dict[str, Any]]], list[tuple[RolloutSummary, Any]], list[float]]:
         """The group before the update: the rollouts already drawn at this version (the previous sync's),
         then new ones up to the group's size. A group whose rewards all tie carries no advantage: one more
-        rollout is drawn at a time until the rewards rank, up to twice the group's size (then the step is
-        a no-op, and the report says so)."""
+        rollout is drawn at a time until the rewards rank, up to ``max_group`` (twice the group's size by
+        default; then the step is a no-op, and the report says so)."""
         s = self.settings
         before, records = list(carried), list(carried_records)
         if len(before) < s.group:
@@ -224,7 +230,7 @@ class TrainLoop:
                 raise RuntimeError(f"{len(before) - len(scored)} of {len(before)} rollouts came back unscored, no "
                                    "group to learn from" + (f" ({'; '.join(errors)})" if errors else ""))
             advantages = group_advantages([summary.reward for summary, _ in scored])  # type: ignore[misc]
-            if any(advantages) or len(before) >= 2 * s.group:
+            if any(advantages) or len(before) >= (s.max_group or 2 * s.group):
                 return before, records, scored, advantages
             self.progress("the group's rewards tie (no advantage): drawing one more rollout")
             more, more_records = self._draw(1)
@@ -247,7 +253,8 @@ class TrainLoop:
             s = self.settings
             self.progress(f"loading the model from {s.model_dir} (trainer, float32)")
             model, _tokenizer = load_model(str(s.model_dir), dtype="float32")
-            state = TrainerState.create(model, layers=s.layers, learning_rate=s.learning_rate)
+            state = TrainerState.create(model, layers=s.layers, learning_rate=s.learning_rate,
+                                        norm_learning_rate=s.norm_learning_rate)
             if s.resume_from is not None:
                 state.load_checkpoint(s.resume_from)
                 self.progress(f"resumed from {s.resume_from} at step {state.step}")
@@ -288,7 +295,8 @@ class TrainLoop:
             with state.scoring_with(served_before) as model:
                 check_stale = self._timed("check_stale", lambda: _check(model, after_records))
             trace = StateTrace(state.step, state.adam_steps, master_before, state.master_digest(),
-                               weights_digest(served_after))
+                               weights_digest(served_after), [name for name, tensor in served_after.items()
+                                                              if not _torch().equal(tensor, served_before[name])])
             report = LoopReport(asdict(s) | {"model_dir": str(s.model_dir), "workdir": str(s.workdir)}, version,
                                 sync.version_after, before, step, sync, after, check_before, check_after, check_stale,
                                 dict(self.phases), state=trace)

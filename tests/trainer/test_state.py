@@ -198,3 +198,28 @@ def test_a_checkpoint_of_the_step_count_and_learning_rate_reads_back(base, tmp_p
     meta = json.loads((state.save_checkpoint(tmp_path / "c") / "trainer_state.json").read_text())
     assert meta["step"] == 1 and meta["learning_rate"] == 3e-3 and meta["layers"] == 1
     assert meta["parameters"]["model.norm.weight"] == [32] and meta["master_digest"] == state.master_digest()
+
+
+def test_the_norms_can_train_at_their_own_rate(base, tmp_path: Path) -> None:
+    """The norms form Adam's second group: its first step moves each weight by about its group's rate. The
+    checkpoint keeps both rates, and a trainer with one group refuses it."""
+    state = TrainerState.create(copy.deepcopy(base), layers=1, learning_rate=1e-4, norm_learning_rate=1e-2)
+    norms = {"model.layers.2.input_layernorm.weight", "model.layers.2.post_attention_layernorm.weight",
+             "model.norm.weight"}
+    assert [g["lr"] for g in state.optimizer.param_groups] == [1e-4, 1e-2]
+    assert {id(p) for p in state.optimizer.param_groups[1]["params"]} == {id(state.trained[n]) for n in norms}
+    before = state.master_tensors()
+    state.update(_samples(state.model))
+    moved = {n: (p.detach() - before[n]).abs().max().item() for n, p in state.trained.items()}
+    assert all(moved[n] == pytest.approx(1e-2, rel=0.05) for n in norms)
+    assert all(moved[n] == pytest.approx(1e-4, rel=0.05) for n in state.trained if n not in norms)
+    meta = json.loads((state.save_checkpoint(tmp_path / "c") / "trainer_state.json").read_text())
+    assert (meta["learning_rate"], meta["norm_learning_rate"]) == (1e-4, 1e-2)
+    again = TrainerState.create(copy.deepcopy(base), layers=1, learning_rate=1e-4, norm_learning_rate=1e-2)
+    again.load_checkpoint(tmp_path / "c")
+    assert again.master_digest() == state.master_digest() and again.adam_steps == 1
+    single = _state(base)
+    digest = single.master_digest()
+    with pytest.raises(CheckpointError, match="optimizer's state .* does not fit"):
+        single.load_checkpoint(tmp_path / "c")
+    assert single.master_digest() == digest and single.step == 0 and single.adam_steps == 0

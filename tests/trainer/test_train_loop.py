@@ -116,6 +116,8 @@ def test_the_loop_samples_the_policy_the_trainer_reproduces() -> None:
     assert RecordedSampling.of(record).problems() == []
     with pytest.raises(ValueError, match="temperature > 0"):
         TrainLoop(_settings(temperature=0.0))
+    with pytest.raises(ValueError, match="max_group 3 is smaller than the group"):
+        TrainLoop(_settings(group=4, max_group=3))
 
 
 def test_a_temperature_the_engines_logprobs_do_not_follow_is_refused_before_any_rollout(make_stack, tmp_path) -> None:
