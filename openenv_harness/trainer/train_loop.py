@@ -6,12 +6,19 @@ model in transformers):
 1. a group of agent rollouts through the recorder in incremental mode, recorded at policy
    version ``v``; each assembled into rows (the project's assembler, and TRL's own
    ``_chain_to_sequences`` where TRL is installed: the two must give the same trainable tokens);
-2. the trainer's logprobs of those rows against the engine's (the step-0 check at ``v``: ratio ~1,
-   which measures this machine's bf16/fp32 noise floor), then one GRPO step on them;
-3. the new weights written to a folder and loaded into the running engine through the recorder's
-   fence (``weight_sync.py``): pause, load, drop the prefix cache, bump the version, resume;
-4. the next rollouts, whose records carry ``v + 1``; the trainer's new weights score them at the
-   floor, and the old weights (a deliberately stale trainer) do not.
+2. the records' sampling checked reproducible (``trainer/sampling.py``: temperature, truncation,
+   penalties, the engine's logprobs mode), the trainer's logprobs of those rows against the
+   engine's (the step-0 check at ``v``: ratio ~1, which measures this machine's bf16/fp32 noise
+   floor), then one GRPO step on the fp32 master weights (``trainer/state.py``);
+3. a bf16 copy of the new weights written to a folder and loaded into the running engine through
+   the recorder's fence (``weight_sync.py``): pause, load, drop the prefix cache, bump the version,
+   resume;
+4. the next rollouts, whose records carry ``v + 1``; the new weights as served score them at the
+   floor, and the weights before the step (a deliberately stale trainer) do not.
+
+``TrainLoop.iterations(n)`` repeats it: the rollouts after one sync open the next iteration's
+group, and every step starts from the previous step's fp32 masters and Adam state (never from the
+bf16 copy the engine got). ``run()`` is one iteration.
 
 The reward is the task's verdict plus a brevity bonus (``brevity``): a 0.5B model asked to fix a
 file through an agent mostly answers in text and fails the task, and a group whose rewards tie
@@ -20,11 +27,11 @@ has no advantage to learn from. The bonus ranks the group so that one step moves
 
 from __future__ import annotations
 
-import copy
+import math
 import os
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,17 +39,21 @@ from openenv_harness.assembly import assemble_session
 from openenv_harness.recorder.client import RecorderClient
 from openenv_harness.rollout.report import run_rollout
 from openenv_harness.rollout import BUILTIN_TASKS
-from openenv_harness.trainer.grpo import StepReport, TrainSample, group_advantages, grpo_step, samples_from_traces
-from openenv_harness.trainer.grpo import train_last_layers
+from openenv_harness.trainer.grpo import TrainSample, group_advantages, response_logprobs
+from openenv_harness.trainer.grpo import samples_from_traces
+from openenv_harness.trainer.loop_report import LoopReport, RolloutSummary, StateTrace
+from openenv_harness.trainer.sampling import REMEDY, TRAINING_POLICY, RecordedSampling, UnreproducibleSampling
+from openenv_harness.trainer.sampling import require_reproducible
+from openenv_harness.trainer.state import TrainerState, weights_digest
 from openenv_harness.trainer.verify import DeltaStats, load_model, verify_records
-from openenv_harness.trainer.weight_sync import DiskWeightSync, SyncReport
+from openenv_harness.trainer.weight_sync import DiskWeightSync
 
 
-#: Sampling from the whole distribution the trainer's log-softmax scores: the model's generation config
-#: would otherwise truncate it (Qwen2.5: top_p 0.8, top_k 20, repetition penalty 1.05), and a policy
-#: gradient over samples drawn from a truncated distribution, weighted by the untruncated logprobs the
-#: engine records (raw_logprobs), is biased
-FULL_VOCABULARY: dict[str, Any] = {"top_p": 1.0, "top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0}
+#: Sampling from the whole distribution the trainer's log-softmax scores (``TRAINING_POLICY`` less its
+#: temperature, which the loop's settings give): the model's generation config would otherwise truncate
+#: it (Qwen2.5: top_p 0.8, top_k 20, repetition penalty 1.05), and the trainer cannot reproduce a
+#: truncated or penalised distribution (``trainer/sampling.py`` refuses such records)
+FULL_VOCABULARY: dict[str, Any] = {k: v for k, v in TRAINING_POLICY.items() if k != "temperature"}
 
 
 @dataclass
@@ -63,75 +74,16 @@ class LoopSettings:
     temperature: float = 1.0
     seed: int = 0
     learning_rate: float = 1e-4
+    #: the norm weights' own learning rate (``TrainerState.create``); None: ``learning_rate``
+    norm_learning_rate: float | None = None
+    #: the most rollouts a group draws while its rewards tie (None: twice ``group``)
+    max_group: int | None = None
     layers: int = 2
     brevity: float = 0.5
     max_agent_calls: int = 2
     rollout_timeout_s: float = 600.0
-
-
-@dataclass
-class RolloutSummary:
-    session_id: str
-    seed: int
-    policy_versions: list[int]
-    task_reward: float | None
-    reward: float | None
-    calls: int
-    sampled_tokens: int
-    rows: int
-    trainable_tokens: int
-    #: TRL's own reconciliation of the same records gives the same trainable tokens (None: TRL absent)
-    trl_agrees: bool | None = None
-    error: str | None = None
-
-
-@dataclass
-class LoopReport:
-    settings: dict[str, Any]
-    version_before: int
-    version_after: int
-    before: list[RolloutSummary]
-    step: StepReport
-    sync: SyncReport
-    after: list[RolloutSummary]
-    #: the trainer's logprobs of the version-v records against the engine's (the noise floor)
-    check_before: DeltaStats
-    #: the trainer's new weights on the version-v+1 records (must sit at the floor)
-    check_after: DeltaStats
-    #: the old weights on the version-v+1 records (must not)
-    check_stale: DeltaStats
-    phases: dict[str, float] = field(default_factory=dict)
-    restored: SyncReport | None = None
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    def problems(self) -> list[str]:
-        """What keeps this iteration from proving the loop (empty: proven)."""
-        out = []
-        if any(r.policy_versions != [self.version_after] for r in self.after):
-            out.append(f"records after the sync do not all carry version {self.version_after}")
-        if self.version_after != self.version_before + 1:
-            out.append(f"the sync moved the version from {self.version_before} to {self.version_after}")
-        if not self.at_floor:
-            out.append("the new weights do not score the new records at the noise floor")
-        if not self.stale_detected:
-            out.append("the stale weights were not told apart from the new ones")
-        if any(r.trl_agrees is False for r in [*self.before, *self.after]):
-            out.append("TRL's reconciliation of the records differs from the project's assembler")
-        return out
-
-    @property
-    def stale_detected(self) -> bool:
-        """The stale trainer is further from the engine than the floor allows (mean |delta| > 2x)."""
-        return self.check_stale.delta_mean > 2 * max(self.check_after.delta_mean, self.check_before.delta_mean)
-
-    @property
-    def at_floor(self) -> bool:
-        """The new weights score the new records as closely as the old weights scored the old ones."""
-        floor = self.check_before
-        return (self.check_after.delta_mean <= max(1.5 * floor.delta_mean, floor.delta_mean + 0.01)
-                and abs(self.check_after.kl) <= max(2 * abs(floor.kl), 0.02))
+    #: a checkpoint (``TrainerState.save_checkpoint``) to start from instead of the model folder's weights
+    resume_from: Path | None = None
 
 
 def shaped_reward(task_reward: float | None, sampled_tokens: int, calls: int, settings: LoopSettings) -> float | None:
@@ -165,19 +117,29 @@ def _trl_view(client: RecorderClient, session_id: str) -> list[list[tuple[int, i
 
 
 class TrainLoop:
-    """One iteration of the loop against an engine behind a recorder; ``run()`` returns its report."""
+    """The loop against an engine behind a recorder: ``iterations(n)`` yields each iteration's report
+    (after its sync and the rollouts that follow it), ``run()`` is one iteration. ``state`` is the
+    trainer's (``TrainerState``) once the first step loaded it: a caller may checkpoint it between
+    iterations."""
 
     def __init__(self, settings: LoopSettings, *, progress: Callable[[str], None] | None = None) -> None:
         if settings.group < 2:
             raise ValueError("a GRPO group needs at least 2 rollouts")
+        if settings.max_group is not None and settings.max_group < settings.group:
+            raise ValueError(f"max_group {settings.max_group} is smaller than the group ({settings.group})")
         if settings.task not in BUILTIN_TASKS:
             raise ValueError(f"unknown task {settings.task!r}; built-in tasks: {', '.join(sorted(BUILTIN_TASKS))}")
+        if not (math.isfinite(settings.temperature) and settings.temperature > 0):
+            raise ValueError(f"temperature {settings.temperature}: a policy gradient needs a sampling distribution "
+                             "(temperature > 0)")
         self.settings = settings
         self.progress = progress or (lambda _m: None)
         self.client = RecorderClient(settings.recorder_url, settings.admin_token)
         self.sync = DiskWeightSync(self.client, settings.engine_url, base_weights=settings.model_dir)
         self.phases: dict[str, float] = {}
+        self.state: TrainerState | None = None
         self._traces: dict[str, list[Any]] = {}
+        self._next_seed = settings.seed
 
     def _timed(self, name: str, fn: Callable[[], Any]) -> Any:
         started = time.perf_counter()
@@ -185,6 +147,24 @@ class TrainLoop:
             return fn()
         finally:
             self.phases[name] = round(time.perf_counter() - started, 2)
+
+    def refuse_unreproducible_policy(self) -> None:
+        """Before any rollout: at a temperature other than 1 the engine must record the logprobs it
+        sampled from (processed); raw ones are the model's before temperature, and a ratio against
+        them is another policy's. The recorder's health says the engine's measured mode where it
+        knows it; where it does not, every record's provenance is checked before the step."""
+        s = self.settings
+        if math.isclose(s.temperature, 1.0):
+            return
+        engine = self.client.health().get("engine")
+        mode = engine.get("logprobs_mode") if isinstance(engine, dict) else None
+        if mode == "raw_logprobs":
+            raise UnreproducibleSampling(
+                f"temperature {s.temperature:g} on an engine whose logprobs are raw (before temperature): the records "
+                f"would carry another policy's logprobs. Sample at temperature 1, or {REMEDY}")
+        if mode != "processed_logprobs":
+            self.progress(f"the engine's logprobs mode is {mode or 'not reported'}: at temperature {s.temperature:g} "
+                          "each record's is checked before the step")
 
     def rollouts(self, count: int, first_seed: int) -> tuple[list[RolloutSummary], list[list[dict[str, Any]]]]:
         """``count`` rollouts of the task, one after the other (seeds ``first_seed`` ...), and their records."""
@@ -227,13 +207,22 @@ class TrainLoop:
                           f"policy version {last.policy_versions}" + (f"; error: {last.error}" if last.error else ""))
         return summaries, records
 
-    def _group(self) -> tuple[list[RolloutSummary], list[list[dict[str, Any]]], list[tuple[RolloutSummary, Any]],
-                              list[float]]:
-        """The group before the update. A group whose rewards all tie carries no advantage: one more rollout
-        is drawn at a time until the rewards rank, up to twice the group's size (then the step is a no-op,
-        and the report says so)."""
+    def _draw(self, count: int) -> tuple[list[RolloutSummary], list[list[dict[str, Any]]]]:
+        """``count`` rollouts on the next seeds: no two rollouts of a loop share one."""
+        first, self._next_seed = self._next_seed, self._next_seed + count
+        return self.rollouts(count, first)
+
+    def _group(self, carried: list[RolloutSummary], carried_records: list[list[dict[str, Any]]]
+               ) -> tuple[list[RolloutSummary], list[list[dict[str, Any]]], list[tuple[RolloutSummary, Any]], list[float]]:
+        """The group before the update: the rollouts already drawn at this version (the previous sync's),
+        then new ones up to the group's size. A group whose rewards all tie carries no advantage: one more
+        rollout is drawn at a time until the rewards rank, up to ``max_group`` (twice the group's size by
+        default; then the step is a no-op, and the report says so)."""
         s = self.settings
-        before, records = self.rollouts(s.group, s.seed)
+        before, records = list(carried), list(carried_records)
+        if len(before) < s.group:
+            more, more_records = self._draw(s.group - len(before))
+            before, records = before + more, records + more_records
         while True:
             scored = [(summary, recs) for summary, recs in zip(before, records) if summary.reward is not None]
             if len(scored) < 2:
@@ -241,44 +230,83 @@ class TrainLoop:
                 raise RuntimeError(f"{len(before) - len(scored)} of {len(before)} rollouts came back unscored, no "
                                    "group to learn from" + (f" ({'; '.join(errors)})" if errors else ""))
             advantages = group_advantages([summary.reward for summary, _ in scored])  # type: ignore[misc]
-            if any(advantages) or len(before) >= 2 * s.group:
+            if any(advantages) or len(before) >= (s.max_group or 2 * s.group):
                 return before, records, scored, advantages
             self.progress("the group's rewards tie (no advantage): drawing one more rollout")
-            more, more_records = self.rollouts(1, s.seed + len(before))
+            more, more_records = self._draw(1)
             before, records = before + more, records + more_records
 
-    def run(self) -> LoopReport:
+    def _samples(self, scored: list[tuple[RolloutSummary, Any]], advantages: list[float]) -> list[TrainSample]:
+        """The group's rows, each scored at its records' temperature; records whose sampling the trainer
+        cannot reproduce raise ``UnreproducibleSampling`` (before any model is loaded)."""
+        samples: list[TrainSample] = []
+        for (summary, entries), advantage in zip(scored, advantages):
+            traces = self._traces[summary.session_id]
+            nodes = {seg.node_id for t in traces for seg in t.metadata.segments if seg.trainable_tokens}
+            sampling = require_reproducible(r for r in entries if r["metadata"].get("node_id") in nodes)
+            samples.extend(samples_from_traces(traces, advantage, summary.session_id, sampling=sampling))
+        return samples
+
+    def _trainer(self) -> TrainerState:
+        """The trainer's state, loaded once (fp32 masters), from a checkpoint where the settings name one."""
+        if self.state is None:
+            s = self.settings
+            self.progress(f"loading the model from {s.model_dir} (trainer, float32)")
+            model, _tokenizer = load_model(str(s.model_dir), dtype="float32")
+            state = TrainerState.create(model, layers=s.layers, learning_rate=s.learning_rate,
+                                        norm_learning_rate=s.norm_learning_rate)
+            if s.resume_from is not None:
+                state.load_checkpoint(s.resume_from)
+                self.progress(f"resumed from {s.resume_from} at step {state.step}")
+            self.state = state
+        return self.state
+
+    def iterations(self, steps: int = 1) -> Iterator[LoopReport]:
+        """``steps`` iterations; the rollouts after each sync open the next iteration's group."""
+        if steps < 1:
+            raise ValueError(f"steps must be at least 1, got {steps}")
         s = self.settings
-        torch = _torch()
+        self.refuse_unreproducible_policy()
         self._timed("check_engine", self.sync.check)
         version = int(self.client.health()["fence"]["policy_version"])  # a trainer may resume at any version
-        self.progress(f"rollouts at policy version {version}: {s.group} x {s.harness} on {s.task} (incremental mode)")
-        before, before_records, scored, advantages = self._timed("rollouts_before", self._group)
-        samples: list[TrainSample] = []
-        for (summary, _recs), advantage in zip(scored, advantages):
-            samples.extend(samples_from_traces(self._traces[summary.session_id], advantage, summary.session_id))
+        carried: tuple[list[RolloutSummary], list[list[dict[str, Any]]]] = ([], [])
+        for _ in range(steps):
+            self.progress(f"rollouts at policy version {version}: {s.group} x {s.harness} on {s.task} (incremental mode)")
+            before, before_records, scored, advantages = self._timed("rollouts_before", lambda: self._group(*carried))
+            samples = self._samples(scored, advantages)
+            state = self._timed("load_models", self._trainer) if self.state is None else self.state
+            served_before = state.served_tensors()  # what the engine serves now (the base weights at first)
+            with state.scoring_with(served_before) as model:
+                check_before = self._timed("check_before", lambda: _check(model, before_records))
+            self.progress(f"step-0 check at version {version}: mean |delta| {check_before.delta_mean:.4f} over "
+                          f"{check_before.tokens} tokens (the noise floor)")
+            master_before = state.master_digest()
+            self.progress(f"GRPO step {state.step + 1}: {len(samples)} row(s), advantages {[round(a, 3) for a in advantages]}")
+            step = self._timed("update", lambda: state.update(samples))
+            served_after = state.served_tensors()
+            weights = s.workdir / f"policy-v{version + 1}"
+            self._timed("save_weights", lambda: state.save_served(weights))
+            self.progress(f"syncing {weights} into the engine through the recorder's fence")
+            sync = self._timed("weight_sync", lambda: self.sync.sync(weights, version_before=version))
+            self.progress(f"engine reloaded in {sync.phases.get('load', 0):.1f} s; recorder at version {sync.version_after}")
+            after, after_records = self._timed("rollouts_after", lambda: self._draw(s.next_rollouts))
+            with state.scoring_with(served_after) as model:
+                check_after = self._timed("check_after", lambda: _check(model, after_records))
+            with state.scoring_with(served_before) as model:
+                check_stale = self._timed("check_stale", lambda: _check(model, after_records))
+            trace = StateTrace(state.step, state.adam_steps, master_before, state.master_digest(),
+                               weights_digest(served_after), [name for name, tensor in served_after.items()
+                                                              if not _torch().equal(tensor, served_before[name])])
+            report = LoopReport(asdict(s) | {"model_dir": str(s.model_dir), "workdir": str(s.workdir)}, version,
+                                sync.version_after, before, step, sync, after, check_before, check_after, check_stale,
+                                dict(self.phases), state=trace)
+            self.phases = {}
+            version, carried = sync.version_after, (after, after_records)
+            yield report
 
-        self.progress(f"loading the model from {s.model_dir} (trainer, float32)")
-        base, _tokenizer = self._timed("load_models", lambda: load_model(str(s.model_dir), dtype="float32"))
-        check_before = self._timed("check_before", lambda: _check(base, before_records))
-        self.progress(f"step-0 check at version {version}: mean |delta| {check_before.delta_mean:.4f} over "
-                      f"{check_before.tokens} tokens (the noise floor)")
-        policy, trained = _sharing_frozen(base, s.layers)
-        optimizer = torch.optim.Adam(trained, lr=s.learning_rate)
-        self.progress(f"one GRPO step: {len(samples)} row(s), advantages {[round(a, 3) for a in advantages]}")
-        step = self._timed("update", lambda: grpo_step(policy, optimizer, samples))
-        weights = s.workdir / f"policy-v{version + 1}"
-        self._timed("save_weights", lambda: _save_as_served(policy, trained, weights))
-        self.progress(f"syncing {weights} into the engine through the recorder's fence")
-        sync = self._timed("weight_sync", lambda: self.sync.sync(weights, version_before=version))
-        self.progress(f"engine reloaded in {sync.phases.get('load', 0):.1f} s; recorder at version {sync.version_after}")
-
-        after, after_records = self._timed("rollouts_after", lambda: self.rollouts(s.next_rollouts, s.seed + len(before)))
-        check_after = self._timed("check_after", lambda: _check(policy, after_records))
-        check_stale = self._timed("check_stale", lambda: _check(base, after_records))
-        return LoopReport(asdict(s) | {"model_dir": str(s.model_dir), "workdir": str(s.workdir)}, version,
-                          sync.version_after, before, step, sync, after, check_before, check_after, check_stale,
-                          dict(self.phases))
+    def run(self) -> LoopReport:
+        """One iteration (``train-demo``)."""
+        return list(self.iterations(1))[0]
 
     def restore(self, report: LoopReport | None = None) -> SyncReport | None:
         """Load the base weights back through the fence (a new version: the engine was someone else's),
@@ -298,55 +326,39 @@ class TrainLoop:
         self.client.close()
 
 
-def _torch() -> Any:
-    import torch
-
-    return torch
-
-
 def _check(model: Any, records: list[list[dict[str, Any]]]) -> DeltaStats:
-    """The trainer's logprobs of every policy token of the rollouts against the engine's, pooled."""
-    rollout: list[float] = []
-    trainer: list[float] = []
+    """The trainer's logprobs of every policy token of the rollouts against the engine's, pooled; each
+    record scored at the temperature its logprobs were recorded under."""
     from openenv_harness.trainer.verify import score_tokens
 
+    torch = _torch()
+    rollout: list[float] = []
+    trainer: list[float] = []
     for entries in records:
         for r in entries:
             md = r["metadata"]
             if md["call_kind"] != "agent" or md["status"] != "ok" or md.get("logprobs_are_policy") is False:
                 continue
             rollout.extend(r["per_token_logps"])
-            trainer.extend(score_tokens(model, r["prompt_token_ids"], r["completion_token_ids"]))
+            divisor = RecordedSampling.of(r).temperature_divisor
+            if divisor == 1.0:
+                trainer.extend(score_tokens(model, r["prompt_token_ids"], r["completion_token_ids"]))
+                continue
+            prompt, completion = list(r["prompt_token_ids"]), list(r["completion_token_ids"])
+            sample = TrainSample(prompt + completion, len(prompt), [0] * len(completion), [0.0] * len(completion),
+                                 0.0, temperature_divisor=divisor)
+            with torch.no_grad():
+                trainer.extend(response_logprobs(model, sample).tolist())
     if not rollout:
         raise RuntimeError("no policy token to check: every call was constrained or failed")
     return DeltaStats.of(rollout, trainer, 0.05)
 
 
-def _sharing_frozen(base: Any, layers: int) -> tuple[Any, list[Any]]:
-    """A copy of ``base`` to train, and its trained parameters; its frozen parameters are ``base``'s own
-    tensors (never written): two models for the memory of one and the trained layers."""
-    policy = copy.deepcopy(base)
-    trained = train_last_layers(policy, layers)
-    shared = dict(base.named_parameters())
-    for name, parameter in policy.named_parameters():
-        if not parameter.requires_grad:
-            parameter.data = shared[name].data
-    return policy, trained
+def _torch() -> Any:
+    import torch
+
+    return torch
 
 
-def _save_as_served(model: Any, trained: list[Any], folder: Path) -> None:
-    """Round the trained parameters to bf16 in place -- the model then holds exactly the weights the engine
-    loads -- and write them as bf16 safetensors (a tensor shared by two names, a tied embedding, stays one)."""
-    torch = _torch()
-    with torch.no_grad():
-        for parameter in trained:
-            parameter.copy_(parameter.to(torch.bfloat16))
-    folder.mkdir(parents=True, exist_ok=True)
-    converted: dict[int, Any] = {}
-    state = {name: converted.setdefault(tensor.data_ptr(), tensor.to(torch.bfloat16))
-             for name, tensor in model.state_dict().items()}
-    model.save_pretrained(str(folder), state_dict=state, safe_serialization=True)
-
-
-__all__ = ["LoopReport", "LoopSettings", "RolloutSummary", "TrainLoop", "shaped_reward", "trainable_view",
-           "verify_records"]
+__all__ = ["FULL_VOCABULARY", "LoopReport", "LoopSettings", "RolloutSummary", "StateTrace", "TrainLoop",
+           "shaped_reward", "trainable_view", "verify_records"]

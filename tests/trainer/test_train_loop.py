@@ -1,7 +1,8 @@
 """The loop's pieces that need no real engine: the reward, what two assemblers must agree on, the
-report's verdict, the sync's refusal of an engine that cannot reload weights, and the CLI's errors
-(each one line, non-zero, before anything starts). The whole loop runs in the real-engine tier
-(``tests/real_engine/test_real_train_loop.py``)."""
+report's verdict, the sync's refusal of an engine that cannot reload weights, the refusal of a
+temperature whose logprobs the engine does not record (before any rollout), the step-0 check at the
+records' temperature, and the CLI's errors (each one line, non-zero, before anything starts). The
+whole loop runs in the real-engine tier (``tests/real_engine/test_real_train_loop.py``)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,16 @@ import pytest
 from openenv_harness.recorder import RecorderClient
 from openenv_harness.testing.engine import EngineConfig, EngineServer
 from openenv_harness.trainer.grpo import StepReport
-from openenv_harness.trainer.train_loop import LoopReport, LoopSettings, RolloutSummary, shaped_reward, trainable_view
+from openenv_harness.trainer.sampling import TRAINING_POLICY, RecordedSampling, UnreproducibleSampling
+from openenv_harness.trainer.train_loop import (
+    FULL_VOCABULARY,
+    LoopReport,
+    LoopSettings,
+    RolloutSummary,
+    TrainLoop,
+    shaped_reward,
+    trainable_view,
+)
 from openenv_harness.trainer.verify import DeltaStats
 from openenv_harness.trainer.weight_sync import DiskWeightSync, SyncReport, WeightSyncError
 
@@ -96,3 +106,97 @@ def test_the_cli_says_what_is_wrong_in_one_line(tmp_path: Path) -> None:
     finally:
         engine.stop()
     assert all(len(line) < 300 for line in done.stderr.splitlines())
+
+
+def test_the_loop_samples_the_policy_the_trainer_reproduces() -> None:
+    """Every narrowing knob and penalty pinned neutral: nothing is left to an engine default nobody recorded."""
+    assert {**FULL_VOCABULARY, "temperature": 1.0} == TRAINING_POLICY
+    record = {"metadata": {"provenance": {"sampling_effective": {**FULL_VOCABULARY, "temperature": 1.0},
+                                          "sampling_unknown": [], "logprobs_mode": "raw_logprobs"}}}
+    assert RecordedSampling.of(record).problems() == []
+    with pytest.raises(ValueError, match="temperature > 0"):
+        TrainLoop(_settings(temperature=0.0))
+    with pytest.raises(ValueError, match="max_group 3 is smaller than the group"):
+        TrainLoop(_settings(group=4, max_group=3))
+
+
+def test_a_temperature_the_engines_logprobs_do_not_follow_is_refused_before_any_rollout(make_stack, tmp_path) -> None:
+    """The recorder's health says the engine's logprobs mode (its engine watch measures it): raw logprobs at
+    T != 1 are refused before a rollout starts; processed ones, or T = 1, go on; an unknown mode is said."""
+    stack = make_stack()
+    info = stack.recorder.ctx.engine_info  # what the recorder's engine watch reports under health's "engine"
+
+    def loop(temperature: float, said: list[str]) -> TrainLoop:
+        return TrainLoop(LoopSettings(engine_url=stack.engine.url, recorder_url=stack.recorder.url,
+                                      admin_token=stack.admin_token, model="m", model_dir=tmp_path, workdir=tmp_path,
+                                      temperature=temperature), progress=said.append)
+
+    info["logprobs_mode"] = "raw_logprobs"
+    said: list[str] = []
+    hot = loop(0.7, said)
+    with pytest.raises(UnreproducibleSampling, match="temperature 0.7 on an engine whose logprobs are raw"):
+        next(hot.iterations(2))
+    assert stack.admin.sessions() == [] and said == []  # nothing started
+    hot.close()
+    loop(1.0, said).refuse_unreproducible_policy()  # raw logprobs are the policy's at T = 1
+    info["logprobs_mode"] = "processed_logprobs"
+    loop(0.7, said).refuse_unreproducible_policy()
+    assert said == []
+    info.pop("logprobs_mode")
+    loop(0.7, said).refuse_unreproducible_policy()
+    assert len(said) == 1 and "not reported" in said[0] and "checked before the step" in said[0]
+    with pytest.raises(ValueError, match="at least 1"):
+        next(loop(1.0, said).iterations(0))
+
+
+def test_the_step0_check_scores_each_record_at_its_temperature() -> None:
+    """A record sampled at T = 0.5 with processed logprobs checks at ratio 1 with the divisor applied; the same
+    logprobs labelled raw are scored by a plain log-softmax and do not."""
+    import torch
+    import transformers
+
+    from openenv_harness.trainer.train_loop import _check
+
+    torch.manual_seed(0)
+    config = transformers.Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=128)
+    model = transformers.Qwen2ForCausalLM(config).eval()
+    prompt, completion = [3, 9, 11, 2], [40, 41, 13, 17]
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([prompt + completion])).logits[0, len(prompt) - 1:-1].float()
+    hot = torch.log_softmax(logits / 0.5, dim=-1).gather(1, torch.tensor(completion)[:, None])[:, 0].tolist()
+
+    def record(mode: str) -> dict:
+        return {"prompt_token_ids": prompt, "completion_token_ids": completion, "per_token_logps": hot,
+                "metadata": {"call_kind": "agent", "status": "ok", "node_id": "s/0", "provenance": {
+                    "sampling_effective": {**FULL_VOCABULARY, "temperature": 0.5}, "sampling_unknown": [],
+                    "logprobs_mode": mode}}}
+
+    assert _check(model, [[record("processed_logprobs")]]).delta_max < 1e-4
+    assert _check(model, [[record("raw_logprobs")]]).delta_max > 0.05
+
+
+def test_a_group_whose_records_the_trainer_cannot_reproduce_stops_the_loop_before_the_step() -> None:
+    """The group's rows are built with their records' sampling: raw logprobs at T = 0.7 stop the loop with the
+    records' reason; processed ones give rows scored at T = 0.7."""
+    from openenv_harness.assembly.trace import HarnessTrace, Segment, TraceMetadata
+
+    def entries(mode: str) -> list[dict]:
+        return [{"metadata": {"node_id": "s/0", "call_kind": "agent", "status": "ok", "provenance": {
+            "sampling_effective": {**FULL_VOCABULARY, "temperature": 0.7}, "sampling_unknown": [],
+            "logprobs_mode": mode}}}]
+
+    row = HarnessTrace(prompt_ids=[1, 2], response_ids=[3, 4], loss_mask=[1, 1], response_logprobs=[-0.5, -0.25],
+                       metadata=TraceMetadata(session_id="s", chain_id=0, sample_index=0, strategy="split",
+                                              node_ids=["s/0"], segments=[Segment(node_id="s/0", offset=0, length=2,
+                                                                                  trainable_tokens=2)]))
+    loop = TrainLoop(_settings(temperature=0.7))
+    try:
+        loop._traces["s"] = [row]
+        summary = RolloutSummary("s", 0, [0], 0.0, 0.3, 1, 2, 1, 2, True)
+        with pytest.raises(UnreproducibleSampling, match="s/0: the engine's logprobs are raw .* temperature 0.7"):
+            loop._samples([(summary, entries("raw_logprobs"))], [1.0])
+        samples = loop._samples([(summary, entries("processed_logprobs"))], [1.0])
+        assert [(s.temperature_divisor, s.advantage, s.session_id) for s in samples] == [(0.7, 1.0, "s")]
+    finally:
+        loop.close()
