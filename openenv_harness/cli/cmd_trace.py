@@ -9,9 +9,11 @@ from typing import Any, Optional
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from openenv_harness.cli.errors import CLIError
 from openenv_harness.cli.records_source import MultiSource, open_source
+from openenv_harness.trainer.limits import DEFAULT_LIMITS, Limits
 
 app = typer.Typer(no_args_is_help=True)
 console = Console(width=None if sys.stdout.isatty() else 150)
@@ -102,16 +104,30 @@ def verify(
                               "| float32"),
     contrast: bool = typer.Option(False, help="Also score the message-level re-render path"),
     threshold: float = typer.Option(0.1, help="List tokens whose |delta| exceeds this"),
+    max_mean_delta: float = typer.Option(DEFAULT_LIMITS.delta_mean, help="Limit on the mean |delta| (nats)"),
+    max_p99_delta: float = typer.Option(DEFAULT_LIMITS.delta_p99, help="Limit on the 99th percentile of |delta|"),
+    max_delta: float = typer.Option(DEFAULT_LIMITS.delta_max, help="Limit on any one token's |delta|"),
+    min_share_within: float = typer.Option(DEFAULT_LIMITS.share_within, help="Least share of ratios within "
+                                           "1 ± --epsilon"),
+    epsilon: float = typer.Option(DEFAULT_LIMITS.epsilon, help="The ratio band of --min-share-within"),
+    max_kl: float = typer.Option(DEFAULT_LIMITS.kl_k3, help="Limit on the k3 estimate of KL(rollout || trainer)"),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as one JSON object (machine-readable) "
                                  "instead of the table"),
 ) -> int:
     """Score the recorded sampled tokens with the trainer's own model: the step-0 proof.
 
-    Exits 1 when no token of the policy was verified (every call constrained, or none sampled):
-    a proof over nothing is no proof."""
+    Exits 0 only when every policy call was scored under its recorded sampling and the pooled
+    statistics meet every limit (defaults: docs/real-engine.md, "Step-0 limits"); otherwise 1, with
+    one line saying why: a limit broken (with the numbers), calls whose sampling cannot be reproduced
+    (named, not scored), or no policy token at all (a proof over nothing is no proof)."""
     from openenv_harness.trainer.verify import contrast_rerender, load_model, scoring_dtype, verify_records
     from openenv_harness.viewer.verifications import verification_path
 
+    try:
+        limits = Limits(delta_mean=max_mean_delta, delta_p99=max_p99_delta, delta_max=max_delta,
+                        share_within=min_share_within, epsilon=epsilon, kl_k3=max_kl)
+    except ValueError as exc:
+        raise CLIError(str(exc), "pass positive limits and a share between 0 and 1") from exc
     src = open_source(store, url, admin_token)
     records = src.records(session_id)
     _problems(src)
@@ -119,14 +135,19 @@ def verify(
         raise CLIError(f"no records for session {session_id}", "`openenv-harness trace list` shows the sessions")
     _check_model_folder(model)
     dtype = scoring_dtype(dtype)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # stderr carries the verdict's one line, not a loader's progress
     with console.status(f"loading {model} ({dtype})"):
         hf_model, tokenizer = load_model(model, dtype=dtype)
     with console.status("scoring every sampled token"):
-        report = verify_records(records, hf_model, tokenizer, threshold=threshold)
-        versus = contrast_rerender(records, hf_model, tokenizer) if contrast else None
-    verified = report.policy.tokens > 0
-    summary = {"session_id": session_id, "model": model, "verified": verified,
+        report = verify_records(records, hf_model, tokenizer, limits=limits, threshold=threshold)
+        versus = contrast_rerender(records, hf_model, tokenizer, epsilon=limits.epsilon) if contrast else None
+    verdict = report.verdict
+    summary = {"session_id": session_id, "model": model, "verified": verdict.verified,
                "policy_tokens": report.policy.tokens, "constrained_tokens": report.constrained.tokens,
+               "failed_limits": [{"limit": f.limit, "value": f.value, "bound": f.bound, "text": f.text}
+                                 for f in verdict.failures],
                **report.as_dict(), "contrast": versus.as_dict() if versus else None}
     if store:
         path = verification_path(store, session_id)
@@ -134,24 +155,8 @@ def verify(
         path.write_text(json.dumps(summary, indent=1))
     if as_json:
         sys.stdout.write(json.dumps(summary) + "\n")
-        return 0 if verified else 1
-    t = Table(title=f"step-0 verification of {session_id} ({report.dtype})")
-    for col in ("#", "logprobs", "tokens", "δ max", "δ mean", "δ p99", "ratio min", "ratio max",
-                f"within 1±{report.epsilon:g}", "KL", "over threshold"):
-        t.add_column(col)
-
-    def row(label: str, kind: str, st: Any, outliers: str) -> None:
-        t.add_row(label, kind, str(st.tokens), f"{st.delta_max:.4f}", f"{st.delta_mean:.4f}", f"{st.delta_p99:.4f}",
-                  f"{st.ratio_min:.4f}", f"{st.ratio_max:.4f}", f"{st.share_within:.3f}", f"{st.kl:+.5f}", outliers)
-
-    for call in report.calls:
-        shown = ", ".join(f"{o.text!r}@{o.position} {o.logp_trainer - o.logp_rollout:+.2f}" for o in call.outliers[:4])
-        row(str(call.call_index), "constrained" if call.constrained else "policy", call.stats, shown)
-    if verified:
-        row("all", "policy", report.policy, "")
-    if report.constrained.tokens:
-        row("all", "constrained", report.constrained, "")
-    console.print(t)
+        return 0 if verdict.verified else 1
+    _verification_table(report, session_id)
     if versus is not None:
         console.print(f"re-render path: {len(versus.turns)} assistant turns, misaligned tokens "
                       f"{[x.misaligned for x in versus.turns]}, lengths sampled→re-rendered "
@@ -160,13 +165,37 @@ def verify(
                       f"({versus.total.share_within:.3f} within 1±{report.epsilon:g})")
     if store:
         console.print(f"stored: {verification_path(store, session_id)}", style="dim")
-    if not verified:
-        Console(stderr=True).print(
-            f"[bold red]nothing verified:[/] no sampled token of {session_id} carries the policy's logprobs "
-            f"({report.constrained.tokens} constrained token(s), logprobs taken after a decoding constraint; "
-            "record calls without tool_choice 'required' or structured outputs to verify them)", soft_wrap=True)
+    if not verdict.verified:
+        head, _, rest = verdict.line.partition(":")
+        Console(stderr=True).print(Text.assemble((head + ":", "bold red"), rest), soft_wrap=True, highlight=False)
         return 1
+    console.print(verdict.line, style="green", soft_wrap=True, highlight=False)
     return 0
+
+
+def _verification_table(report: Any, session_id: str) -> None:
+    """Per call and pooled: δ, the ratios, the signed mean log ratio and the k3 KL; refused calls by name."""
+    t = Table(title=f"step-0 verification of {session_id} ({report.dtype})")
+    for col in ("#", "logprobs", "tokens", "δ max", "δ mean", "δ p99", "ratio min", "ratio max",
+                f"within 1±{report.epsilon:g}", "mean log ratio", "KL k3", "over threshold"):
+        t.add_column(col)
+
+    def row(label: str, kind: str, st: Any, outliers: str) -> None:
+        t.add_row(label, kind, str(st.tokens), f"{st.delta_max:.4f}", f"{st.delta_mean:.4f}", f"{st.delta_p99:.4f}",
+                  f"{st.ratio_min:.4g}", f"{st.ratio_max:.4g}", f"{st.share_within:.3f}", f"{st.mean_log_ratio:+.5f}",
+                  "-" if st.kl_k3 is None else f"{st.kl_k3:.2e}", outliers)
+
+    for call in report.calls:
+        shown = ", ".join(f"{o.text!r}@{o.position} {o.logp_trainer - o.logp_rollout:+.2f}" for o in call.outliers[:4])
+        row(str(call.call_index), "constrained" if call.constrained else "policy", call.stats, shown)
+    for refused in report.refused:
+        t.add_row(str(refused.call_index), "not scored", "-", "-", "-", "-", "-", "-", "-", "-", "-",
+                  "; ".join(refused.reasons))
+    if report.policy.tokens:
+        row("all", "policy", report.policy, "")
+    if report.constrained.tokens:
+        row("all", "constrained", report.constrained, "")
+    console.print(t)
 
 
 def _reward(src: Any, session_id: str) -> float | None:

@@ -29,7 +29,8 @@ errors = Console(stderr=True, width=None if sys.stderr.isatty() else 150)
 
 def _delta_row(table: Table, name: str, stats: Any) -> None:
     table.add_row(name, str(stats.tokens), f"{stats.delta_mean:.4f}", f"{stats.delta_max:.4f}",
-                  f"{stats.ratio_min:.3f} - {stats.ratio_max:.3f}", f"{100 * stats.share_within:.0f} %", f"{stats.kl:.4f}")
+                  f"{stats.ratio_min:.3f} - {stats.ratio_max:.3f}", f"{100 * stats.share_within:.0f} %",
+                  f"{stats.mean_log_ratio:+.4f}", "-" if stats.kl_k3 is None else f"{stats.kl_k3:.2e}")
 
 
 def print_report(report: Any) -> None:
@@ -55,7 +56,7 @@ def print_report(report: Any) -> None:
                   soft_wrap=True)
     checks = Table(title="step-0 checks: the trainer's logprobs of recorded ids against the engine's",
                    title_justify="left")
-    for column in ("check", "tokens", "mean |delta|", "max |delta|", "ratio", "within 1±0.05", "KL"):
+    for column in ("check", "tokens", "mean |delta|", "max |delta|", "ratio", "within 1±0.05", "mean log ratio", "KL k3"):
         checks.add_column(column)
     _delta_row(checks, f"version {report.version_before} records, version {report.version_before} weights (floor)",
                report.check_before)
@@ -70,7 +71,7 @@ def print_report(report: Any) -> None:
         console.print("[bold red]loop not proven:[/] " + "; ".join(problems), soft_wrap=True)
     else:
         console.print("[bold green]loop closed:[/] the records after the sync carry the new version, the new weights "
-                      "score them at the noise floor, the stale weights do not", soft_wrap=True)
+                      "score them within the step-0 limits, the stale weights do not", soft_wrap=True)
 
 
 def _check_engine(engine_url: str, model: str) -> None:

@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from openenv_harness.trainer.grpo import StepReport
-from openenv_harness.trainer.verify import DeltaStats
+from openenv_harness.trainer.limits import DEFAULT_LIMITS, DeltaStats
 from openenv_harness.trainer.weight_sync import SyncReport
 
 
@@ -70,28 +70,38 @@ class LoopReport:
         return asdict(self)
 
     def problems(self) -> list[str]:
-        """What keeps this iteration from proving the loop (empty: proven)."""
+        """What keeps this iteration from proving the loop (empty: proven). Each step-0 check is held to
+        the limits ``trace verify`` applies (``trainer/limits.py``, derived in docs/real-engine.md)."""
         out = []
         if any(r.policy_versions != [self.version_after] for r in self.after):
             out.append(f"records after the sync do not all carry version {self.version_after}")
         if self.version_after != self.version_before + 1:
             out.append(f"the sync moved the version from {self.version_before} to {self.version_after}")
+        before = DEFAULT_LIMITS.failures(self.check_before)
+        if before:
+            out.append(f"the version {self.version_before} weights do not score the version {self.version_before} "
+                       "records within the step-0 limits (" + "; ".join(f.text for f in before) + ")")
         if not self.at_floor:
-            out.append("the new weights do not score the new records at the noise floor")
+            out.append("the new weights do not score the new records within the step-0 limits ("
+                       + "; ".join(f.text for f in DEFAULT_LIMITS.failures(self.check_after)) + ")")
         if not self.stale_detected:
-            out.append("the stale weights were not told apart from the new ones")
+            out.append(f"the stale weights were not told apart from the new ones (mean |δ| "
+                       f"{self.check_stale.delta_mean:.4f} against {self.check_after.delta_mean:.4f}; "
+                       f"limits: {DEFAULT_LIMITS.summary()})")
         if any(r.trl_agrees is False for r in [*self.before, *self.after]):
             out.append("TRL's reconciliation of the records differs from the project's assembler")
         return out
 
     @property
     def stale_detected(self) -> bool:
-        """The stale trainer is further from the engine than the floor allows (mean |delta| > 2x)."""
-        return self.check_stale.delta_mean > 2 * max(self.check_after.delta_mean, self.check_before.delta_mean)
+        """The old weights -- a trainer that missed the sync -- score the new records outside the step-0
+        limits, and clearly further than the new weights do (mean |δ| more than twice theirs): the check
+        that passes the synced trainer fails the stale one."""
+        return (bool(DEFAULT_LIMITS.failures(self.check_stale))
+                and self.check_stale.delta_mean > 2 * self.check_after.delta_mean)
 
     @property
     def at_floor(self) -> bool:
-        """The new weights score the new records as closely as the old weights scored the old ones."""
-        floor = self.check_before
-        return (self.check_after.delta_mean <= max(1.5 * floor.delta_mean, floor.delta_mean + 0.01)
-                and abs(self.check_after.kl) <= max(2 * abs(floor.kl), 0.02))
+        """The new weights score the new records within the step-0 limits: the same bound ``trace verify``
+        applies to any session, not a multiple of this run's own floor."""
+        return not DEFAULT_LIMITS.failures(self.check_after)

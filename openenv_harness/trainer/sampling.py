@@ -27,7 +27,7 @@ to their logits; nothing here imports torch.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,6 +62,17 @@ def is_neutral(name: str, value: Any) -> bool:
     return any(math.isclose(number, n) for n in NEUTRAL[name])
 
 
+def _number(value: Any) -> float | None:
+    """``value`` as a finite float, or None (absent, not a number, NaN or infinite)."""
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
+
+
 @dataclass(frozen=True)
 class RecordedSampling:
     """What one record says about how its ids were sampled and what its logprobs are."""
@@ -79,9 +90,11 @@ class RecordedSampling:
         provenance = (record.get("metadata") or {}).get("provenance") or {}
         effective = provenance.get("sampling_effective") or {}
         unknown = tuple(str(name) for name in provenance.get("sampling_unknown") or ())
-        temperature = effective.get("temperature")
+        temperature = _number(effective.get("temperature"))
+        if effective.get("temperature") is not None and temperature is None:
+            unknown = (*unknown, "temperature")  # a value that is not a finite number says nothing usable
         return cls(
-            temperature=None if temperature is None else float(temperature),
+            temperature=temperature,
             logprobs_mode=str(provenance.get("logprobs_mode") or "unknown"),
             truncation={k: effective[k] for k in TRUNCATION if not is_neutral(k, effective.get(k))},
             penalties={k: effective[k] for k in PENALTIES if not is_neutral(k, effective.get(k))},
@@ -127,21 +140,32 @@ REMEDY = ("record with a full-vocabulary training policy (temperature > 0, top_p
           "other than 1 the engine must serve processed logprobs (vLLM --logprobs-mode processed_logprobs)")
 
 
+def node_of(record: Mapping[str, Any]) -> str:
+    """The name a refusal gives a record: its node id, else its call index."""
+    metadata = record.get("metadata") or {}
+    return str(metadata.get("node_id") or f"call {metadata.get('call_index', '?')}")
+
+
+def refusal_message(bad: Sequence[tuple[str, Sequence[str]]]) -> str:
+    """One line naming the first records that cannot be reproduced, why, and what to change."""
+    more = f" (and {len(bad) - 3} more)" if len(bad) > 3 else ""
+    return (f"{len(bad)} record(s) cannot be scored as they were sampled -- "
+            + " | ".join(f"{node}: {'; '.join(reasons)}" for node, reasons in bad[:3]) + more
+            + f". To train on them, {REMEDY}")
+
+
 def require_reproducible(records: Iterable[Mapping[str, Any]]) -> dict[str, RecordedSampling]:
     """Each record's sampling by node id; raises ``UnreproducibleSampling`` naming the first records that
     cannot be reproduced (and why) -- a trainer refuses them rather than train on another policy's ratios."""
     out: dict[str, RecordedSampling] = {}
-    bad: list[str] = []
+    bad: list[tuple[str, list[str]]] = []
     for record in records:
-        metadata = record.get("metadata") or {}
-        node = str(metadata.get("node_id") or f"call {metadata.get('call_index', '?')}")
+        node = node_of(record)
         sampling = RecordedSampling.of(record)
         reasons = sampling.problems()
         if reasons:
-            bad.append(f"{node}: {'; '.join(reasons)}")
+            bad.append((node, reasons))
         out[node] = sampling
     if bad:
-        more = f" (and {len(bad) - 3} more)" if len(bad) > 3 else ""
-        raise UnreproducibleSampling(f"{len(bad)} record(s) cannot be scored as they were sampled -- "
-                                     + " | ".join(bad[:3]) + more + f". To train on them, {REMEDY}")
+        raise UnreproducibleSampling(refusal_message(bad))
     return out

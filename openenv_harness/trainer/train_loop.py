@@ -39,14 +39,15 @@ from openenv_harness.assembly import assemble_session
 from openenv_harness.recorder.client import RecorderClient
 from openenv_harness.rollout.report import run_rollout
 from openenv_harness.rollout import BUILTIN_TASKS
-from openenv_harness.trainer.grpo import TrainSample, group_advantages, response_logprobs
+from openenv_harness.trainer.grpo import TrainSample, group_advantages
 from openenv_harness.trainer.grpo import samples_from_traces
 from openenv_harness.trainer.loop_report import LoopReport, RolloutSummary, StateTrace
 from openenv_harness.trainer.sampling import REMEDY, TRAINING_POLICY, RecordedSampling, UnreproducibleSampling
 from openenv_harness.trainer.sampling import require_reproducible
 from openenv_harness.trainer.state import TrainerState, weights_digest
-from openenv_harness.trainer.verify import DeltaStats, load_model, verify_records
-from openenv_harness.trainer.weight_sync import DiskWeightSync
+from openenv_harness.trainer.limits import DEFAULT_LIMITS, DeltaStats
+from openenv_harness.trainer.verify import load_model, verify_records
+from openenv_harness.trainer.weight_sync import DiskWeightSync, SyncReport
 
 
 #: Sampling from the whole distribution the trainer's log-softmax scores (``TRAINING_POLICY`` less its
@@ -331,7 +332,6 @@ def _check(model: Any, records: list[list[dict[str, Any]]]) -> DeltaStats:
     record scored at the temperature its logprobs were recorded under."""
     from openenv_harness.trainer.verify import score_tokens
 
-    torch = _torch()
     rollout: list[float] = []
     trainer: list[float] = []
     for entries in records:
@@ -340,18 +340,11 @@ def _check(model: Any, records: list[list[dict[str, Any]]]) -> DeltaStats:
             if md["call_kind"] != "agent" or md["status"] != "ok" or md.get("logprobs_are_policy") is False:
                 continue
             rollout.extend(r["per_token_logps"])
-            divisor = RecordedSampling.of(r).temperature_divisor
-            if divisor == 1.0:
-                trainer.extend(score_tokens(model, r["prompt_token_ids"], r["completion_token_ids"]))
-                continue
-            prompt, completion = list(r["prompt_token_ids"]), list(r["completion_token_ids"])
-            sample = TrainSample(prompt + completion, len(prompt), [0] * len(completion), [0.0] * len(completion),
-                                 0.0, temperature_divisor=divisor)
-            with torch.no_grad():
-                trainer.extend(response_logprobs(model, sample).tolist())
+            trainer.extend(score_tokens(model, r["prompt_token_ids"], r["completion_token_ids"],
+                                        temperature=RecordedSampling.of(r).temperature_divisor))
     if not rollout:
         raise RuntimeError("no policy token to check: every call was constrained or failed")
-    return DeltaStats.of(rollout, trainer, 0.05)
+    return DeltaStats.of(rollout, trainer, DEFAULT_LIMITS.epsilon)
 
 
 def _torch() -> Any:

@@ -4,18 +4,23 @@ A trainer scoring our records scores exactly what the policy sampled -- or it do
 the importance ratios it computes are silently wrong. With the policy unchanged (step 0) every
 ratio exp(logp_trainer - logp_rollout) must sit at 1 up to numerical noise. ``verify_records``
 scores every mask-1 token of a session's records with a Hugging Face causal LM, in one
-teacher-forced pass per sample, and reports per call and per rollout how far it is from 1.
+teacher-forced pass per sample, reports per call and per rollout how far it is from 1, and gives a
+verdict against absolute limits (``limits.py``): a mismatch fails, it is never only reported.
 
 ``contrast_rerender`` does what a message-level trainer does instead -- re-render the session's
 messages with the model's chat template, tokenize, find the assistant spans, score them -- to show
 on the same rollout what that path costs: changed lengths, misaligned tokens, ratios far from 1.
 
-What legitimately differs, and is reported rather than hidden:
-- vLLM's logprobs are ``raw_logprobs`` by default (the model's distribution before temperature,
-  top-p/top-k and penalties): the trainer's plain log-softmax is the same quantity.
+What decides what is compared, and is reported rather than hidden:
+- The recorded sampling (``sampling.py``): a call's logprobs are the distribution it was sampled
+  from only under a sampling the trainer reproduces -- temperature > 0, the whole vocabulary, no
+  penalty, and at a temperature other than 1 the engine's processed logprobs. Such calls are scored
+  with the logits divided by ``temperature_divisor``; the others are refused by name (the verdict
+  is "cannot verify"), never scored as if they were.
 - Calls under a decoding constraint (``metadata.logprobs_are_policy: false``) carry logprobs taken
   after the engine's grammar mask; they are scored and reported apart, never mixed into the proof.
-- bf16 on the engine vs the trainer's dtype: the noise floor is measured, not assumed (``dtype``).
+- bf16 on the engine vs the trainer's dtype: the limits sit above the measured bf16/fp32 floor
+  (``dtype`` says which one scored).
 
 Trainer-side only (the ``trainer`` extra: torch + transformers); the recorder never imports it.
 Memory-bounded: the prompt goes through the model in chunks with a KV cache, and logits are
@@ -26,13 +31,15 @@ logits for a 152k vocabulary).
 from __future__ import annotations
 
 import inspect
-import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Literal
+
+from openenv_harness.trainer.limits import DEFAULT_LIMITS, DeltaStats, LimitFailure, Limits
+from openenv_harness.trainer.sampling import RecordedSampling, node_of, refusal_message
 
 #: |ratio - 1| within this counts as "at 1" in ``share_within``
-DEFAULT_EPSILON = 0.05
+DEFAULT_EPSILON = DEFAULT_LIMITS.epsilon
 #: tokens whose |delta| exceeds this are listed with their text
 DEFAULT_THRESHOLD = 0.1
 
@@ -51,41 +58,42 @@ class TokenDelta:
 
 
 @dataclass
-class DeltaStats:
-    """δ = |logp_trainer - logp_rollout| and the ratios exp(logp_trainer - logp_rollout) over tokens."""
-
-    tokens: int = 0
-    delta_max: float = 0.0
-    delta_mean: float = 0.0
-    delta_p99: float = 0.0
-    ratio_min: float = 1.0
-    ratio_max: float = 1.0
-    share_within: float = 1.0  # share of ratios within 1 ± epsilon
-    kl: float = 0.0  # step-0 KL estimate, mean of (logp_rollout - logp_trainer) over sampled tokens
-
-    @classmethod
-    def of(cls, rollout: Sequence[float], trainer: Sequence[float], epsilon: float) -> "DeltaStats":
-        if not rollout:
-            return cls()
-        diffs = [t - r for r, t in zip(rollout, trainer)]
-        deltas = sorted(abs(d) for d in diffs)
-        ratios = [math.exp(d) for d in diffs]
-        return cls(
-            tokens=len(diffs), delta_max=deltas[-1], delta_mean=sum(deltas) / len(deltas),
-            delta_p99=deltas[min(len(deltas) - 1, int(math.ceil(0.99 * len(deltas))) - 1)],
-            ratio_min=min(ratios), ratio_max=max(ratios),
-            share_within=sum(1 for r in ratios if abs(r - 1.0) <= epsilon) / len(ratios),
-            kl=-sum(diffs) / len(diffs),
-        )
-
-
-@dataclass
 class CallVerification:
     node_id: str
     call_index: int
     constrained: bool
     stats: DeltaStats
     outliers: list[TokenDelta] = field(default_factory=list)
+    #: what the trainer divided its logits by (the recorded temperature for processed logprobs, else 1)
+    temperature_divisor: float = 1.0
+
+
+@dataclass
+class RefusedCall:
+    """A call whose sampling the trainer cannot reproduce: named, not scored."""
+
+    node_id: str
+    call_index: int
+    constrained: bool
+    reasons: list[str]
+
+
+Status = Literal["verified", "failed", "cannot verify", "nothing verified"]
+
+
+@dataclass
+class Verdict:
+    """The check's outcome: ``verified`` only when every policy call was scored and the pooled
+    statistics meet every limit."""
+
+    status: Status
+    #: the limits the policy calls' statistics broke (status "failed")
+    failures: list[LimitFailure] = field(default_factory=list)
+    line: str = ""
+
+    @property
+    def verified(self) -> bool:
+        return self.status == "verified"
 
 
 @dataclass
@@ -98,9 +106,33 @@ class RolloutVerification:
     constrained: DeltaStats
     dtype: str
     epsilon: float
+    refused: list[RefusedCall] = field(default_factory=list)
+    limits: Limits = DEFAULT_LIMITS
+
+    @property
+    def verdict(self) -> Verdict:
+        """Refused policy calls first (nothing else can be claimed), then an empty proof, then the limits."""
+        refused = [r for r in self.refused if not r.constrained]
+        if refused:
+            return Verdict("cannot verify", line="cannot verify: " + refusal_message(
+                [(r.node_id, r.reasons) for r in refused]))
+        if self.policy.tokens == 0:
+            return Verdict("nothing verified", line=(
+                f"nothing verified: no sampled token of {self.session_id or 'the session'} carries the policy's "
+                f"logprobs ({self.constrained.tokens} constrained token(s), logprobs taken after a decoding "
+                "constraint; record calls without tool_choice 'required' or structured outputs to verify them)"))
+        failures = self.limits.failures(self.policy)
+        if failures:
+            return Verdict("failed", failures, (
+                f"step-0 check failed over {self.policy.tokens} policy token(s): "
+                + "; ".join(f.text for f in failures) + f" (limits: {self.limits.summary()})"))
+        return Verdict("verified", line=(
+            f"verified: {self.policy.tokens} policy token(s) within the limits ({self.limits.summary()})"))
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        verdict = self.verdict
+        return {**asdict(self), "verdict": {"status": verdict.status, "line": verdict.line,
+                                            "failures": [{**asdict(f), "text": f.text} for f in verdict.failures]}}
 
 
 def _torch() -> Any:
@@ -112,13 +144,16 @@ def _torch() -> Any:
 
 
 def score_tokens(model: Any, prompt_ids: Sequence[int], completion_ids: Sequence[int], *,
-                 chunk_tokens: int = 1024) -> list[float]:
-    """The model's log-probability of each completion id given everything before it.
+                 chunk_tokens: int = 1024, temperature: float = 1.0) -> list[float]:
+    """The model's log-probability of each completion id given everything before it, of the
+    distribution softmax(logits / ``temperature``) (1: the model's own, what raw logprobs are).
 
     One teacher-forced pass: the context goes through in chunks with a KV cache; logits are taken
     only at the positions that predict a completion token.
     """
     torch = _torch()
+    if not temperature > 0:
+        raise ValueError(f"a temperature divides the logits: it must be positive, not {temperature}")
     if not completion_ids:
         return []
     ids = list(prompt_ids) + list(completion_ids)
@@ -140,7 +175,7 @@ def score_tokens(model: Any, prompt_ids: Sequence[int], completion_ids: Sequence
                            logits_to_keep=max(0, end - keep_from) if keep_from < end else 1)
             past = getattr(result, "cache", None) or result.past_key_values
             if keep_from < end:
-                logits = result.logits[0, -(end - keep_from):].float()
+                logits = result.logits[0, -(end - keep_from):].float() / temperature
                 logps = torch.log_softmax(logits, dim=-1)
                 targets = torch.tensor(ids[keep_from + 1:end + 1], device=device)
                 out.extend(logps.gather(1, targets[:, None])[:, 0].tolist())
@@ -154,14 +189,18 @@ def _agent_records(records: Iterable[Mapping[str, Any]]) -> list[Mapping[str, An
 
 
 def verify_records(records: Iterable[Mapping[str, Any]], model: Any, tokenizer: Any = None, *,
-                   epsilon: float = DEFAULT_EPSILON, threshold: float = DEFAULT_THRESHOLD,
+                   limits: Limits = DEFAULT_LIMITS, threshold: float = DEFAULT_THRESHOLD,
                    chunk_tokens: int = 1024) -> RolloutVerification:
     """Score every sampled token of a session's trainable agent calls and compare with the records.
 
     Each call is scored on its own recorded context (prompt ids + sampled ids): exactly the sample
-    a trainer builds from it. ``tokenizer`` (optional) only decodes outlier tokens for the report.
+    a trainer builds from it, under the call's recorded sampling (logits divided by its
+    ``temperature_divisor``). A call whose sampling the trainer cannot reproduce is refused and
+    named instead (``RolloutVerification.refused``). ``tokenizer`` (optional) only decodes outlier
+    tokens for the report. The verdict applies ``limits`` to the policy calls' pooled statistics.
     """
     calls: list[CallVerification] = []
+    refused: list[RefusedCall] = []
     policy_r: list[float] = []
     policy_t: list[float] = []
     cons_r: list[float] = []
@@ -170,22 +209,31 @@ def verify_records(records: Iterable[Mapping[str, Any]], model: Any, tokenizer: 
     for record in _agent_records(records):
         md = record["metadata"]
         session_id = md.get("session_id", session_id)
-        rollout = list(record["per_token_logps"])
-        trainer = score_tokens(model, record["prompt_token_ids"], record["completion_token_ids"],
-                               chunk_tokens=chunk_tokens)
         constrained = md.get("logprobs_are_policy") is False
+        sampling = RecordedSampling.of(record)
+        reasons = sampling.problems()
+        if reasons:
+            refused.append(RefusedCall(node_of(record), md.get("call_index", -1), constrained, reasons))
+            continue
+        rollout = [float(lp) for lp in record["per_token_logps"]]
+        if len(rollout) != len(record["completion_token_ids"]):
+            raise ValueError(f"{node_of(record)}: {len(rollout)} logprobs for {len(record['completion_token_ids'])} "
+                             "sampled ids (a record the recorder would have marked invalid)")
+        trainer = score_tokens(model, record["prompt_token_ids"], record["completion_token_ids"],
+                               chunk_tokens=chunk_tokens, temperature=sampling.temperature_divisor)
         outliers = [
             TokenDelta(i, tok, tokenizer.decode([tok]) if tokenizer is not None else "", r, t)
             for i, (tok, r, t) in enumerate(zip(record["completion_token_ids"], rollout, trainer))
             if abs(t - r) > threshold
         ]
         calls.append(CallVerification(md.get("node_id", ""), md.get("call_index", -1), constrained,
-                                      DeltaStats.of(rollout, trainer, epsilon), outliers))
+                                      DeltaStats.of(rollout, trainer, limits.epsilon), outliers,
+                                      sampling.temperature_divisor))
         (cons_r if constrained else policy_r).extend(rollout)
         (cons_t if constrained else policy_t).extend(trainer)
     dtype = str(next(model.parameters()).dtype).replace("torch.", "")
-    return RolloutVerification(session_id, calls, DeltaStats.of(policy_r, policy_t, epsilon),
-                               DeltaStats.of(cons_r, cons_t, epsilon), dtype, epsilon)
+    return RolloutVerification(session_id, calls, DeltaStats.of(policy_r, policy_t, limits.epsilon),
+                               DeltaStats.of(cons_r, cons_t, limits.epsilon), dtype, limits.epsilon, refused, limits)
 
 
 @dataclass
@@ -237,7 +285,7 @@ def contrast_rerender(records: Iterable[Mapping[str, Any]], model: Any, tokenize
     """
     agent = _agent_records(records)
     if not agent:
-        return ContrastReport([], DeltaStats())
+        return ContrastReport([], DeltaStats(kl_k3=None))
     last = agent[-1]
     request = last["request"]
     reply = (last["response"].get("choices") or [{}])[0].get("message") or {}
@@ -255,15 +303,16 @@ def contrast_rerender(records: Iterable[Mapping[str, Any]], model: Any, tokenize
         end = len(_render(tokenizer, conversation[:index + 1], tools, False))
         span = full[start:end]
         sampled = list(record["completion_token_ids"])
-        scored = score_tokens(model, full[:start], span, chunk_tokens=chunk_tokens)
+        scored = score_tokens(model, full[:start], span, chunk_tokens=chunk_tokens,
+                              temperature=RecordedSampling.of(record).temperature_divisor)
         n = min(len(span), len(sampled))
         misaligned = sum(1 for a, b in zip(span[:n], sampled[:n]) if a != b) + abs(len(span) - len(sampled))
         rollout = list(record["per_token_logps"])[:n]
-        stats = DeltaStats.of(rollout, scored[:n], epsilon)
+        stats = DeltaStats.of(rollout, scored[:n], epsilon, sampled=False)
         turns.append(ContrastTurn(record["metadata"].get("call_index", -1), len(sampled), len(span), misaligned, stats))
         all_r.extend(rollout)
         all_t.extend(scored[:n])
-    return ContrastReport(turns, DeltaStats.of(all_r, all_t, epsilon))
+    return ContrastReport(turns, DeltaStats.of(all_r, all_t, epsilon, sampled=False))
 
 
 def scoring_dtype(dtype: str = "auto") -> str:
@@ -284,5 +333,5 @@ def load_model(model_dir: str, *, dtype: str = "auto") -> tuple[Any, Any]:
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, scoring_dtype(dtype)))
-    model.eval()
+    model.eval()  # type: ignore[no-untyped-call]
     return model, tokenizer

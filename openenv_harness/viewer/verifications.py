@@ -19,19 +19,31 @@ def verification_path(store_path: str, session_id: str) -> Path:
     return store.with_name(store.name + ".verify") / f"{session_id}.json"
 
 
+STAT_KEYS = ("tokens", "delta_max", "delta_mean", "ratio_min", "ratio_max", "share_within", "mean_log_ratio", "kl_k3")
+
+
 def load_verification(store_path: str, session_id: str) -> dict[int, dict[str, Any]]:
-    """Per call index: ``{constrained, delta_max, delta_mean, ratio_min, ratio_max, share_within, kl,
-    model, dtype}``; empty when the session was never verified (or the file is unreadable)."""
+    """Per call index: ``{constrained, refused, model, dtype, verdict}`` and the call's statistics
+    (``STAT_KEYS``: δ, ratios, the signed mean log ratio, the k3 KL estimate); a call the check refused
+    to score carries ``refused`` (its reasons) and no statistics. ``verdict`` is the session's
+    (``verified | failed | cannot verify | nothing verified``). Empty when the session was never
+    verified (or the file is unreadable)."""
     try:
         data = json.loads(verification_path(store_path, session_id).read_text())
     except (OSError, ValueError):
         return {}
+    if not isinstance(data, dict):
+        return {}
+    verdict = (data.get("verdict") or {}).get("status") if isinstance(data.get("verdict"), dict) else None
+    common = {"model": data.get("model"), "dtype": data.get("dtype"), "verdict": verdict}
     out: dict[int, dict[str, Any]] = {}
     for call in data.get("calls") or []:
         stats = call.get("stats") or {}
         out[int(call.get("call_index", -1))] = {
-            "constrained": bool(call.get("constrained")), "model": data.get("model"), "dtype": data.get("dtype"),
-            **{k: stats.get(k) for k in ("tokens", "delta_max", "delta_mean", "ratio_min", "ratio_max",
-                                          "share_within", "kl")},
+            "constrained": bool(call.get("constrained")), "refused": None, **common,
+            **{k: stats.get(k) for k in STAT_KEYS},
         }
+    for call in data.get("refused") or []:
+        out[int(call.get("call_index", -1))] = {"constrained": bool(call.get("constrained")),
+                                                "refused": list(call.get("reasons") or []), **common}
     return out

@@ -17,7 +17,7 @@ from openenv_harness.cli.app import main
 from openenv_harness.testing.engine import EngineConfig, EngineServer, Fault
 from openenv_harness.trainer.grpo import StepReport
 from openenv_harness.trainer.train_loop import LoopReport, RolloutSummary, TrainLoop
-from openenv_harness.trainer.verify import DeltaStats
+from openenv_harness.trainer.limits import DeltaStats
 
 MODEL = "reference-model"
 
@@ -50,11 +50,11 @@ def _trained_run(*, fails: bool, then: Callable[[], None] = lambda: None) -> Cal
         then()
         if fails:
             raise RuntimeError("the rollouts after the sync failed")
-        stats = DeltaStats(tokens=10, delta_max=0.05, delta_mean=0.01, kl=0.0)
+        stats = DeltaStats(tokens=10, delta_max=0.05, delta_mean=0.01, mean_log_ratio=0.0)
         summary = RolloutSummary("s", 0, [0], 0.0, 0.3, 1, 10, 1, 10, True)
         return LoopReport({}, 0, 1, [summary], StepReport(2, 20, [1.0, -1.0], 0.1, 1.0, 0.9, 1.1, 1.0, 0, 100, 1e-4),
                           sync, [RolloutSummary("t", 1, [1], 0.0, 0.3, 1, 10, 1, 10, True)], stats, stats,
-                          DeltaStats(tokens=10, delta_max=1.0, delta_mean=0.4, kl=0.3))
+                          DeltaStats(tokens=10, delta_max=1.0, delta_mean=0.4, mean_log_ratio=-0.3, kl_k3=0.3))
 
     return run
 

@@ -51,23 +51,35 @@ def test_the_trainable_view_is_position_id_and_logprob_under_mask_one() -> None:
         ids, [0, 1, 1], [0.0, -0.25, -1.5], offset=2)
 
 
-def _stats(mean: float, kl: float = 0.0) -> DeltaStats:
-    return DeltaStats(tokens=10, delta_max=mean * 5, delta_mean=mean, kl=kl)
+def _stats(mean: float, mean_log_ratio: float = 0.0) -> DeltaStats:
+    """Statistics whose every figure scales with the mean |delta| (a mismatch moves them all)."""
+    return DeltaStats(tokens=100, delta_max=mean * 8, delta_mean=mean, delta_p99=mean * 5,
+                      share_within=0.95 if mean < 0.02 else 0.6, mean_log_ratio=mean_log_ratio, kl_k3=mean * mean)
 
 
-def _report(after_mean: float, stale_mean: float, after_versions: list[int] | None = None) -> LoopReport:
+def _report(after_mean: float, stale_mean: float, after_versions: list[int] | None = None,
+            before_mean: float = 0.01) -> LoopReport:
     rollout = RolloutSummary("s", 0, [0], 0.0, 0.3, 1, 10, 1, 10, True)
     later = RolloutSummary("t", 2, after_versions or [1], 0.0, 0.3, 1, 10, 1, 10, True)
     step = StepReport(2, 20, [1.0, -1.0], 0.1, 1.0, 0.9, 1.1, 1.0, 0, 100, 1e-4)
-    return LoopReport({}, 0, 1, [rollout], step, SyncReport(0, 1, "/w"), [later], _stats(0.01), _stats(after_mean),
-                      _stats(stale_mean, kl=0.3))
+    return LoopReport({}, 0, 1, [rollout], step, SyncReport(0, 1, "/w"), [later], _stats(before_mean),
+                      _stats(after_mean), _stats(stale_mean, mean_log_ratio=0.3))
 
 
 def test_the_report_proves_the_loop_only_when_every_point_holds() -> None:
+    """The checks are held to the step-0 limits ``trace verify`` applies (trainer/limits.py), not to a
+    multiple of the run's own floor."""
     assert _report(0.009, 0.3).problems() == []
-    assert "noise floor" in _report(0.05, 0.3).problems()[0]  # the new weights are not what the engine serves
-    assert "stale" in _report(0.01, 0.015).problems()[0]  # the update was too small to tell the weights apart
+    # the new weights are not what the engine serves: the limit and the numbers are named
+    [problem] = _report(0.05, 0.3).problems()
+    assert "the new weights do not score the new records within the step-0 limits (mean |δ| 0.05 > 0.03" in problem
+    # the update was too small to tell the weights apart: the stale weights also meet the limits
+    assert "stale" in _report(0.01, 0.015).problems()[0]
+    # outside the limits but no further than the new weights: not told apart either
+    assert not _report(0.012, 0.02).stale_detected
     assert "version 1" in _report(0.01, 0.3, [0, 1]).problems()[0]  # a rollout straddled the sync
+    # records at version v that the version-v weights do not verify: nothing after them proves anything
+    assert "the version 0 weights do not score the version 0 records" in _report(0.009, 0.3, before_mean=0.1).problems()[0]
 
 
 def test_an_engine_that_cannot_reload_weights_is_refused_before_the_loop(tmp_path: Path) -> None:

@@ -1,4 +1,6 @@
-"""``trace verify`` and ``trace export`` as a trainer's pipeline runs them: a proof over no policy
+"""``trace verify`` and ``trace export`` as a trainer's pipeline runs them: logprobs that are not the
+model's fail (exit 1, one line naming the limits broken with the numbers), records whose sampling
+cannot be reproduced are refused (exit 1, "cannot verify" with the reason), a proof over no policy
 token is no proof (exit 1, "nothing verified"), the summary is machine-readable, an unknown session
 is an error and never an empty file, and constrained calls are never exported as trainable (a session of
 nothing else exports nothing: an error saying so)."""
@@ -20,6 +22,9 @@ transformers = pytest.importorskip("transformers")
 
 from openenv_harness.recorder.store import SQLiteStore  # noqa: E402
 from openenv_harness.recorder.store.base import PendingRecord  # noqa: E402
+from openenv_harness.trainer.limits import DEFAULT_LIMITS  # noqa: E402
+from openenv_harness.trainer.sampling import TRAINING_POLICY  # noqa: E402
+from openenv_harness.viewer.verifications import verification_path  # noqa: E402
 
 PROMPT, COMPLETION = [5, 9, 11, 2, 40, 41], [13, 17, 19]
 
@@ -50,7 +55,10 @@ def _own_logprobs(folder: Path) -> list[float]:
     return [logps[len(PROMPT) - 1 + i, tok].item() for i, tok in enumerate(COMPLETION)]
 
 
-def _store(path: Path, logps: list[float], *, constrained: bool) -> str:
+def _store(path: Path, logps: list[float], *, constrained: bool, mode: str = "raw_logprobs", **sampling: float) -> str:
+    """Two agent calls of session "s" with ``logps`` as their recorded logprobs, sampled under the training
+    policy unless ``sampling`` says otherwise."""
+    provenance = {"sampling_effective": {**TRAINING_POLICY, **sampling}, "sampling_unknown": [], "logprobs_mode": mode}
     async def write() -> None:
         store = SQLiteStore(path)
         store.open()
@@ -65,7 +73,7 @@ def _store(path: Path, logps: list[float], *, constrained: bool) -> str:
                     logprobs=array("d", logps), completion_tokens=None, trainable=True,
                     metadata={"node_id": f"s/{index}", "call_index": index, "session_id": "s", "status": "ok",
                               "call_kind": "agent", "trainable": True, "finish_reason": "stop",
-                              "logprobs_are_policy": not constrained},
+                              "logprobs_are_policy": not constrained, "provenance": provenance},
                     created_at=1.5))
             await store.caught_up()
         finally:
@@ -94,9 +102,58 @@ def test_a_policy_session_verifies_at_ratio_one(tmp_path: Path, model_dir: Path)
     done = cli("trace", "verify", "s", "--store", store, "--model", str(model_dir), "--json", "--dtype", "bfloat16")
     assert done.returncode == 0, done.stderr
     summary = json.loads(done.stdout)
-    assert summary["verified"] is True and summary["policy_tokens"] == 6
+    assert summary["verified"] is True and summary["policy_tokens"] == 6 and summary["failed_limits"] == []
+    assert summary["verdict"]["status"] == "verified" and summary["limits"]["delta_mean"] == DEFAULT_LIMITS.delta_mean
     assert math.isclose(summary["policy"]["ratio_min"], 1.0, abs_tol=1e-3)
     assert math.isclose(summary["policy"]["ratio_max"], 1.0, abs_tol=1e-3)
+    assert abs(summary["policy"]["mean_log_ratio"]) < 1e-3 and 0 <= summary["policy"]["kl_k3"] < 1e-5
+    assert "kl" not in summary["policy"]
+
+
+@pytest.mark.slow  # three CLI runs, each loading and scoring the model
+def test_logprobs_that_are_not_the_models_fail_with_the_limits_and_the_numbers(tmp_path: Path, model_dir: Path) -> None:
+    shifted = [lp - 0.4 for lp in _own_logprobs(model_dir)]
+    store = _store(tmp_path / "records.db", shifted, constrained=False)
+    args = ("trace", "verify", "s", "--store", store, "--model", str(model_dir), "--dtype", "bfloat16")
+    done = cli(*args)
+    assert done.returncode == 1, done.stdout + done.stderr
+    [line] = [x for x in done.stderr.splitlines() if x.strip()]
+    assert line.startswith("step-0 check failed over 6 policy token(s): mean |δ| 0.4")
+    assert f"> {DEFAULT_LIMITS.delta_mean:g}" in line and "share of ratios within 1±ε 0 < 0.8" in line
+    assert "step-0 verification of s" in done.stdout  # the table still shows every call
+    stored = json.loads(verification_path(store, "s").read_text())
+    assert stored["verified"] is False and stored["verdict"]["status"] == "failed"
+    as_json = cli(*args, "--json")
+    assert as_json.returncode == 1
+    summary = json.loads(as_json.stdout)
+    assert summary["verified"] is False
+    failed = {f["limit"]: f for f in summary["failed_limits"]}
+    assert {"delta_mean", "share_within"} <= set(failed)
+    assert math.isclose(failed["delta_mean"]["value"], 0.4, abs_tol=0.01)
+    assert failed["delta_mean"]["bound"] == DEFAULT_LIMITS.delta_mean
+    assert math.isclose(summary["policy"]["mean_log_ratio"], 0.4, abs_tol=0.01)  # signed: the trainer's is higher
+    # the limits can be overridden (the defaults are the documented ones): loose enough, the same records pass
+    loose = cli(*args, "--max-mean-delta", "1", "--max-p99-delta", "1", "--max-delta", "1", "--min-share-within", "0",
+                "--max-kl", "1")
+    assert loose.returncode == 0, loose.stderr
+    assert "verified: 6 policy token(s) within the limits (mean |δ| ≤ 1," in loose.stdout
+
+
+def test_records_whose_sampling_cannot_be_reproduced_are_refused_by_name(tmp_path: Path, model_dir: Path) -> None:
+    store = _store(tmp_path / "records.db", _own_logprobs(model_dir), constrained=False, temperature=0.7)
+    done = cli("trace", "verify", "s", "--store", store, "--model", str(model_dir), "--dtype", "bfloat16", "--json")
+    assert done.returncode == 1, done.stderr
+    summary = json.loads(done.stdout)
+    assert summary["verified"] is False and summary["verdict"]["status"] == "cannot verify"
+    assert summary["policy_tokens"] == 0 and [c["node_id"] for c in summary["refused"]] == ["s/0", "s/1"]
+    assert summary["verdict"]["line"].startswith("cannot verify: 2 record(s) cannot be scored as they were sampled")
+    assert "raw (before temperature): at temperature 0.7" in summary["verdict"]["line"]
+
+
+def test_nonsensical_limits_are_refused_before_anything_loads(tmp_path: Path, model_dir: Path) -> None:
+    store = _store(tmp_path / "records.db", [-0.5] * 3, constrained=False)
+    done = cli("trace", "verify", "s", "--store", store, "--model", str(model_dir), "--min-share-within", "2")
+    assert done.returncode == 2 and "share_within is a share" in done.stderr and "Traceback" not in done.stderr
 
 
 def test_a_missing_model_folder_is_named_as_one(tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ import httpx
 
 from openenv_harness.recorder import RecorderClient, RecorderConfig, RecorderServer
 from openenv_harness.testing.engine import EngineServer, Script, Turn
-from openenv_harness.trainer.verify import CallVerification, DeltaStats, RolloutVerification
+from openenv_harness.trainer.verify import CallVerification, DeltaStats, RefusedCall, RolloutVerification
 from openenv_harness.viewer.verifications import verification_path
 
 ADMIN = "viewer-verify-admin-0123456789abcdef"
@@ -30,15 +30,20 @@ def test_calls_carry_their_verification_when_one_was_stored(tmp_path: Path) -> N
             route = f"{server.url}/admin/viewer/api/sessions/{s['session_id']}/calls"
             auth = {"authorization": f"Bearer {ADMIN}"}
             before = httpx.get(route, headers=auth).json()["calls"]
-            stats = DeltaStats(tokens=3, delta_max=0.01, delta_mean=0.004, ratio_min=0.99, ratio_max=1.01)
+            stats = DeltaStats(tokens=3, delta_max=0.01, delta_mean=0.004, ratio_min=0.99, ratio_max=1.01,
+                               mean_log_ratio=-0.002, kl_k3=1e-5)
             report = RolloutVerification(s["session_id"], [CallVerification(f"{s['session_id']}/1", 1, False, stats)],
                                          stats, DeltaStats(), "bfloat16", 0.05)
+            report.refused.append(RefusedCall(f"{s['session_id']}/0", 0, False, ["truncated sampling (top_p=0.8)"]))
             path = verification_path(str(store), s["session_id"])
             path.parent.mkdir(parents=True)
             path.write_text(json.dumps({"model": "/models/policy", **report.as_dict()}))
             after = httpx.get(route, headers=auth).json()["calls"]
     assert [c["verification"] for c in before] == [None, None]
-    assert after[0]["verification"] is None  # call 0 was not verified
+    refused = after[0]["verification"]  # call 0 was refused, not scored: it says why and shows no numbers
+    assert refused["refused"] == ["truncated sampling (top_p=0.8)"] and "delta_max" not in refused
     v = after[1]["verification"]
-    assert v["delta_max"] == 0.01 and v["ratio_min"] == 0.99 and v["constrained"] is False
+    assert v["delta_max"] == 0.01 and v["ratio_min"] == 0.99 and v["constrained"] is False and v["refused"] is None
+    assert v["mean_log_ratio"] == -0.002 and v["kl_k3"] == 1e-5 and "kl" not in v
     assert v["model"] == "/models/policy" and v["dtype"] == "bfloat16"
+    assert v["verdict"] == "cannot verify"  # the session's verdict: a policy call could not be scored

@@ -149,7 +149,14 @@ function facts(call) {
   if (v) {
     // trace verify: the trainer's own logprobs of these sampled ids against the rollout's
     const kind = v.constrained ? " (constrained: not the policy's logprobs)" : "";
-    items.push(["step-0 δ max", `${v.delta_max.toFixed(4)}, ratios ${v.ratio_min.toFixed(3)}–${v.ratio_max.toFixed(3)}${kind}`]);
+    if (v.refused) {
+      items.push(["step-0", `not scored: ${v.refused.join("; ")}`]);
+    } else {
+      const logRatio = v.mean_log_ratio === null || v.mean_log_ratio === undefined ? ""
+        : `, mean log ratio ${v.mean_log_ratio >= 0 ? "+" : ""}${v.mean_log_ratio.toFixed(4)}`;
+      items.push(["step-0 δ max", `${v.delta_max.toFixed(4)}, ratios ${v.ratio_min.toFixed(3)}–${v.ratio_max.toFixed(3)}${logRatio}${kind}`]);
+    }
+    if (v.verdict) items.push(["session verdict", v.verdict]);
   }
   return el("div", { class: "facts" }, items.map(([k, v]) => el("span", {}, `${k} `, el("b", { text: v }))));
 }
