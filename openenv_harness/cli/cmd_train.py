@@ -105,12 +105,18 @@ def train_demo(
                             "runs/train-<timestamp>)"),
     keep_weights: bool = typer.Option(False, "--keep-weights", help="With --engine-url: leave the trained weights "
                                       "in the engine (default: load its base weights back at the end)"),
+    logprobs_mode: str = typer.Option(None, "--logprobs-mode", help="The engine started here: raw_logprobs (vLLM's "
+                                      "default; trains at temperature 1 only) | processed_logprobs (the sampled "
+                                      "distribution's: trains at any --temperature)"),
 ) -> int:
     """Close the RL loop here: rollouts -> one GRPO step -> weight sync through the fence -> rollouts."""
     if engine_url and (not model or model_dir is None):
         raise CLIError("--engine-url needs --model and --model-dir", "the trainer loads the weights the engine serves")
     if model_dir is not None and not (model_dir / "config.json").is_file():
         raise CLIError(f"no model folder at {model_dir} (config.json missing)")
+    if logprobs_mode is not None and (engine_url or logprobs_mode not in ("raw_logprobs", "processed_logprobs")):
+        raise CLIError("--logprobs-mode raw_logprobs | processed_logprobs applies to the engine train-demo starts",
+                       "start your own engine with vLLM's --logprobs-mode; the recorder measures it either way")
     if engine_url:
         _check_engine(engine_url, model)
     try:
@@ -123,6 +129,7 @@ def train_demo(
 
     from openenv_harness.cli.stack import LocalStack
     from openenv_harness.rollout.taskset import BUILTIN_TASKS
+    from openenv_harness.trainer.sampling import UnreproducibleSampling
     from openenv_harness.trainer.train_loop import LoopSettings, TrainLoop
 
     if task not in BUILTIN_TASKS:
@@ -132,7 +139,8 @@ def train_demo(
     run_dir.mkdir(parents=True, exist_ok=True)
     progress = lambda message: console.print(f"[dim]{time.strftime('%X')}[/] {message}", soft_wrap=True)  # noqa: E731
     stack = LocalStack(engine_url=engine_url, store_path=str(run_dir / "records.db"), model=model,
-                       tasks=[BUILTIN_TASKS[task]], engine=None if engine_url else "vllm", progress=progress)
+                       tasks=[BUILTIN_TASKS[task]], engine=None if engine_url else "vllm", progress=progress,
+                       logprobs_mode=logprobs_mode)
     with stack:
         served_dir = model_dir if engine_url else stack.engine.settings.model_dir
         if engine_url:
@@ -150,6 +158,8 @@ def train_demo(
         restore_error: str | None = None
         try:
             report = loop.run()
+        except UnreproducibleSampling as exc:  # said in one line, with the remedy: not a crash
+            raise CLIError(str(exc)) from None
         finally:  # a run that failed half-way must not leave trained or partial weights in the user's engine
             if engine_url and not keep_weights:
                 restore_error = restore_base_weights(loop, report, progress)

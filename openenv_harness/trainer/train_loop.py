@@ -179,7 +179,9 @@ class TrainLoop:
                 harness=s.harness, recorder_url=s.recorder_url, admin_token=s.admin_token, model=s.model,
                 tasks={s.task: BUILTIN_TASKS[s.task]}, prompt_mode="incremental",
                 budgets={"max_agent_calls": s.max_agent_calls, "max_wall_clock_s": s.rollout_timeout_s},
-                sampling={**FULL_VOCABULARY, "temperature": s.temperature, "seed": seed, "max_tokens": s.max_tokens})
+                # the recorder's training sampling policy: the whole vocabulary at the loop's temperature on
+                # every call, whatever the agent asks (its knobs are neutralised and recorded)
+                sampling={"seed": seed, "max_tokens": s.max_tokens}, training_temperature=s.temperature)
             report, session = run_rollout(factory, s.task, timeout_s=s.rollout_timeout_s + 30, seed=seed)
             if session is None:
                 raise RuntimeError(f"rollout {seed} could not start: {report.error}")

@@ -112,3 +112,16 @@ def test_a_sync_that_left_the_fence_closed_is_recovered_before_the_run_ends(
     assert "the engine holds its base weights" in out and "nothing trained was left in it" in out
     info = engine.info()
     assert (info["weights_path"], info["paused"]) == (str(base.resolve()), False)
+
+
+def test_a_temperature_the_engines_logprobs_do_not_follow_is_refused_before_any_rollout(
+        base: Path, tmp_path: Path, capsys: Any) -> None:
+    """At temperature 0.7 a raw engine's logprobs are another policy's: one line saying so, no rollout run
+    (the loop's own tests show a processed engine passing the same check)."""
+    with EngineServer(EngineConfig(weights_dir=base, logprobs_mode="raw_logprobs")) as engine:
+        code = _train_demo(engine, base, tmp_path / "run", "--temperature", "0.7", "--group", "2")
+        sessions = [r for r in engine.requests() if r.get("session")]
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "raw (before temperature)" in err and "processed_logprobs" in err, err
+    assert sessions == [], "no rollout starts on a policy the trainer cannot reproduce"
