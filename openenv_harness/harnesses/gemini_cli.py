@@ -1,7 +1,7 @@
 """The Gemini CLI preset (``@google/gemini-cli``), which speaks only Google's ``generateContent`` API.
 
 Gemini CLI is pointed at the recorder with ``GOOGLE_GEMINI_BASE_URL = <recorder>/rollout/<session>``:
-with that variable set it selects its ``gateway`` authentication, and its SDK (``@google/genai``)
+its API-key authentication (``security.auth.selectedType: gemini-api-key``) takes that base URL, and its SDK (``@google/genai``)
 appends ``/v1beta/models/<model>:streamGenerateContent?alt=sse`` (or ``:generateContent``) and
 sends ``GEMINI_API_KEY`` as ``x-goog-api-key``. The key travels in the environment only.
 One task runs headless with ``gemini -p <prompt> --output-format stream-json --approval-mode yolo``.
@@ -38,6 +38,8 @@ from openenv_harness.harnesses.base import (
     parse_jsonl,
 )
 
+#: The opening task of Gemini CLI's compression prompt, in both of its compression calls.
+COMPRESSION_MARKER = "distilling chat history into a structured XML <state_snapshot>"
 #: Gemini CLI's tools that reach the web.
 WEB_TOOLS = ("web_fetch", "google_web_search")
 
@@ -51,7 +53,7 @@ def gemini_base_url(setup: HarnessSetup) -> str:
 def _settings(setup: HarnessSetup) -> dict[str, Any]:
     options = setup.options
     settings: dict[str, Any] = {
-        "security": {"auth": {"selectedType": "gateway"}, "folderTrust": {"enabled": False}},
+        "security": {"auth": {"selectedType": "gemini-api-key"}, "folderTrust": {"enabled": False}},
         "privacy": {"usageStatisticsEnabled": False},
         "telemetry": {"enabled": False, "logPrompts": False},
         "general": {"enableAutoUpdate": False, "enableAutoUpdateNotification": False, "checkpointing": {"enabled": False}},
@@ -124,9 +126,10 @@ GEMINI_CLI = HarnessPreset(
     bin_name="gemini",
     binary="node_modules/.bin/gemini",
     aux_rules=(
-        # Gemini CLI's compression call: no tools, its system prompt opens the state-snapshot task.
+        # Gemini CLI's compression (its summary call and the self-check that follows it): no tools,
+        # and the snapshot task as the system instruction (``getCompressionPrompt`` in 0.61.0).
         AuxRule(name="gemini-cli-compression",
-                when=AuxCondition(no_tools=True, system_prompt_contains="<state_snapshot>")),
+                when=AuxCondition(no_tools=True, system_prompt_contains=COMPRESSION_MARKER)),
     ),
     offline_env={
         "GEMINI_CLI_NO_RELAUNCH": "true",

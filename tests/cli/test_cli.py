@@ -50,6 +50,24 @@ def test_run_codex_and_claude_code_on_the_embedded_engine(tmp_path: Path) -> Non
 
 
 @pytest.mark.cli
+@pytest.mark.slow
+def test_run_gemini_cli_on_the_embedded_engine(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    done = cli("run", "--harness", "gemini-cli", "--task", "fix-add", "--out", str(out))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    [row] = json.loads((out / "summary.json").read_text())
+    assert (row["harness"], row["task"], row["exit_code"], row["reward"], row["agent_calls"]) == (
+        "gemini-cli", "fix-add", 0, 1.0, 4)
+    assert row["fidelity"]["break"] == 0 and row["fidelity"]["replay_drift"] == 0 and row["rows"] == 1
+    entries = cli("trace", "export", row["session_id"], "--store", str(out / "records.db"), "--format", "entries")
+    records = [json.loads(line) for line in entries.stdout.splitlines()]
+    assert [r["metadata"]["dialect"] for r in records] == ["gemini"] * 4
+    for prev, rec in zip(records, records[1:]):  # one exact chain: each prompt extends the last call's tokens
+        chain = prev["prompt_token_ids"] + prev["completion_token_ids"]
+        assert rec["prompt_token_ids"][:len(chain)] == chain
+
+
+@pytest.mark.cli
 def test_trace_list_show_export(run_dir: Path) -> None:
     store = str(run_dir / "records.db")
     sid = json.loads((run_dir / "summary.json").read_text())[1]["session_id"]

@@ -135,7 +135,8 @@ class GeminiDialect(Dialect):
     name: ClassVar[str] = "gemini"
     #: the model-method routes are matched by ``parse_target``; this names the family in listings
     path_suffix: ClassVar[str] = "/v1beta/models/{model}:generateContent"
-    session_header: ClassVar[str] = "x-gemini-session-id"
+    #: Gemini CLI sends no conversation header of its own; one passed with GEMINI_CLI_CUSTOM_HEADERS is read
+    session_header: ClassVar[str] = "x-session-id"
     keepalive_event: ClassVar[bytes] = b": keepalive\n\n"
 
     def __init__(self, model: str | None = None, stream: bool = False) -> None:

@@ -62,9 +62,12 @@ def _text(value: Any, where: str) -> str:
 
 
 def system_text(instruction: Any) -> str:
-    """The text of ``systemInstruction``: a string, or a Content whose text parts are joined."""
+    """The text of ``systemInstruction``: a string, a lone text Part, or a Content whose text parts
+    are joined."""
     if isinstance(instruction, str):
         return instruction
+    if isinstance(instruction, dict) and "parts" not in instruction and "text" in instruction:
+        return _text(instruction["text"], "systemInstruction.text")
     parts = _parts(instruction, "systemInstruction")
     texts = []
     for i, part in enumerate(parts):
