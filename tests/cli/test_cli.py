@@ -144,6 +144,8 @@ def test_doctor_reports_the_harnesses() -> None:
     done = cli("doctor")
     assert "harness pi" in done.stdout and "harness opencode" in done.stdout and "python" in done.stdout
     assert "harness codex" in done.stdout and "harness claude-code" in done.stdout
+    [gemini] = [ln for ln in done.stdout.splitlines() if "harness gemini-cli" in ln]
+    assert "dialect gemini" in gemini, "each agent's line names the dialect it speaks"
     [line] = [ln for ln in done.stdout.splitlines() if "│ engine" in ln]
     assert "skipped" in line and "not checked" in line, "a doctor that checked no engine says so"
 
