@@ -136,6 +136,7 @@ def doctor(
     model: str = typer.Option(None, "--model", help="Model name to use for the engine check"),
 ) -> None:
     from openenv_harness.harnesses.doctor import doctor as harness_doctor
+    from openenv_harness.harnesses.registry import get_preset
     from openenv_harness.version import __version__
 
     t = Table(title="openenv-harness doctor")
@@ -152,7 +153,9 @@ def doctor(
     for status in harness_doctor():
         ok = status.ok
         bad += not ok
-        t.add_row(f"harness {status.name}", "yes" if ok else "no", f"{status.version or '-'}  {status.message}")
+        dialect = get_preset(status.name).dialect  # the API it speaks to the recorder
+        t.add_row(f"harness {status.name}", "yes" if ok else "no",
+                  f"{status.version or '-'}  dialect {dialect}  {status.message}")
     if engine_url:
         for name, ok, detail in _engine_checks(engine_url, model):
             bad += not ok

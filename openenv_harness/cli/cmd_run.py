@@ -169,7 +169,7 @@ def _summary(reports: list[Any]) -> Table:
 
 
 def run(
-    harness: str = typer.Option("pi,opencode", "--harness", help="Comma-separated: pi, opencode, codex, claude-code"),
+    harness: str = typer.Option("pi,opencode", "--harness", help="Comma-separated: pi, opencode, codex, claude-code, gemini-cli"),
     task: str = typer.Option("fix-add", "--task", help="Comma-separated built-in task ids"),
     engine: str = typer.Option("reference", "--engine", help="reference (embedded test double) | vllm (the "
                                "project's real vLLM with Qwen2.5-Coder-0.5B-Instruct, installed on first use)"),

@@ -227,8 +227,8 @@ def export(
     session_id: str,
     store: list[str] = STORE, url: list[str] = URL, admin_token: str = TOKEN,
     format: str = typer.Option("entries", "--format", help="entries (TraceEntry JSONL) | training (OpenEnv "
-                               "TrainingTrace JSON) | harness (HarnessTrace JSON); docs/exports.md says what each "
-                               "carries"),
+                               "TrainingTrace JSON) | harness (HarnessTrace JSON) | atif (Harbor's ATIF trajectory, token "
+                               "ids and logprobs per agent step); docs/exports.md says what each carries"),
     strategy: str = typer.Option("split", help="harness format: split | realign | approximate"),
     non_policy: str = typer.Option("mask", "--non-policy", help="training and harness formats: sampled ids whose "
                                    "logprobs are not the policy's (decoding constraint): mask (loss_mask 0) | keep "
@@ -251,7 +251,7 @@ def export(
     from openenv_harness.export import FORMATS, ExportFilters, NothingToExport, export_session, highest_policy_version
 
     if format not in FORMATS:
-        raise CLIError(f"unknown format {format!r}", "use entries, training or harness")
+        raise CLIError(f"unknown format {format!r}", "use entries, training, harness or atif")
     if current_version is not None and max_staleness is None:
         raise CLIError("--current-version is only read by --max-staleness", "pass --max-staleness K too")
     src = open_source(store, url, admin_token)

@@ -88,7 +88,7 @@ def _check_engine(engine_url: str, model: str) -> None:
 
 
 def train_demo(
-    harness: str = typer.Option("pi", "--harness", help="The agent: pi, opencode, codex, claude-code"),
+    harness: str = typer.Option("pi", "--harness", help="The agent: pi, opencode, codex, claude-code, gemini-cli"),
     task: str = typer.Option("fix-add", "--task", help="A built-in task id"),
     group: int = typer.Option(4, "--group", min=2, help="Rollouts per GRPO group (before the update)"),
     next_rollouts: int = typer.Option(2, "--next-rollouts", min=1, help="Rollouts at the new policy version"),

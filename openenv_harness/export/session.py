@@ -21,11 +21,12 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from openenv_harness.contract import call_versions, is_training_entry, training_entries
+from openenv_harness.export.atif import atif_trajectory
 from openenv_harness.export.filters import DropReason, DropReport, ExportFilters, drop_reason, report
 from openenv_harness.export.training_rows import annotate_rows, row_summary, training_rows
 
-ExportFormat = Literal["entries", "training", "harness"]
-FORMATS: tuple[ExportFormat, ...] = ("entries", "training", "harness")
+ExportFormat = Literal["entries", "training", "harness", "atif"]
+FORMATS: tuple[ExportFormat, ...] = ("entries", "training", "harness", "atif")
 
 
 class NothingToExport(ValueError):
@@ -50,6 +51,8 @@ class SessionExport:
             return "".join(json.dumps(r) + "\n" for r in self.rows)
         if self.format == "training":
             return str(self.rows.model_dump_json(indent=1))
+        if self.format == "atif":
+            return json.dumps(self.rows, indent=1) + "\n"
         return json.dumps([t.model_dump() for t in self.rows], indent=1)
 
 
@@ -113,6 +116,8 @@ def export_harness(records: list[dict[str, Any]], *, strategy: str = "split", no
 
 
 def _trainable_ids(fmt: ExportFormat, rows: Any) -> int:
+    if fmt == "atif":
+        return 0 if rows is None else len(rows["steps"])
     if fmt == "training":
         return sum(sum(t.loss_mask[len(t.prompt_token_ids):]) for t in rows.turns)
     if fmt == "harness":
@@ -185,6 +190,15 @@ def export_session(records: list[dict[str, Any]], format: ExportFormat = "entrie
     elif format == "harness":
         rows, dropped = export_harness(records, strategy=strategy, non_policy=non_policy, reward=reward,
                                        filters=filters)
+    elif format == "atif":
+        kept, dropped = export_entries(records, filters)
+        if not kept:
+            rows = None
+        else:
+            try:
+                rows = atif_trajectory(kept, session_id=session_id)
+            except ValueError as exc:
+                raise NothingToExport(f"session {name}: {exc}", "`openenv-harness trace show` shows its calls") from None
     else:
         raise ValueError(f"unknown format {format!r}; use {', '.join(FORMATS)}")
     if _trainable_ids(format, rows):

@@ -22,7 +22,9 @@ from openenv_harness.recorder.call.pipeline import handle_call
 from openenv_harness.recorder.dialects.base import Dialect
 from openenv_harness.recorder.dialects.anthropic import ANTHROPIC
 from openenv_harness.recorder.dialects.chat import CHAT
-from openenv_harness.recorder.dialects.routes import DIALECTS, agent_target
+from openenv_harness.recorder.dialects.gemini import COUNT, google_error, parse_target
+from openenv_harness.recorder.dialects.gemini_count import count_tokens as gemini_count_tokens
+from openenv_harness.recorder.dialects.routes import AGENT_ROUTES, agent_target
 from openenv_harness.recorder.dialects.count_tokens import count_tokens_route
 from openenv_harness.recorder.engine_watch import EngineWatch
 from openenv_harness.recorder.error_handlers import install_error_handlers
@@ -57,6 +59,17 @@ async def chat_route(request: Request) -> Response:
     except AgentError as exc:
         return dialect.error(exc)
     return await handle_call(ctx, request.path_params.get("session_id"), _agent_headers(request), raw, dialect)
+
+
+async def google_models_route(request: Request) -> Response:
+    """Google's model-method paths (``.../models/<model>:<method>``): generation through the agent
+    flow, ``countTokens`` from the engine's tokenizer, anything else a 404 in Google's shape."""
+    target = parse_target(request.url.path)
+    if target is None:
+        return google_error(404, f"no such method: {request.url.path}")
+    if target.method == COUNT:
+        return await gemini_count_tokens(request, target)
+    return await chat_route(request)
 
 
 async def models_route(request: Request) -> Response:
@@ -232,9 +245,11 @@ def create_recorder_app(
     app.state.ctx = ctx
     app.add_route("/healthz", healthz, methods=["GET"])
     app.add_route("/readyz", readyz, methods=["GET"])
-    for dialect in DIALECTS:
-        app.add_route("/rollout/{session_id}" + dialect.path_suffix, chat_route, methods=["POST"])
-        app.add_route(dialect.path_suffix, chat_route, methods=["POST"])
+    for suffix in AGENT_ROUTES:
+        app.add_route("/rollout/{session_id}" + suffix, chat_route, methods=["POST"])
+        app.add_route(suffix, chat_route, methods=["POST"])
+    app.add_route("/rollout/{session_id}/{version}/models/{target:path}", google_models_route, methods=["POST"])
+    app.add_route("/{version}/models/{target:path}", google_models_route, methods=["POST"])
     app.add_route("/rollout/{session_id}/v1/messages/count_tokens", count_tokens_route, methods=["POST"])
     app.add_route("/v1/messages/count_tokens", count_tokens_route, methods=["POST"])
     app.add_route("/rollout/{session_id}/v1/models", models_route, methods=["GET"])

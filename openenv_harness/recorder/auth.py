@@ -31,14 +31,15 @@ def secret_digest(secret: str) -> str:
 
 
 def bearer_token(headers: Mapping[str, str]) -> str | None:
-    """The key an agent SDK sent: ``Authorization: Bearer <key>`` or ``x-api-key: <key>``."""
+    """The key an agent SDK sent: ``Authorization: Bearer <key>``, ``x-api-key: <key>`` (Anthropic's
+    SDK) or ``x-goog-api-key: <key>`` (Google's)."""
     auth = headers.get("authorization")
     if auth:
         scheme, _, value = auth.partition(" ")
         if scheme.lower() == "bearer" and value.strip():
             return value.strip()
         return None
-    key = headers.get("x-api-key")
+    key = headers.get("x-api-key") or headers.get("x-goog-api-key")
     return key.strip() if key else None
 
 

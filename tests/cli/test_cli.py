@@ -13,6 +13,17 @@ import pytest
 CLI = [sys.executable, "-m", "openenv_harness.cli"]
 
 
+def _harbor_validate(trajectory: dict) -> dict:
+    """Harbor's own ATIF models, in their venv (``tests/export/harbor_models.py``)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("harbor_models", Path(__file__).parents[1] / "export" / "harbor_models.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.validate(trajectory)
+
+
 def cli(*args: str, cwd: Path | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
     env = {**os.environ, "COLUMNS": "200"}
     return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env)
@@ -50,6 +61,33 @@ def test_run_codex_and_claude_code_on_the_embedded_engine(tmp_path: Path) -> Non
 
 
 @pytest.mark.cli
+@pytest.mark.slow
+def test_run_gemini_cli_on_the_embedded_engine(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    done = cli("run", "--harness", "gemini-cli", "--task", "fix-add", "--out", str(out))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    [row] = json.loads((out / "summary.json").read_text())
+    assert (row["harness"], row["task"], row["exit_code"], row["reward"], row["agent_calls"]) == (
+        "gemini-cli", "fix-add", 0, 1.0, 4)
+    assert row["fidelity"]["break"] == 0 and row["fidelity"]["replay_drift"] == 0 and row["rows"] == 1
+    entries = cli("trace", "export", row["session_id"], "--store", str(out / "records.db"), "--format", "entries")
+    records = [json.loads(line) for line in entries.stdout.splitlines()]
+    assert [r["metadata"]["dialect"] for r in records] == ["gemini"] * 4
+    for prev, rec in zip(records, records[1:]):  # one exact chain: each prompt extends the last call's tokens
+        chain = prev["prompt_token_ids"] + prev["completion_token_ids"]
+        assert rec["prompt_token_ids"][:len(chain)] == chain
+    atif = cli("trace", "export", row["session_id"], "--store", str(out / "records.db"), "--format", "atif")
+    assert atif.returncode == 0, atif.stderr
+    trajectory = _harbor_validate(json.loads(atif.stdout))
+    assert trajectory["agent"]["name"] == "gemini-cli" and trajectory["agent"]["version"] == "0.61.0"
+    acts = [s for s in trajectory["steps"] if s["source"] == "agent"]
+    assert [s["metrics"]["completion_token_ids"] for s in acts] == [r["completion_token_ids"] for r in records]
+    assert [s["metrics"]["prompt_token_ids"] for s in acts] == [r["prompt_token_ids"] for r in records]
+    assert [c["function_name"] for s in acts for c in s.get("tool_calls", [])] == ["run_shell_command"] * 3
+    assert all(s["observation"]["results"] for s in acts[:3])
+
+
+@pytest.mark.cli
 def test_trace_list_show_export(run_dir: Path) -> None:
     store = str(run_dir / "records.db")
     sid = json.loads((run_dir / "summary.json").read_text())[1]["session_id"]
@@ -68,6 +106,9 @@ def test_trace_list_show_export(run_dir: Path) -> None:
     assert len(harness) == 1 and harness[0]["prompt_ids"] == rows[0]["prompt_token_ids"]
     assert sum(harness[0]["loss_mask"]) == sum(len(r["completion_token_ids"]) for r in rows)
     assert harness[0]["reward"] == 1.0, "the scored rollout's reward travels with its rows"
+    atif = _harbor_validate(json.loads(cli("trace", "export", sid, "--store", store, "--format", "atif").stdout))
+    assert [s["metrics"]["logprobs"] for s in atif["steps"] if s["source"] == "agent"] == [
+        r["per_token_logps"] for r in rows]
     assert all(seg["logprobs_are_policy"] for seg in harness[0]["metadata"]["segments"])
     unknown = cli("trace", "export", "no-such-session", "--store", store)
     assert unknown.returncode == 2 and "no records for session no-such-session" in unknown.stderr
@@ -103,6 +144,8 @@ def test_doctor_reports_the_harnesses() -> None:
     done = cli("doctor")
     assert "harness pi" in done.stdout and "harness opencode" in done.stdout and "python" in done.stdout
     assert "harness codex" in done.stdout and "harness claude-code" in done.stdout
+    [gemini] = [ln for ln in done.stdout.splitlines() if "harness gemini-cli" in ln]
+    assert "dialect gemini" in gemini, "each agent's line names the dialect it speaks"
     [line] = [ln for ln in done.stdout.splitlines() if "│ engine" in ln]
     assert "skipped" in line and "not checked" in line, "a doctor that checked no engine says so"
 

@@ -8,11 +8,12 @@ import pytest
 
 from openenv_harness.harnesses import doctor as doctor_module
 from openenv_harness.harnesses.doctor import doctor
+from openenv_harness.harnesses.registry import preset_names
 
 
 def test_nothing_installed(tmp_path: Path) -> None:
     statuses = {s.name: s for s in doctor(prefix=tmp_path)}
-    assert set(statuses) == {"pi", "opencode", "codex", "claude-code"}
+    assert set(statuses) == set(preset_names()) and {"pi", "opencode", "codex", "claude-code", "gemini-cli"} <= set(statuses)
     for name, status in statuses.items():
         assert not status.ok and not status.installed and not status.runs and status.version is None
         assert f"python -m openenv_harness.harnesses.install {name}" in status.message

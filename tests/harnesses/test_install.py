@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from openenv_harness.harnesses import UnknownHarnessError, get_preset
+from openenv_harness.harnesses import UnknownHarnessError, get_preset, preset_names
 from openenv_harness.harnesses import install
 from openenv_harness.harnesses.install import PREFIX_ENV, InstallError, default_node_prefix, ensure_installed
 
@@ -42,7 +42,7 @@ def test_done_install_is_fast_and_starts_nothing(node_prefix: Path, monkeypatch:
     started = time.monotonic()
     paths = ensure_installed(None, prefix=node_prefix)
     assert time.monotonic() - started < 1.0
-    assert set(paths) == {"pi", "opencode", "codex", "claude-code"}
+    assert set(paths) == set(preset_names()) and {"pi", "opencode", "codex", "claude-code", "gemini-cli"} <= set(paths)
     for name, path in paths.items():
         assert path == node_prefix / get_preset(name).binary
         assert os.access(path, os.X_OK)

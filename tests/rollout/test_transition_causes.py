@@ -125,16 +125,19 @@ def test_reasoning_an_agent_drops_is_named(harness: str, expected: list, cli_pat
 
 
 SEQ = ToolCallSpec(name="bash", arguments={"command": "seq 1 1200"})  # ~4.6k ids of output a turn
+READ = ToolCallSpec(name="bash", arguments={"command": "seq 1 1990"})  # ~7.7k ids: one long first read
 
 
-@pytest.mark.parametrize(("harness", "context", "long_outputs"), [("pi", None, False), ("opencode", 4096, False),
-                                                                ("opencode", 14000, True)])
-def test_compaction_is_named_history_rewritten(harness: str, context: int | None, long_outputs: bool,
-                                               cli_paths) -> None:
-    """Whatever the context size -- compaction before the first answer, or after two long tool outputs
-    filled the context -- the call after compaction is named ``history_rewritten``: as a break, or,
-    where the kept system prompt and tool list are most of the parent's ids, as a drift."""
-    turns = [Turn(tool_calls=[SEQ]), Turn(tool_calls=[SEQ])] if long_outputs else []
+@pytest.mark.parametrize(("harness", "context", "long_outputs", "max_output"), [
+    ("pi", None, [], 1024), ("opencode", 4096, [], 1024), ("opencode", 14000, [SEQ, SEQ], 1024),
+    ("opencode", 15000, [READ], 1000)])
+def test_compaction_is_named_history_rewritten(harness: str, context: int | None, long_outputs: list[ToolCallSpec],
+                                               max_output: int, cli_paths) -> None:
+    """Whatever the context size -- compaction before the first answer, after two long tool outputs
+    filled the context, or on the second call after one long first read (15k context, 1k output) --
+    the call after compaction is named ``history_rewritten``: as a break, or, where the kept system
+    prompt and tool list are most of the parent's ids, as a drift."""
+    turns = [Turn(tool_calls=[call]) for call in long_outputs]
     script = Script(turns=[*turns, Turn(tool_calls=[WRITE]), Turn(content="Wrote greeting.txt.")],
                     aux_text="Summary: the agent wrote greeting.txt.")
     options = HarnessOptions(compaction=True)
@@ -143,14 +146,18 @@ def test_compaction_is_named_history_rewritten(harness: str, context: int | None
                               factory={"options": options, "budgets": {"max_agent_calls": 4}})
     else:  # OpenCode compacts once its context (told smaller than its own prompt) is full
         records, _ = _rollout(harness, script, factory={
-            "options": options, "context_window": context, "max_output_tokens": 1024,
-            "budgets": {"max_agent_calls": 4 if long_outputs else 2}})
+            "options": options, "context_window": context, "max_output_tokens": max_output,
+            "budgets": {"max_agent_calls": 2 + len(long_outputs)}})
     kinds = [(r["metadata"]["call_kind"], r["metadata"].get("aux_rule")) for r in records]
     at = kinds.index(("aux", f"{harness}-compaction"))
     after = next(r for r in records[at + 1:] if r["metadata"]["call_kind"] == "agent" and r["metadata"].get("fidelity"))
     assert any("Summary: the agent wrote greeting.txt." in str(m.get("content")) for m in after["request"]["messages"])
     fidelity = after["metadata"]["fidelity"]
     assert fidelity["class"] in ("break", "replay_drift") and fidelity["cause"] == "history_rewritten", fidelity
+    if long_outputs == [READ]:  # the long read was the second call's prompt; the compaction came after it
+        agent = [r for r in records[:at] if r["metadata"]["call_kind"] == "agent"]
+        assert len(agent) == 2 and len(agent[1]["prompt_token_ids"]) > context > len(agent[0]["prompt_token_ids"])
+        assert fidelity["class"] == "break"
 
 
 @pytest.mark.parametrize(("template", "expected"), [

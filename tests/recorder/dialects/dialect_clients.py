@@ -158,3 +158,67 @@ class ResponsesAgent:
             self.body["input"].extend({"type": "function_call_output", "call_id": c["call_id"], "output": "ok"}
                                       for c in calls)
         return replies
+
+
+GEMINI_TOOLS = [{"functionDeclarations": [{"name": "run_shell_command", "description": "Run a shell command.",
+                                           "parametersJsonSchema": {"type": "object",
+                                                                    "properties": {"command": {"type": "string"}},
+                                                                    "required": ["command"]}}]}]
+
+
+def gemini_stream(body: bytes) -> dict[str, Any]:
+    """Accumulate a ``streamGenerateContent?alt=sse`` stream as Google's SDK and Gemini CLI do:
+    ``data:`` events only, parts concatenated, the finish reason and usage from the last event."""
+    events = []
+    for frame in body.decode().split("\r\n\r\n"):
+        if not frame.strip():
+            continue
+        assert frame.startswith("data: ") and "\n" not in frame, frame
+        events.append(json.loads(frame[len("data: "):]))
+    assert events, body
+    finished = [e for e in events if e["candidates"][0].get("finishReason")]
+    assert finished == [events[-1]], "exactly the last event finishes"
+    parts = [p for e in events for p in e["candidates"][0]["content"]["parts"]]
+    last = events[-1]
+    return {"candidates": [{"content": {"role": "model", "parts": parts}, "index": 0,
+                            "finishReason": last["candidates"][0]["finishReason"]}],
+            "usageMetadata": last["usageMetadata"], "modelVersion": last["modelVersion"],
+            "responseId": last["responseId"]}
+
+
+class GeminiAgent:
+    """A Gemini-CLI-like loop: the model turn is sent back as its parts (``functionCall.args`` as an
+    object), followed by one user turn of ``functionResponse`` parts."""
+
+    def __init__(self, base: str, key: str, *, stream: bool = True, model: str = "policy") -> None:
+        method = "streamGenerateContent?alt=sse" if stream else "generateContent"
+        self.url = f"{base.removesuffix('/v1')}/v1beta/models/{model}:{method}"
+        self.headers = {"x-goog-api-key": key}
+        self.stream = stream
+        self.body: dict[str, Any] = {
+            "systemInstruction": {"role": "user", "parts": [{"text": "You are Gemini CLI."}]},
+            "tools": GEMINI_TOOLS, "generationConfig": {"temperature": 0, "maxOutputTokens": 512},
+            "contents": [{"role": "user", "parts": [{"text": "Fix the bug."}]}]}
+
+    def call(self) -> dict[str, Any]:
+        r = httpx.post(self.url, json=self.body, headers=self.headers, timeout=60)
+        assert r.status_code == 200, r.text
+        if self.stream:
+            assert r.headers["content-type"].startswith("text/event-stream")
+            return gemini_stream(r.content)
+        return r.json()
+
+    def run(self, max_turns: int = 8) -> list[dict[str, Any]]:
+        replies = []
+        for _ in range(max_turns):
+            reply = self.call()
+            replies.append(reply)
+            content = reply["candidates"][0]["content"]
+            self.body["contents"].append(content)
+            calls = [p["functionCall"] for p in content["parts"] if "functionCall" in p]
+            if not calls:
+                return replies
+            self.body["contents"].append({"role": "user", "parts": [
+                {"functionResponse": {"id": c["id"], "name": c["name"], "response": {"output": "ok"}}}
+                for c in calls]})
+        return replies

@@ -71,6 +71,41 @@ RESPONSES_CASES = {
     "stream not a boolean": _with(RESP, stream=1),
 }
 
+GEM = {"contents": [{"role": "user", "parts": [{"text": "hi"}]}]}
+
+
+def _model_parts(*parts: dict) -> list[dict]:
+    return [*GEM["contents"], {"role": "model", "parts": list(parts)}]
+
+
+GEMINI_CASES = {
+    "not json": b"{nope",
+    "array body": b"[]",
+    "no contents": _with(GEM, contents=[]),
+    "content not an object": _with(GEM, contents=["hi"]),
+    "bad role": _with(GEM, contents=[{"role": "system", "parts": [{"text": "x"}]}]),
+    "parts not an array": _with(GEM, contents=[{"role": "user", "parts": {"text": "x"}}]),
+    "text not a string": _with(GEM, contents=[{"role": "user", "parts": [{"text": 3}]}]),
+    "file data": _with(GEM, contents=[{"role": "user", "parts": [{"fileData": {"fileUri": "gs://x"}}]}]),
+    "executable code": _with(GEM, contents=_model_parts({"executableCode": {"code": "print(1)"}})),
+    "unknown part": _with(GEM, contents=[{"role": "user", "parts": [{"blob": "x"}]}]),
+    "function call in a user turn": _with(GEM, contents=[{"role": "user", "parts": [
+        {"functionCall": {"name": "f", "args": {}}}]}]),
+    "function call without a name": _with(GEM, contents=_model_parts({"functionCall": {"args": {}}})),
+    "args not an object": _with(GEM, contents=_model_parts({"functionCall": {"name": "f", "args": "ls"}})),
+    "response answering nothing": _with(GEM, contents=[*GEM["contents"], {"role": "user", "parts": [
+        {"functionResponse": {"name": "f", "response": {}}}]}]),
+    "image in a system instruction": _with(GEM, systemInstruction={"parts": [{"inlineData": {"mimeType": "a",
+                                                                                             "data": "b"}}]}),
+    "search tool": _with(GEM, tools=[{"googleSearch": {}}]),
+    "declaration without a name": _with(GEM, tools=[{"functionDeclarations": [{"description": "x"}]}]),
+    "bad calling mode": _with(GEM, toolConfig={"functionCallingConfig": {"mode": "SOMETIMES"}},
+                              tools=[{"functionDeclarations": [{"name": "f"}]}]),
+    "two candidates": _with(GEM, generationConfig={"candidateCount": 2}),
+    "max tokens zero": _with(GEM, generationConfig={"maxOutputTokens": 0}),
+    "cached content": _with(GEM, cachedContent="cachedContents/abc"),
+}
+
 
 @pytest.fixture(scope="module")
 def shared(tmp_path_factory: pytest.TempPathFactory, engine: EngineServer) -> Iterator[tuple[RecorderServer, RecorderClient]]:
@@ -115,6 +150,17 @@ def test_responses_bad_input(shared: tuple[RecorderServer, RecorderClient], engi
                  check)
 
 
+def test_gemini_bad_input(shared: tuple[RecorderServer, RecorderClient], engine: EngineServer) -> None:
+    def check(case: str, r: httpx.Response) -> None:
+        error = r.json()["error"]
+        assert set(error) == {"code", "message", "status"}, (case, error)
+        assert error["code"] == 400 and error["status"] == "INVALID_ARGUMENT" and error["message"], (case, error)
+
+    for method in ("generateContent", "streamGenerateContent"):
+        _check_cases(shared, engine, f"/v1beta/models/policy:{method}", GEMINI_CASES,
+                     lambda key: {"x-goog-api-key": key}, check)
+
+
 def test_count_tokens_bad_input(shared: tuple[RecorderServer, RecorderClient], engine: EngineServer) -> None:
     cases = {"not json": b"{nope", "no messages": json.dumps({"model": "m", "messages": []}).encode(),
              "unknown block": json.dumps({"model": "m", "messages": _user({"type": "document"})}).encode()}
@@ -130,14 +176,18 @@ def test_oversized_bodies_are_refused_in_the_dialects_shape(small_recorder: Reco
     with RecorderClient(small_recorder.url, ADMIN) as admin:
         s = admin.create_session()
         big = "x" * (70 * 1024)
-        for suffix in ("/v1/messages", "/v1/responses", "/v1/messages/count_tokens"):
+        gemini = "/v1beta/models/m:streamGenerateContent"
+        for suffix in ("/v1/messages", "/v1/responses", "/v1/messages/count_tokens", gemini):
             body = ({"model": "m", "input": big} if suffix.endswith("responses")
+                    else {"contents": [{"parts": [{"text": big}]}]} if suffix == gemini
                     else {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": big}]})
             for path in (f"/rollout/{s['session_id']}{suffix}", suffix):
                 r = httpx.post(small_recorder.url + path, json=body, headers={"x-api-key": s["secret"]})
                 assert r.status_code == 413, (path, r.text)
                 if suffix.endswith("responses"):
                     assert r.json()["error"]["code"] == "body_too_large"
+                elif suffix == gemini:
+                    assert r.json()["error"]["status"] == "INVALID_ARGUMENT" and r.json()["error"]["code"] == 413
                 else:
                     assert r.json()["error"]["type"] == "request_too_large"
         assert admin.records(s["session_id"]) == [] and engine.requests(s["session_id"]) == []

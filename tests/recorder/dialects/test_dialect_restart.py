@@ -17,7 +17,7 @@ from openenv_harness.recorder import RecorderClient, RecorderConfig, RecorderSer
 from openenv_harness.testing.engine import EngineConfig, EngineServer, Script, ToolCallSpec, Turn
 
 from agentloop import ADMIN
-from dialect_clients import AnthropicAgent, ResponsesAgent
+from dialect_clients import AnthropicAgent, GeminiAgent, ResponsesAgent
 
 SPACED = '{"command":  "ls -la"}'  # as sampled; the engine's parser re-serializes it (one space)
 COMPACT = '{"cmd":"ls -la"}'  # as sampled; the parser returns '{"cmd": "ls -la"}'
@@ -37,6 +37,33 @@ def _config(tmp_path: Path, engine: EngineServer) -> RecorderConfig:
 def _script(tool: str, arguments: str) -> Script:
     return Script(turns=[Turn(reasoning="Look first.", tool_calls=[ToolCallSpec(name=tool, arguments=arguments)]),
                          Turn(content="Fixed.")])
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_gemini_replay_after_a_restart_is_restored_and_exact(stream: bool, tmp_path: Path, engine: EngineServer) -> None:
+    config = _config(tmp_path, engine)
+    with RecorderServer(config) as server, RecorderClient(server.url, ADMIN) as admin:
+        s = admin.create_session()
+        engine.set_script(s["session_id"], _script("run_shell_command", SPACED))
+        agent = GeminiAgent(f"{server.url}/rollout/{s['session_id']}", s["secret"], stream=stream)
+        first = agent.call()
+    thought, call = first["candidates"][0]["content"]["parts"]
+    assert call["functionCall"]["args"] == {"command": "ls -la"}
+
+    with RecorderServer(config) as server, RecorderClient(server.url, ADMIN) as admin:
+        agent.url = agent.url.replace(agent.url.split("/rollout/")[0], server.url)
+        # Gemini CLI's replay: the parsed args, and the thought kept only by its signature
+        agent.body["contents"] += [
+            {"role": "model", "parts": [{"thought": True, "thoughtSignature": thought["thoughtSignature"]}, call]},
+            {"role": "user", "parts": [{"functionResponse": {"id": call["functionCall"]["id"],
+                                                             "name": "run_shell_command", "response": {"output": "ok"}}}]}]
+        last = agent.call()
+        records = admin.records(s["session_id"])
+    assert last["candidates"][0]["content"]["parts"] == [{"text": "Fixed."}]
+    assistant = records[1]["request"]["messages"][2]
+    assert assistant["reasoning"] == "Look first."
+    assert assistant["tool_calls"][0]["function"]["arguments"] == SPACED
+    assert [r["metadata"]["fidelity"]["class"] for r in records] == ["root", "exact"]
 
 
 @pytest.mark.parametrize("stream", [True, False])
