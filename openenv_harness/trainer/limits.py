@@ -107,7 +107,7 @@ class Limits:
     delta_p99: float = 0.25
     delta_max: float = 0.5
     #: minimum share of ratios exp(d) within 1 ± ``epsilon``
-    share_within: float = 0.8
+    share_within: float = 0.75
     epsilon: float = 0.05
     kl_k3: float = 2e-3
 

@@ -119,7 +119,7 @@ def test_logprobs_that_are_not_the_models_fail_with_the_limits_and_the_numbers(t
     assert done.returncode == 1, done.stdout + done.stderr
     [line] = [x for x in done.stderr.splitlines() if x.strip()]
     assert line.startswith("step-0 check failed over 6 policy token(s): mean |δ| 0.4")
-    assert f"> {DEFAULT_LIMITS.delta_mean:g}" in line and "share of ratios within 1±ε 0 < 0.8" in line
+    assert f"> {DEFAULT_LIMITS.delta_mean:g}" in line and f"share of ratios within 1±ε 0 < {DEFAULT_LIMITS.share_within:g}" in line
     assert "step-0 verification of s" in done.stdout  # the table still shows every call
     stored = json.loads(verification_path(store, "s").read_text())
     assert stored["verified"] is False and stored["verdict"]["status"] == "failed"
