@@ -42,7 +42,7 @@ def processed_vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMSer
 
 def _record(stack: RealStack, temperature: float, **agent: Any) -> dict[str, Any]:
     session_id, secret = stack.session(training_sampling={"temperature": temperature})
-    reply = stack.chat(session_id, secret, {"model": MODEL, "messages": PROMPT, "max_tokens": 48, "seed": 7, **agent})
+    reply = stack.chat(session_id, secret, {"model": MODEL, "messages": PROMPT, "max_tokens": 48, **agent})
     assert reply.status_code == 200, reply.text
     [record] = stack.admin.records(session_id)
     return record
