@@ -40,9 +40,15 @@ def processed_vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMSer
         server.stop()
 
 
-def _record(stack: RealStack, temperature: float, **agent: Any) -> dict[str, Any]:
-    session_id, secret = stack.session(training_sampling={"temperature": temperature})
-    reply = stack.chat(session_id, secret, {"model": MODEL, "messages": PROMPT, "max_tokens": 48, **agent})
+#: an agent's call offers tools (a call without any is classified auxiliary, never trained)
+TOOLS = [{"type": "function", "function": {"name": "bash", "description": "Run a shell command.", "parameters": {
+    "type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}}]
+
+
+def _record(stack: RealStack, policy_temperature: float, **agent: Any) -> dict[str, Any]:
+    session_id, secret = stack.session(training_sampling={"temperature": policy_temperature})
+    reply = stack.chat(session_id, secret, {"model": MODEL, "messages": PROMPT, "tools": TOOLS, "max_tokens": 48,
+                                            **agent})
     assert reply.status_code == 200, reply.text
     [record] = stack.admin.records(session_id)
     return record
@@ -61,6 +67,7 @@ def test_the_raw_engine_is_measured_raw_and_refuses_a_temperature_it_cannot_serv
         prov = record["metadata"]["provenance"]
         assert (prov["logprobs_mode"], prov["logprobs_mode_source"]) == ("raw_logprobs", "measured")
         assert prov["sampling_neutralised"] == {"top_p": 0.8, "top_k": 20}
+        assert record["metadata"]["call_kind"] == "agent" and record["metadata"]["status"] == "ok"
         assert prov["sampling_effective"]["top_p"] == 1.0 and record["metadata"]["trainable"] is True
     finally:
         stack.close()
@@ -75,6 +82,7 @@ def test_processed_logprobs_train_at_the_recorded_temperature(processed_vllm: VL
     finally:
         stack.close()
     md = record["metadata"]
+    assert md["call_kind"] == "agent" and md["status"] == "ok"
     assert md["provenance"]["logprobs_mode"] == "processed_logprobs" and md["trainable"] is True
     assert md["provenance"]["sampling_effective"]["temperature"] == 0.7
     sampling = require_reproducible([record])[md["node_id"]]

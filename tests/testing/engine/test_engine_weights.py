@@ -121,7 +121,14 @@ def test_a_reset_that_did_not_happen_says_so(engine: EngineServer, folders: dict
     assert httpx.post(engine.url + "/reset_prefix_cache").json() == {"success": True}
 
 
-async def test_running_requests_hold_blocks_so_the_reset_fails_unless_forced(engine: EngineServer) -> None:
+async def test_running_requests_hold_blocks_so_the_reset_fails_unless_forced(folders: dict[str, Path]) -> None:
+    # seconds of prefill: the call is still running when the pause lands, however loaded the machine
+    config = EngineConfig(weights_dir=folders["base"], prefill_delay_s=3.0, decode_delay_s=0.02)
+    with EngineServer(config) as engine:
+        await _kept_call_holds_its_blocks(engine)
+
+
+async def _kept_call_holds_its_blocks(engine: EngineServer) -> None:
     async with httpx.AsyncClient(base_url=engine.url, timeout=30) as client:
         call = asyncio.create_task(client.post("/v1/chat/completions", json={
             "messages": [{"role": "user", "content": "go"}]}))
