@@ -212,13 +212,12 @@ def verify_records(records: Iterable[Mapping[str, Any]], model: Any, tokenizer: 
         constrained = md.get("logprobs_are_policy") is False
         sampling = RecordedSampling.of(record)
         reasons = sampling.problems()
+        rollout = [float(lp) for lp in record.get("per_token_logps") or []]
+        if len(rollout) != len(record["completion_token_ids"]):
+            reasons.append(f"{len(rollout)} logprobs for {len(record['completion_token_ids'])} sampled ids")
         if reasons:
             refused.append(RefusedCall(node_of(record), md.get("call_index", -1), constrained, reasons))
             continue
-        rollout = [float(lp) for lp in record["per_token_logps"]]
-        if len(rollout) != len(record["completion_token_ids"]):
-            raise ValueError(f"{node_of(record)}: {len(rollout)} logprobs for {len(record['completion_token_ids'])} "
-                             "sampled ids (a record the recorder would have marked invalid)")
         trainer = score_tokens(model, record["prompt_token_ids"], record["completion_token_ids"],
                                chunk_tokens=chunk_tokens, temperature=sampling.temperature_divisor)
         outliers = [

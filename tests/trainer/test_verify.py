@@ -153,6 +153,15 @@ def test_truncated_sampling_is_refused_even_when_the_other_calls_verify(model) -
     assert refused.node_id == "s/1" and "truncated sampling (top_p=0.8)" in refused.reasons[0]
 
 
+def test_a_record_whose_logprobs_do_not_match_its_ids_is_refused_not_scored(model) -> None:
+    session = _session(model, calls=2)
+    records = [_record(i, p, c, lp) for i, (p, c, lp) in enumerate(session)]
+    records[1]["per_token_logps"] = records[1]["per_token_logps"][:-1]
+    report = verify_records(records, model)
+    assert report.verdict.status == "cannot verify" and [c.call_index for c in report.calls] == [0]
+    assert report.refused[0].reasons == ["11 logprobs for 12 sampled ids"]
+
+
 def test_a_refused_constrained_call_does_not_block_the_proof_and_no_policy_token_verifies_nothing(model) -> None:
     session = _session(model, calls=2)
     policy = _record(0, *session[0])
