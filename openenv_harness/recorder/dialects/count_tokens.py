@@ -11,6 +11,9 @@ upstream) answers 501, which Claude Code reads as "count some other way".
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response
@@ -20,6 +23,7 @@ from openenv_harness.recorder.dialects import anthropic_request
 from openenv_harness.recorder.dialects.anthropic import anthropic_error
 from openenv_harness.recorder.dialects.base import decode_object, memory_for
 from openenv_harness.recorder.errors import AgentError
+from openenv_harness.recorder.live_session import LiveSession
 from openenv_harness.recorder.call.authenticate import authenticate
 from openenv_harness.recorder.relay_errors import relay_upstream_error
 from openenv_harness.recorder.request_body import read_body
@@ -37,10 +41,19 @@ async def count_tokens_route(request: Request) -> Response:
         chat, _ = anthropic_request.to_chat(body, memory_for(session), count_only=True)
     except AgentError as exc:
         return anthropic_error(exc.status, exc.message, exc.headers)
+    count = await prompt_length(ctx, session, chat, anthropic_error, "count_tokens")
+    if isinstance(count, Response):
+        return count
+    return Response(orjson.dumps({"input_tokens": count}), media_type="application/json")
+
+
+async def prompt_length(ctx: RecorderContext, session: LiveSession, chat: dict[str, Any],
+                        error: Callable[..., Response], route: str) -> int | Response:
+    """The length of the prompt ``chat`` would have, from the engine's ``/tokenize`` in its chat form;
+    a failure is answered through the dialect's ``error`` (its shape, the status a client retries on)."""
     upstream = ctx.upstream_for(session.spec.upstream)
     if upstream is None:
-        return anthropic_error(503, "no engine is configured for this session",
-                               {"retry-after": str(ctx.config.retry_after_s)})
+        return error(503, "no engine is configured for this session", {"retry-after": str(ctx.config.retry_after_s)})
     tokenize = {"model": ctx.fence.served_model or chat.get("model"), "messages": chat["messages"],
                 "add_generation_prompt": True}
     if chat.get("tools"):
@@ -49,13 +62,12 @@ async def count_tokens_route(request: Request) -> Response:
         reply = await upstream.request("POST", TOKENIZE, json=tokenize)
     except UpstreamFailure as exc:
         if exc.kind == "protocol":
-            return anthropic_error(501, f"count_tokens is not available on this engine: {exc.message}")
-        return anthropic_error(504 if exc.kind == "timeout" else 502, exc.message,
-                               {"retry-after": str(ctx.config.retry_after_s)})
+            return error(501, f"{route} is not available on this engine: {exc.message}")
+        return error(504 if exc.kind == "timeout" else 502, exc.message, {"retry-after": str(ctx.config.retry_after_s)})
     count = reply.json.get("count") if reply.status == 200 and isinstance(reply.json, dict) else None
-    if not isinstance(count, int):
-        if reply.status == 200:
-            return anthropic_error(502, "the engine's /tokenize reply holds no 'count'")
-        error = relay_upstream_error(reply)
-        return anthropic_error(error.status, error.message, error.headers)
-    return Response(orjson.dumps({"input_tokens": count}), media_type="application/json")
+    if isinstance(count, int):
+        return count
+    if reply.status == 200:
+        return error(502, "the engine's /tokenize reply holds no 'count'")
+    relayed = relay_upstream_error(reply)
+    return error(relayed.status, relayed.message, relayed.headers)

@@ -17,12 +17,10 @@ from openenv_harness.recorder.call.authenticate import authenticate
 from openenv_harness.recorder.context import RecorderContext
 from openenv_harness.recorder.dialects import gemini_request
 from openenv_harness.recorder.dialects.base import decode_object, memory_for
+from openenv_harness.recorder.dialects.count_tokens import prompt_length
 from openenv_harness.recorder.dialects.gemini import COUNT, GeminiTarget, google_error
 from openenv_harness.recorder.errors import AgentError
-from openenv_harness.recorder.relay_errors import relay_upstream_error
 from openenv_harness.recorder.request_body import read_body
-from openenv_harness.recorder.upstream.base import UpstreamFailure
-from openenv_harness.recorder.upstream.routes import TOKENIZE
 
 
 async def count_tokens(request: Request, target: GeminiTarget) -> Response:
@@ -37,25 +35,7 @@ async def count_tokens(request: Request, target: GeminiTarget) -> Response:
                                          count_only=True)
     except AgentError as exc:
         return google_error(exc.status, exc.message, exc.headers)
-    upstream = ctx.upstream_for(session.spec.upstream)
-    if upstream is None:
-        return google_error(503, "no engine is configured for this session",
-                            {"retry-after": str(ctx.config.retry_after_s)})
-    tokenize = {"model": ctx.fence.served_model or chat.get("model"), "messages": chat["messages"],
-                "add_generation_prompt": True}
-    if chat.get("tools"):
-        tokenize["tools"] = chat["tools"]
-    try:
-        reply = await upstream.request("POST", TOKENIZE, json=tokenize)
-    except UpstreamFailure as exc:
-        if exc.kind == "protocol":
-            return google_error(501, f"countTokens is not available on this engine: {exc.message}")
-        return google_error(504 if exc.kind == "timeout" else 502, exc.message,
-                            {"retry-after": str(ctx.config.retry_after_s)})
-    count = reply.json.get("count") if reply.status == 200 and isinstance(reply.json, dict) else None
-    if not isinstance(count, int):
-        if reply.status == 200:
-            return google_error(502, "the engine's /tokenize reply holds no 'count'")
-        error = relay_upstream_error(reply)
-        return google_error(error.status, error.message, error.headers)
+    count = await prompt_length(ctx, session, chat, google_error, "countTokens")
+    if isinstance(count, Response):
+        return count
     return Response(orjson.dumps({"totalTokens": count}), media_type="application/json")
