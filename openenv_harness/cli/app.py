@@ -7,7 +7,7 @@ import sys
 import typer
 from rich.console import Console
 
-from openenv_harness.cli import cmd_doctor, cmd_run, cmd_serve, cmd_space, cmd_trace, cmd_train
+from openenv_harness.cli import cmd_doctor, cmd_run, cmd_serve, cmd_space, cmd_tasks, cmd_trace, cmd_train, cmd_train_run
 
 app = typer.Typer(
     name="openenv-harness",
@@ -22,6 +22,9 @@ app.command("run", help="Run agent rollouts on tasks through the recorder and pr
 app.command("doctor", help="Check Python, Node, the agent CLIs and (optionally) an engine.")(cmd_doctor.doctor)
 app.command("train-demo", help="Close the RL loop here: rollouts, one GRPO step, the weights synced into the "
             "running vLLM through the recorder's fence, rollouts at the new policy version.")(cmd_train.train_demo)
+app.command("train", help="Train over a task split for many iterations, resumably, and evaluate the base and "
+            "the trained policy on a held-out split.")(cmd_train_run.train)
+app.add_typer(cmd_tasks.app, name="tasks", help="Write and inspect task sets as data.")
 app.add_typer(cmd_space.app, name="space", help="Build the environment as a self-contained Space folder and "
               "validate it with OpenEnv's validator, runtime checks included.")
 app.add_typer(cmd_trace.app, name="trace", help="List, show and export recorded sessions.")

@@ -23,13 +23,27 @@ if TYPE_CHECKING:  # the stack pulls in the rollout machinery: imported when a r
 console = Console(width=None if sys.stdout.isatty() else 150)
 
 
-def _tasks(names: list[str]) -> list[Any]:
+def _tasks(names: list[str], source: str | None = None, split: str | None = None) -> list[Any]:
+    """The run's tasks: built-in ones by id, or those of a task file or dataset (``rollout/task_data.py``)."""
     from openenv_harness.rollout.taskset import BUILTIN_TASKS
 
-    unknown = [n for n in names if n not in BUILTIN_TASKS]
+    if split is not None and source is None:
+        raise CLIError("--split selects from --tasks", "pass --tasks PATH")
+    if source is not None:
+        from openenv_harness.rollout.task_data import TaskDataError, load_tasks
+
+        try:
+            loaded = {t.id: t for t in load_tasks(source, split)}
+        except TaskDataError as exc:
+            raise CLIError(str(exc)) from None
+        known, where = loaded, source
+    else:
+        known, where, names = dict(BUILTIN_TASKS), "built-in tasks", names or ["fix-add"]
+    unknown = [n for n in names if n not in known]
     if unknown:
-        raise CLIError(f"unknown task(s): {', '.join(unknown)}", f"built-in tasks: {', '.join(BUILTIN_TASKS)}")
-    return [BUILTIN_TASKS[n] for n in names]
+        shown = ", ".join(list(known)[:12]) + (" ..." if len(known) > 12 else "")
+        raise CLIError(f"unknown task(s): {', '.join(unknown)}", f"{where}: {shown}")
+    return [known[n] for n in names] if names else list(known.values())
 
 
 def _sandbox_factory(kind: str) -> Any:
@@ -170,7 +184,12 @@ def _summary(reports: list[Any]) -> Table:
 
 def run(
     harness: str = typer.Option("pi,opencode", "--harness", help="Comma-separated: pi, opencode, codex, claude-code, gemini-cli"),
-    task: str = typer.Option("fix-add", "--task", help="Comma-separated built-in task ids"),
+    task: str = typer.Option(None, "--task", help="Comma-separated task ids: built-in ones (default fix-add), or "
+                             "ids of --tasks"),
+    tasks_source: str = typer.Option(None, "--tasks", help="Tasks as data: a .jsonl file, a dataset folder "
+                                     "(datasets' save_to_disk) or a load_dataset name; every task unless --task "
+                                     "names some"),
+    split: str = typer.Option(None, "--split", help="With --tasks: the split to run (e.g. train, held_out)"),
     engine: str = typer.Option("reference", "--engine", help="reference (embedded test double) | vllm (the "
                                "project's real vLLM with Qwen2.5-Coder-0.5B-Instruct, installed on first use)"),
     engine_url: str = typer.Option(None, "--engine-url", help="A real vLLM somebody else runs (with --model)"),
@@ -201,12 +220,15 @@ def run(
                                             "other than 1 it needs an engine serving processed logprobs"),
     logprobs_mode: str = typer.Option(None, "--logprobs-mode", help="--engine vllm only: raw_logprobs (vLLM's "
                                       "default) | processed_logprobs (the distribution sampled from)"),
+    system_prompt_suffix: str = typer.Option(None, "--system-prompt-suffix", help="Appended to each agent's own "
+                                             "system prompt by its own flag (pi, claude-code). With --engine vllm "
+                                             "and --training-sampling: the model's tool-call hint by default"),
 ) -> None:
     harnesses = [h.strip() for h in harness.split(",") if h.strip()]
     if logprobs_mode is not None and (engine != "vllm" or logprobs_mode not in ("raw_logprobs", "processed_logprobs")):
         raise CLIError("--logprobs-mode raw_logprobs | processed_logprobs applies to the engine --engine vllm starts",
                        "start your own engine with vLLM's --logprobs-mode; the recorder measures it either way")
-    tasks = _tasks([t.strip() for t in task.split(",") if t.strip()])
+    tasks = _tasks([t.strip() for t in (task or "").split(",") if t.strip()], tasks_source, split)
     if engine not in ("reference", "vllm"):
         raise CLIError(f"unknown engine {engine!r}", "use --engine reference, --engine vllm, or --engine-url URL")
     if engine_url and engine == "vllm":
@@ -251,7 +273,8 @@ def run(
     store = str(run_dir / "records.db")
     stack = LocalStack(engine_url=engine_url, store_path=store, model=model, tasks=tasks, segmentation=segmentation,
                        engine="vllm" if engine == "vllm" else None, chat_template=chat_template,
-                       logprobs_mode=logprobs_mode,
+                       logprobs_mode=logprobs_mode, unconstrained=training_sampling is not None,
+                       system_prompt_suffix=system_prompt_suffix,
                        recorder_url=recorder_url, admin_token=admin_token,
                        progress=lambda m: console.print(f"[dim][engine][/] {m}"))
     budgets = {"max_agent_calls": max_agent_calls, "max_wall_clock_s": max_wall_clock_s}

@@ -45,8 +45,14 @@ class LocalStack:
     def __init__(self, *, engine_url: str | None, store_path: str, model: str | None,
                  tasks: list[Task], segmentation: str = "canonical", admin_token: str | None = None,
                  engine: str | None = None, progress: Any = None, chat_template: Path | None = None,
-                 recorder_url: str | None = None, logprobs_mode: str | None = None) -> None:
+                 recorder_url: str | None = None, logprobs_mode: str | None = None,
+                 unconstrained: bool = False, system_prompt_suffix: str | None = None) -> None:
         self.engine_url = engine_url
+        #: the project's vLLM samples the agent's calls freely (a training sampling policy is pinned):
+        #: no tool_choice constraint, and the model's tool-call hint appended to the agent's system prompt
+        self.unconstrained = unconstrained
+        #: appended to every agent's system prompt (its own flag); the model's hint where unconstrained
+        self.system_prompt_suffix = system_prompt_suffix
         #: vLLM --logprobs-mode for the engine started here (None: vLLM's default, raw_logprobs)
         self.logprobs_mode = logprobs_mode
         #: a recorder somebody else runs (``serve``): nothing is started here, its engine is its own
@@ -86,8 +92,19 @@ class LocalStack:
         return self.model
 
     def options_for(self, harness: str) -> HarnessOptions | None:
-        """The agent's options on this stack: the real-engine ones where the project's vLLM runs here."""
-        return REAL_ENGINE_OPTIONS.get(harness) if self.engine_kind == "vllm" else None
+        """The agent's options on this stack: the real-engine ones where the project's vLLM runs here, and
+        the system-prompt suffix where there is one."""
+        options = REAL_ENGINE_OPTIONS.get(harness) if self.engine_kind == "vllm" else None
+        suffix = self.system_prompt_suffix
+        if suffix is None and self.unconstrained and self.engine_kind == "vllm":
+            from openenv_harness.engine.model import QWEN25_CODER_05B
+            from openenv_harness.harnesses.registry import get_preset
+
+            if get_preset(harness).append_system_prompt_flag is not None:
+                suffix = QWEN25_CODER_05B.tool_call_hint
+        if suffix:
+            options = (options or HarnessOptions()).model_copy(update={"system_prompt_suffix": suffix})
+        return options
 
     def _start_vllm(self) -> tuple[str, dict[str, Any]]:
         from openenv_harness.engine import VLLMServer, VLLMSettings, ensure_engine
@@ -102,6 +119,8 @@ class LocalStack:
         self.engine = VLLMServer(settings, log_path=Path(self.store_path).parent / "vllm.log").start(timeout_s=900)
         self.model = spec.served_name
         self.sampling = dict(REAL_ENGINE_SAMPLING)
+        if self.unconstrained:  # a constraint's samples are not the policy's: the agent calls tools freely
+            self.sampling.pop("tool_choice")
         # declared as started (vLLM's default is raw); the recorder measures it and records the measurement
         return self.engine.url, {"engine_sampling_defaults": sampling_defaults(model_dir),
                                  "engine_logprobs_mode": self.logprobs_mode or "raw_logprobs"}

@@ -24,6 +24,10 @@ from pathlib import Path
 from typing import Any
 
 
+#: the tool-parser plugin vLLM loads from its own venv (it needs nothing of this package installed there)
+TOOL_PARSER_PLUGIN = Path(__file__).with_name("vllm_tool_parser.py")
+
+
 class EngineStartError(RuntimeError):
     """The engine did not become ready; the message carries the tail of its log."""
 
@@ -45,8 +49,9 @@ class VLLMSettings:
     max_model_len: int = 16384
     #: /pause, /resume, /is_paused (the weight fence) need vLLM's dev mode
     dev_mode: bool = True
-    #: parsed tool calls for agents (hermes: Qwen2.5's <tool_call> JSON)
-    tool_parser: str | None = "hermes"
+    #: parsed tool calls for agents: openenv_json (our plugin, vllm_tool_parser.py) reads Qwen2.5's
+    #: <tool_call> tags and the fenced JSON calls the 0.5B model samples unconstrained; hermes: tags only
+    tool_parser: str | None = "openenv_json"
     #: render / generate / derender routes (tokens in, for the incremental prompt mode)
     enable_scale_out: bool = True
     #: serve this chat template instead of the model's own (certification of real templates)
@@ -66,6 +71,8 @@ class VLLMSettings:
                "--max-model-len", str(self.max_model_len), "--disable-uvicorn-access-log"]
         if self.tool_parser:
             cmd += ["--enable-auto-tool-choice", "--tool-call-parser", self.tool_parser]
+            if self.tool_parser == "openenv_json":
+                cmd += ["--tool-parser-plugin", str(TOOL_PARSER_PLUGIN)]
         if self.enable_scale_out:
             cmd.append("--enable-scale-out")
         if self.chat_template is not None:

@@ -37,6 +37,18 @@ class ModelSpec:
     #: them); a GGUF does not carry it, so it is written beside the converted weights
     generation_config: dict = field(default_factory=dict)
     max_model_len: int = 16384
+    #: appended to the agent's system prompt where the model needs it to act unconstrained: how its
+    #: template writes a tool call, shown once (``HarnessOptions.system_prompt_suffix``)
+    tool_call_hint: str | None = None
+
+
+#: Qwen2.5-Coder-0.5B, given only the tools' schemas, mostly answers a coding task in prose or with a
+#: JSON call to a tool that does not exist; shown its template's own call form once, it calls a
+#: declared tool in most samples at temperature 1 (docs/learning.md has the measurement).
+QWEN_TOOL_CALL_HINT = (
+    "\n\nTo act, answer with one tool call and nothing else, for example:\n<tool_call>\n"
+    '{"name": "bash", "arguments": {"command": "ls"}}\n</tool_call>\n'
+    "The tool's output comes back in the next message. When the task is done, answer in one short sentence.")
 
 
 QWEN25_CODER_05B = ModelSpec(
@@ -49,6 +61,7 @@ QWEN25_CODER_05B = ModelSpec(
         "bos_token_id": 151643, "pad_token_id": 151643, "eos_token_id": [151645, 151643], "do_sample": True,
         "temperature": 0.7, "top_p": 0.8, "top_k": 20, "repetition_penalty": 1.05,
     },
+    tool_call_hint=QWEN_TOOL_CALL_HINT,
 )
 
 MODELS: dict[str, ModelSpec] = {QWEN25_CODER_05B.name: QWEN25_CODER_05B}

@@ -142,6 +142,9 @@ class HarnessOptions(BaseModel):
     reasoning: bool = Field(default=False, description="Declare the model a reasoning model to the agent")
     request_timeout_s: float = Field(default=600.0, gt=0, description="How long the agent waits on one model call")
     extra_args: tuple[str, ...] = Field(default=(), description="Appended to the agent's command line")
+    system_prompt_suffix: str | None = Field(
+        default=None, description="Appended to the agent's own system prompt through its own flag (Pi, Claude Code: "
+        "--append-system-prompt); an agent without such a flag refuses it")
     extra_env: dict[str, str] = Field(default_factory=dict, description="Added to the agent's environment last")
     config_overrides: dict[str, Any] = Field(
         default_factory=dict, description="Deep-merged into the agent's main config file"
@@ -254,6 +257,8 @@ class HarnessPreset:
     shell_tool: tuple[str, str] = ("bash", "command")
     #: The API the agent speaks to the recorder (``chat``, ``responses``, ``anthropic``).
     dialect: str = "chat"
+    #: The CLI's own flag that appends text to its system prompt (``HarnessOptions.system_prompt_suffix``)
+    append_system_prompt_flag: str | None = None
 
     @property
     def npm_spec(self) -> str:
@@ -268,6 +273,12 @@ class HarnessPreset:
         if not prompt:
             raise ValueError(f"{self.name}: the prompt must be non-empty")
         argv, stdin = self.command(setup, prompt, executable or self.bin_name)
+        suffix = setup.options.system_prompt_suffix
+        if suffix:
+            if self.append_system_prompt_flag is None:
+                raise ValueError(f"{self.name} has no flag that appends to its system prompt: "
+                                 "system_prompt_suffix applies to agents that have one (pi, claude-code)")
+            argv = [argv[0], self.append_system_prompt_flag, suffix, *argv[1:]]
         env = {
             **home_env(setup.home),
             **dict(self.offline_env),

@@ -175,6 +175,7 @@ def parse_pi_output(exit_code: int | None, stdout: str, stderr: str) -> HarnessR
 
 PI = HarnessPreset(
     name="pi",
+    append_system_prompt_flag="--append-system-prompt",
     npm_package="@mariozechner/pi-coding-agent",
     version="0.73.1",
     bin_name="pi",

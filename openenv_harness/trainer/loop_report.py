@@ -28,6 +28,8 @@ class RolloutSummary:
     #: TRL's own reconciliation of the same records gives the same trainable tokens (None: TRL absent)
     trl_agrees: bool | None = None
     error: str | None = None
+    #: the task's id
+    task: str | None = None
 
 
 @dataclass

@@ -38,7 +38,7 @@ from typing import Any
 from openenv_harness.assembly import assemble_session
 from openenv_harness.recorder.client import RecorderClient
 from openenv_harness.rollout.report import run_rollout
-from openenv_harness.rollout import BUILTIN_TASKS
+from openenv_harness.rollout import BUILTIN_TASKS, Task
 from openenv_harness.trainer.grpo import TrainSample, group_advantages
 from openenv_harness.trainer.grpo import samples_from_traces
 from openenv_harness.trainer.loop_report import LoopReport, RolloutSummary, StateTrace
@@ -85,6 +85,13 @@ class LoopSettings:
     rollout_timeout_s: float = 600.0
     #: a checkpoint (``TrainerState.save_checkpoint``) to start from instead of the model folder's weights
     resume_from: Path | None = None
+    #: tasks as data (``rollout/task_data.py``): iteration i's group is ``tasks[(first_task + i) % len]``,
+    #: its rollouts after the sync are the next task's first; None: the built-in ``task``, every iteration
+    tasks: list[Task] | None = None
+    first_task: int = 0
+    #: appended to the agent's system prompt (``HarnessOptions.system_prompt_suffix``): the served model's
+    #: tool-call hint, so the agent calls tools unconstrained
+    system_prompt_suffix: str | None = None
 
 
 def shaped_reward(task_reward: float | None, sampled_tokens: int, calls: int, settings: LoopSettings) -> float | None:
@@ -128,7 +135,9 @@ class TrainLoop:
             raise ValueError("a GRPO group needs at least 2 rollouts")
         if settings.max_group is not None and settings.max_group < settings.group:
             raise ValueError(f"max_group {settings.max_group} is smaller than the group ({settings.group})")
-        if settings.task not in BUILTIN_TASKS:
+        if settings.tasks is not None and not settings.tasks:
+            raise ValueError("the task list is empty")
+        if settings.tasks is None and settings.task not in BUILTIN_TASKS:
             raise ValueError(f"unknown task {settings.task!r}; built-in tasks: {', '.join(sorted(BUILTIN_TASKS))}")
         if not (math.isfinite(settings.temperature) and settings.temperature > 0):
             raise ValueError(f"temperature {settings.temperature}: a policy gradient needs a sampling distribution "
@@ -167,22 +176,34 @@ class TrainLoop:
             self.progress(f"the engine's logprobs mode is {mode or 'not reported'}: at temperature {s.temperature:g} "
                           "each record's is checked before the step")
 
-    def rollouts(self, count: int, first_seed: int) -> tuple[list[RolloutSummary], list[list[dict[str, Any]]]]:
-        """``count`` rollouts of the task, one after the other (seeds ``first_seed`` ...), and their records."""
+    def task_for(self, iteration: int) -> Task:
+        """The task of iteration ``iteration`` (0-based, counted from ``first_task``)."""
+        s = self.settings
+        if s.tasks is None:
+            return BUILTIN_TASKS[s.task]
+        return s.tasks[(s.first_task + iteration) % len(s.tasks)]
+
+    def rollouts(self, count: int, first_seed: int, task: Task | None = None
+                 ) -> tuple[list[RolloutSummary], list[list[dict[str, Any]]]]:
+        """``count`` rollouts of ``task`` (the first iteration's by default), one after the other (seeds
+        ``first_seed`` ...), and their records."""
+        from openenv_harness.harnesses.base import HarnessOptions
         from openenv_harness.rollout import HarnessSessionFactory
 
         s = self.settings
+        task = task or self.task_for(0)
+        options = HarnessOptions(system_prompt_suffix=s.system_prompt_suffix) if s.system_prompt_suffix else None
         summaries: list[RolloutSummary] = []
         records: list[list[dict[str, Any]]] = []
         for seed in range(first_seed, first_seed + count):
             factory = HarnessSessionFactory(
                 harness=s.harness, recorder_url=s.recorder_url, admin_token=s.admin_token, model=s.model,
-                tasks={s.task: BUILTIN_TASKS[s.task]}, prompt_mode="incremental",
+                tasks={task.id: task}, prompt_mode="incremental", options=options,
                 budgets={"max_agent_calls": s.max_agent_calls, "max_wall_clock_s": s.rollout_timeout_s},
                 # the recorder's training sampling policy: the whole vocabulary at the loop's temperature on
                 # every call, whatever the agent asks (its knobs are neutralised and recorded)
                 sampling={"seed": seed, "max_tokens": s.max_tokens}, training_temperature=s.temperature)
-            report, session = run_rollout(factory, s.task, timeout_s=s.rollout_timeout_s + 30, seed=seed)
+            report, session = run_rollout(factory, task.id, timeout_s=s.rollout_timeout_s + 30, seed=seed)
             if session is None:
                 raise RuntimeError(f"rollout {seed} could not start: {report.error}")
             try:
@@ -200,7 +221,7 @@ class TrainLoop:
                     session.session_id, seed, sorted({r["metadata"]["policy_version_start"] for r in agent}
                                                      | {r["metadata"]["policy_version_end"] for r in agent}),
                     report.reward, reward, len(agent), sampled, len(traces), sum(t.trainable_tokens for t in traces),
-                    None if theirs is None else theirs == ours, report.error))
+                    None if theirs is None else theirs == ours, report.error, task=task.id))
                 records.append(entries)
             finally:
                 session.close()
@@ -210,12 +231,12 @@ class TrainLoop:
                           f"policy version {last.policy_versions}" + (f"; error: {last.error}" if last.error else ""))
         return summaries, records
 
-    def _draw(self, count: int) -> tuple[list[RolloutSummary], list[list[dict[str, Any]]]]:
-        """``count`` rollouts on the next seeds: no two rollouts of a loop share one."""
+    def _draw(self, count: int, task: Task) -> tuple[list[RolloutSummary], list[list[dict[str, Any]]]]:
+        """``count`` rollouts of ``task`` on the next seeds: no two rollouts of a loop share one."""
         first, self._next_seed = self._next_seed, self._next_seed + count
-        return self.rollouts(count, first)
+        return self.rollouts(count, first, task)
 
-    def _group(self, carried: list[RolloutSummary], carried_records: list[list[dict[str, Any]]]
+    def _group(self, task: Task, carried: list[RolloutSummary], carried_records: list[list[dict[str, Any]]]
                ) -> tuple[list[RolloutSummary], list[list[dict[str, Any]]], list[tuple[RolloutSummary, Any]], list[float]]:
         """The group before the update: the rollouts already drawn at this version (the previous sync's),
         then new ones up to the group's size. A group whose rewards all tie carries no advantage: one more
@@ -224,7 +245,7 @@ class TrainLoop:
         s = self.settings
         before, records = list(carried), list(carried_records)
         if len(before) < s.group:
-            more, more_records = self._draw(s.group - len(before))
+            more, more_records = self._draw(s.group - len(before), task)
             before, records = before + more, records + more_records
         while True:
             scored = [(summary, recs) for summary, recs in zip(before, records) if summary.reward is not None]
@@ -236,7 +257,7 @@ class TrainLoop:
             if any(advantages) or len(before) >= (s.max_group or 2 * s.group):
                 return before, records, scored, advantages
             self.progress("the group's rewards tie (no advantage): drawing one more rollout")
-            more, more_records = self._draw(1)
+            more, more_records = self._draw(1, task)
             before, records = before + more, records + more_records
 
     def _samples(self, scored: list[tuple[RolloutSummary, Any]], advantages: list[float]) -> list[TrainSample]:
@@ -264,6 +285,16 @@ class TrainLoop:
             self.state = state
         return self.state
 
+    def serve_resumed(self) -> SyncReport:
+        """Give the engine the resumed checkpoint's bf16 weights through the fence, before any rollout:
+        the first group must be sampled by the policy the trainer resumes, not by the base weights."""
+        state = self._trainer()
+        folder = self.settings.workdir / f"policy-resumed-step{state.step}"
+        state.save_served(folder)
+        version = int(self.client.health()["fence"]["policy_version"])
+        self.progress(f"loading the resumed weights ({folder}) into the engine through the recorder's fence")
+        return self.sync.sync(folder, version_before=version)
+
     def iterations(self, steps: int = 1) -> Iterator[LoopReport]:
         """``steps`` iterations; the rollouts after each sync open the next iteration's group."""
         if steps < 1:
@@ -273,9 +304,11 @@ class TrainLoop:
         self._timed("check_engine", self.sync.check)
         version = int(self.client.health()["fence"]["policy_version"])  # a trainer may resume at any version
         carried: tuple[list[RolloutSummary], list[list[dict[str, Any]]]] = ([], [])
-        for _ in range(steps):
-            self.progress(f"rollouts at policy version {version}: {s.group} x {s.harness} on {s.task} (incremental mode)")
-            before, before_records, scored, advantages = self._timed("rollouts_before", lambda: self._group(*carried))
+        for iteration in range(steps):
+            task, next_task = self.task_for(iteration), self.task_for(iteration + 1)
+            self.progress(f"rollouts at policy version {version}: {s.group} x {s.harness} on {task.id} (incremental mode)")
+            before, before_records, scored, advantages = self._timed("rollouts_before",
+                                                                     lambda: self._group(task, *carried))
             samples = self._samples(scored, advantages)
             state = self._timed("load_models", self._trainer) if self.state is None else self.state
             served_before = state.served_tensors()  # what the engine serves now (the base weights at first)
@@ -292,7 +325,7 @@ class TrainLoop:
             self.progress(f"syncing {weights} into the engine through the recorder's fence")
             sync = self._timed("weight_sync", lambda: self.sync.sync(weights, version_before=version))
             self.progress(f"engine reloaded in {sync.phases.get('load', 0):.1f} s; recorder at version {sync.version_after}")
-            after, after_records = self._timed("rollouts_after", lambda: self._draw(s.next_rollouts))
+            after, after_records = self._timed("rollouts_after", lambda: self._draw(s.next_rollouts, next_task))
             with state.scoring_with(served_after) as model:
                 check_after = self._timed("check_after", lambda: _check(model, after_records))
             with state.scoring_with(served_before) as model:
@@ -300,7 +333,9 @@ class TrainLoop:
             trace = StateTrace(state.step, state.adam_steps, master_before, state.master_digest(),
                                weights_digest(served_after), [name for name, tensor in served_after.items()
                                                               if not _torch().equal(tensor, served_before[name])])
-            report = LoopReport(asdict(s) | {"model_dir": str(s.model_dir), "workdir": str(s.workdir)}, version,
+            settings = asdict(s) | {"model_dir": str(s.model_dir), "workdir": str(s.workdir),
+                                    "tasks": None if s.tasks is None else [t.id for t in s.tasks], "task": task.id}
+            report = LoopReport(settings, version,
                                 sync.version_after, before, step, sync, after, check_before, check_after, check_stale,
                                 dict(self.phases), state=trace)
             self.phases = {}
