@@ -154,7 +154,10 @@ def _print_summary(history: list[dict[str, Any]], learning: dict[str, Any]) -> N
     for column in ("#", "task", "versions", "task reward", "after sync", "trained ids", "clip", "KL k3", "floor |d|",
                    "TRL agrees"):
         table.add_column(column)
-    fmt = (lambda v, spec=".3f": "-" if v is None else format(v, spec))  # noqa: E731
+
+    def fmt(value: Any, spec: str = ".3f") -> str:
+        return "-" if value is None else format(value, spec)
+
     for line in history:
         table.add_row(str(line["iteration"]), str(line["task"]),
                       f"{line['policy_version_before']}->{line['policy_version_after']}", fmt(line["task_reward_mean"]),

@@ -21,8 +21,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-#: a fenced block: ``` or ```json (any info string), its body, the closing fence
-_FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[ \t]*\n(.*?)\n?[ \t]*```", re.DOTALL)
+#: a fenced block: ``` or ```json (any info string), its body, the closing fence (or the end of the
+#: answer: the model often stops before closing it)
+_FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[ \t]*\n(.*?)(?:\n?[ \t]*```|\Z)", re.DOTALL)
+#: closing braces a call may lack: the model often stops one or two short of the object's end
+_MAX_MISSING_BRACES = 2
 
 
 @dataclass(frozen=True)
@@ -56,10 +59,21 @@ def _as_call(value: Any, tools: frozenset[str] | None) -> JSONToolCall | None:
     return JSONToolCall(name=name, arguments=json.dumps(args, ensure_ascii=False))
 
 
+def _loads(text: str) -> Any:
+    """The JSON value of ``text``, or of ``text`` with the closing braces it lacks; ValueError otherwise."""
+    for missing in range(_MAX_MISSING_BRACES + 1):
+        try:
+            return json.loads(text + "}" * missing)
+        except ValueError:
+            if not text.lstrip().startswith("{"):
+                raise
+    raise ValueError("not JSON")
+
+
 def _calls_in(text: str, tools: frozenset[str] | None) -> list[JSONToolCall] | None:
     """The calls one JSON text holds (an object or a list of objects), or None when it holds other JSON."""
     try:
-        value = json.loads(text)
+        value = _loads(text)
     except ValueError:
         return None
     values = value if isinstance(value, list) else [value]
@@ -93,7 +107,7 @@ def parse_json_tool_calls(output: str, tool_names: Iterable[str] | None,
     for match in _FENCE.finditer(output):
         if match.group(1).lower() not in ("", "json", "tool_call", "tool"):
             continue
-        found = _calls_in(match.group(2).strip(), tools)
+        found = _calls_in(_strip_markers(match.group(2), tuple(special_tokens)), tools)
         if found:
             calls.extend(found)
             first_start = match.start() if first_start is None else first_start

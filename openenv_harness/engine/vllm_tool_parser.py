@@ -3,8 +3,8 @@ model writes in plain text (``json_tool_calls.py`` says why).
 
 Loaded by vLLM itself (``--tool-parser-plugin <this file> --tool-call-parser openenv_json``), in the
 engine's own venv, where this package is not installed: the pure reading is loaded from the file
-beside this one. It never constrains decoding (no structural tag), so what the agent acts on is the
-policy's own sample. Streaming keeps Hermes' tag reading: the recorder asks the engine for whole
+beside this one. Under ``tool_choice: "auto"`` with non-strict tools nothing constrains decoding, so
+what the agent acts on is the policy's own sample. Streaming keeps Hermes' tag reading: the recorder asks the engine for whole
 replies and streams them to the agent itself.
 """
 
@@ -38,9 +38,9 @@ _parse = _reading().parse_json_tool_calls
 
 @ToolParserManager.register_module("openenv_json")
 class OpenEnvJSONToolParser(Hermes2ProToolParser):
-    #: no xgrammar structural tag: the tool-call envelope is sampled, never forced
-    structural_tag_model = None
-    supports_required_and_named = True
+    """Hermes' parser, structural tag included: decoding is constrained exactly where Hermes' is (the
+    request's ``tool_choice`` required or named, or a tool declared ``strict``; the recorder records
+    each as a constraint) and nowhere else; only the reading of unconstrained text is wider."""
 
     def extract_tool_calls(self, model_output: str, request: Any) -> ExtractedToolCallInformation:
         if self.tool_call_start_token in model_output:

@@ -177,6 +177,13 @@ def decoding_constraint(body: dict[str, Any]) -> dict[str, Any] | None:
     fmt = body.get("response_format")
     if isinstance(fmt, dict) and fmt.get("type") not in (None, "text"):
         found["response_format"] = fmt.get("type")
+    # a tool declared strict has its call's envelope and arguments forced by the engine's structural tag
+    # (vLLM's hermes-family parsers), whatever tool_choice says
+    tools = body.get("tools")
+    strict = [str((t.get("function") or t).get("name")) for t in tools if isinstance(t, dict)
+              and (t.get("function") or t).get("strict") is True] if isinstance(tools, list) else []
+    if strict:
+        found["strict_tools"] = strict
     for name in _GUIDED_FIELDS:
         if body.get(name) is not None:
             found[name] = body[name] if name != "structured_outputs" else sorted(body[name]) \

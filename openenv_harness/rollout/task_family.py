@@ -18,6 +18,7 @@ instruction equal a train task's. The verifier is the task's own unittest file, 
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
 from openenv_harness.rollout.tasks import Task
 
@@ -26,7 +27,8 @@ _WORDS = ("alpha", "river", "copper", "maple", "orbit", "lantern", "pepper", "ha
           "falcon", "cedar", "ember", "quartz", "meadow", "signal", "cobalt", "willow", "prism", "summit")
 _NAMES = ("notes", "status", "result", "motto", "label", "banner", "answer", "token", "marker", "greeting")
 #: (operator, the name a function using it would have, what it does to (a, b))
-_OPS = (("+", "add", lambda a, b: a + b), ("-", "subtract", lambda a, b: a - b),
+_Op = tuple[str, str, Callable[[int, int], int]]
+_OPS: tuple[_Op, ...] = (("+", "add", lambda a, b: a + b), ("-", "subtract", lambda a, b: a - b),
         ("*", "multiply", lambda a, b: a * b))
 _MODULES = ("calc", "mathops", "numbers_util", "arith", "ops", "compute")
 LEVELS = {1: "write-file", 2: "fix-operator", 3: "fix-two"}
@@ -42,7 +44,7 @@ def _write_file(rng: random.Random, index: int) -> Task:
                 metadata={"family": "code-basics", "level": 1, "kind": LEVELS[1]})
 
 
-def _function(rng: random.Random, right: tuple) -> tuple[str, str, str]:
+def _function(rng: random.Random, right: _Op) -> tuple[str, str, str]:
     """A function using the wrong operator, and its test: (source, test method, function name)."""
     op, verb, fn = right
     wrong = rng.choice([o for o in _OPS if o[0] != op])[0]

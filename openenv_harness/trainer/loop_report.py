@@ -86,7 +86,7 @@ class LoopReport:
         if not self.at_floor:
             out.append("the new weights do not score the new records within the step-0 limits ("
                        + "; ".join(f.text for f in DEFAULT_LIMITS.failures(self.check_after)) + ")")
-        if not self.stale_detected:
+        if self.step.stepped and not self.stale_detected:  # a step not taken leaves nothing stale to tell apart
             out.append(f"the stale weights were not told apart from the new ones (mean |δ| "
                        f"{self.check_stale.delta_mean:.4f} against {self.check_after.delta_mean:.4f}; "
                        f"limits: {DEFAULT_LIMITS.summary()})")

@@ -366,19 +366,20 @@ class TrainLoop:
 
 def _check(model: Any, records: list[list[dict[str, Any]]]) -> DeltaStats:
     """The trainer's logprobs of every policy token of the rollouts against the engine's, pooled; each
-    record scored at the temperature its logprobs were recorded under."""
-    from openenv_harness.trainer.verify import score_tokens
+    record scored at the temperature its logprobs were recorded under, a rollout's exact chain of calls
+    in one forward pass (``verify.score_chained``)."""
+    from openenv_harness.trainer.verify import score_chained
 
     rollout: list[float] = []
     trainer: list[float] = []
     for entries in records:
-        for r in entries:
-            md = r["metadata"]
-            if md["call_kind"] != "agent" or md["status"] != "ok" or md.get("logprobs_are_policy") is False:
-                continue
+        policy = [r for r in entries if r["metadata"]["call_kind"] == "agent" and r["metadata"]["status"] == "ok"
+                  and r["metadata"].get("logprobs_are_policy") is not False]
+        scored = score_chained(model, [(r["prompt_token_ids"], r["completion_token_ids"],
+                                        RecordedSampling.of(r).temperature_divisor) for r in policy])
+        for r, scores in zip(policy, scored):
             rollout.extend(r["per_token_logps"])
-            trainer.extend(score_tokens(model, r["prompt_token_ids"], r["completion_token_ids"],
-                                        temperature=RecordedSampling.of(r).temperature_divisor))
+            trainer.extend(scores)
     if not rollout:
         raise RuntimeError("no policy token to check: every call was constrained or failed")
     return DeltaStats.of(rollout, trainer, DEFAULT_LIMITS.epsilon)

@@ -55,7 +55,8 @@ def iteration_metrics(index: int, report: LoopReport, wall_s: float) -> dict[str
         "sampled_tokens": sampled,
         "trainable_tokens": trainable,
         "trainable_share": trainable / sampled if sampled else None,
-        "trained_tokens": step.trainable_tokens,
+        #: ids whose gradient the step applied (0 when every advantage was 0: the optimizer did not step)
+        "trained_tokens": step.trainable_tokens if step.stepped else 0,
         "stepped": step.stepped,
         "advantages": step.advantages,
         "loss": step.loss,

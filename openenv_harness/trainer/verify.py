@@ -183,6 +183,31 @@ def score_tokens(model: Any, prompt_ids: Sequence[int], completion_ids: Sequence
     return out
 
 
+def score_chained(model: Any, calls: Sequence[tuple[Sequence[int], Sequence[int], float]], *,
+                  chunk_tokens: int = 1024) -> list[list[float]]:
+    """``score_tokens`` for many calls at once, in order: ``calls`` are (prompt ids, sampled ids,
+    temperature divisor). A call whose context (prompt + sampled ids) the next call's prompt starts
+    with -- an exact chain, as incremental mode records -- is scored inside that later call's single
+    forward pass: a causal model's logits at a position depend only on what precedes it, so the
+    numbers are those of scoring each call on its own context, at the cost of the longest one."""
+    runs: list[tuple[list[int], list[tuple[int, int, int]], float]] = []  # (ids, (call, start, end), divisor)
+    for index, (prompt, sampled, divisor) in enumerate(calls):
+        ids = [*prompt, *sampled]
+        last = runs[-1] if runs else None
+        if (last is not None and last[2] == divisor and len(last[0]) <= len(prompt)
+                and list(prompt[:len(last[0])]) == last[0]):
+            runs[-1] = (ids, [*last[1], (index, len(prompt), len(ids))], divisor)
+        else:
+            runs.append((ids, [(index, len(prompt), len(ids))], divisor))
+    out: list[list[float]] = [[] for _ in calls]
+    for ids, parts, divisor in runs:
+        first = parts[0][1]
+        scores = score_tokens(model, ids[:first], ids[first:], chunk_tokens=chunk_tokens, temperature=divisor)
+        for index, start, end in parts:
+            out[index] = scores[start - first:end - first]
+    return out
+
+
 def _agent_records(records: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     return [r for r in records if r["metadata"].get("call_kind") == "agent" and r["metadata"].get("status") == "ok"
             and r.get("completion_token_ids")]

@@ -35,6 +35,7 @@ def test_json_that_is_not_a_call_to_a_declared_tool_stays_text() -> None:
                 '```json\n{"a": 1}\n```',  # no name
                 '```python\n{"name": "bash", "arguments": {"command": "ls"}}\n```',  # a code block, not JSON
                 '```json\n{"name": "bash", "arguments": {"command": \n```',  # broken JSON
+                '{"name": "bash", "arguments": {"env": {"A": "1"',  # three braces short
                 '{"name": "bash", "arguments": [1]}',  # arguments not an object
                 "The sum is 3."):
         parsed = parse_json_tool_calls(out, TOOLS)
@@ -50,3 +51,12 @@ def test_an_end_of_turn_marker_after_a_bare_call_is_ignored() -> None:
     assert parse_json_tool_calls(out, TOOLS).calls == []  # without the marker list it is not JSON
     parsed = parse_json_tool_calls(out, TOOLS, special_tokens=["<|im_end|>", "<|endoftext|>"])
     assert [c.name for c in parsed.calls] == ["bash"] and parsed.content is None
+
+
+def test_a_call_one_or_two_braces_short_or_an_unclosed_fence_is_read() -> None:
+    for out in ('{"name": "bash", "arguments": {"command": "ls"}',
+                '{"name": "bash", "arguments": {"command": "ls"',
+                '```json\n{"name": "bash", "arguments": {"command": "ls"}}',
+                '```json\n{"name": "bash", "arguments": {"command": "ls"}<|im_end|>'):
+        parsed = parse_json_tool_calls(out, TOOLS, special_tokens=["<|im_end|>"])
+        assert [(c.name, json.loads(c.arguments)) for c in parsed.calls] == [("bash", {"command": "ls"})], out

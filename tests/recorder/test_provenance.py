@@ -120,3 +120,16 @@ def test_sampling_the_engine_filled_in_is_unknown_unless_someone_says(tmp_path) 
     assert known["engine_sampling_defaults_source"] == "configured"
     assert known["sampling_effective"] == {"top_k": 5, "temperature": 0.6, "top_p": 0.9}
     assert "temperature" not in known["sampling_unknown"]
+
+
+def test_a_strict_tool_is_a_decoding_constraint_whatever_tool_choice_says() -> None:
+    from openenv_harness.recorder.provenance import decoding_constraint
+
+    loose = {"type": "function", "function": {"name": "bash", "parameters": {}}}
+    strict = {"type": "function", "function": {"name": "edit", "parameters": {}, "strict": True}}
+    assert decoding_constraint({"tools": [loose], "tool_choice": "auto"}) is None
+    assert decoding_constraint({"tools": [loose, strict]}) == {"strict_tools": ["edit"]}
+    # the Responses API's flat tool shape
+    assert decoding_constraint({"tools": [{"type": "function", "name": "apply", "strict": True}]}) == {
+        "strict_tools": ["apply"]}
+    assert decoding_constraint({"tools": [{"type": "function", "function": {"name": "x", "strict": False}}]}) is None

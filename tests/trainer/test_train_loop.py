@@ -212,3 +212,12 @@ def test_a_group_whose_records_the_trainer_cannot_reproduce_stops_the_loop_befor
         assert [(s.temperature_divisor, s.advantage, s.session_id) for s in samples] == [(0.7, 1.0, "s")]
     finally:
         loop.close()
+
+
+def test_a_step_not_taken_is_not_asked_to_make_the_old_weights_stale() -> None:
+    """Every advantage 0: the optimizer did not step, so the old weights are the new ones; the stale
+    check cannot tell them apart, and that is not a problem. A step taken is held to it."""
+    report = _report(0.009, 0.009)
+    assert any("stale weights" in p for p in report.problems())
+    report.step.stepped = False
+    assert report.problems() == []

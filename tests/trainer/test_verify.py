@@ -20,7 +20,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from openenv_harness.trainer.sampling import TRAINING_POLICY, RecordedSampling  # noqa: E402
-from openenv_harness.trainer.verify import DeltaStats, score_tokens, verify_records  # noqa: E402
+from openenv_harness.trainer.verify import DeltaStats, score_chained, score_tokens, verify_records  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -45,6 +45,21 @@ def test_chunked_scoring_equals_one_forward_pass(model, chunk: int, temperature:
     prompt, completion = [5, 9, 11, 2, 40, 41, 42, 7, 8, 3], [13, 17, 19, 23, 29]
     scored = score_tokens(model, prompt, completion, chunk_tokens=chunk, temperature=temperature)
     assert scored == pytest.approx(_plain(model, prompt, completion, temperature), abs=1e-5)
+
+
+def test_chained_scoring_equals_scoring_each_call_on_its_own_context(model) -> None:
+    """Three calls of one exact chain, then a call that breaks it, then one at another temperature:
+    every call's scores are those of its own forward pass."""
+    first = ([5, 9, 11, 2], [13, 17], 1.0)
+    second = ([5, 9, 11, 2, 13, 17, 40, 41], [19, 23, 29], 1.0)  # extends the first's context
+    third = ([*second[0], *second[1], 7, 8], [31], 1.0)
+    broken = ([5, 9, 12, 2, 13], [3, 4], 1.0)  # not an extension of the third
+    warm = ([*broken[0], *broken[1], 6], [14, 15], 0.7)  # extends it, at another temperature
+    calls = [first, second, third, broken, warm]
+    chained = score_chained(model, calls, chunk_tokens=3)
+    for (prompt, sampled, temperature), scores in zip(calls, chained):
+        assert scores == pytest.approx(_plain(model, prompt, sampled, temperature), abs=1e-5)
+    assert score_chained(model, []) == []
 
 
 def test_a_temperature_that_divides_nothing_is_refused(model) -> None:
