@@ -29,6 +29,16 @@ from openenv_harness.rollout.tasks import Task
 REAL_ENGINE_SAMPLING: dict[str, Any] = {"temperature": 0, "seed": 0, "tool_choice": "required", "max_tokens": 256}
 
 
+def real_engine_sampling(*, unconstrained: bool) -> dict[str, Any]:
+    """What a rollout on the project's real engine pins. Unconstrained (a training sampling policy runs
+    the agent): no ``tool_choice`` -- a constraint's samples are not the policy's -- the agent calls
+    tools freely, helped by the model's tool-call hint (``LocalStack.options_for``)."""
+    pinned = dict(REAL_ENGINE_SAMPLING)
+    if unconstrained:
+        pinned.pop("tool_choice")
+    return pinned
+
+
 #: What agents run with on the project's real engine where their defaults cannot finish a turn on a CPU:
 #: Claude Code's default prompt (its system prompt and every tool's schema) is ~12k ids, minutes of prefill
 #: a call on a CPU without AVX-512; its own ``--tools`` and ``--system-prompt`` make it ~3k (the same CLI,
@@ -118,9 +128,7 @@ class LocalStack:
         self.progress("starting vLLM (about a minute and a half; the first start compiles)")
         self.engine = VLLMServer(settings, log_path=Path(self.store_path).parent / "vllm.log").start(timeout_s=900)
         self.model = spec.served_name
-        self.sampling = dict(REAL_ENGINE_SAMPLING)
-        if self.unconstrained:  # a constraint's samples are not the policy's: the agent calls tools freely
-            self.sampling.pop("tool_choice")
+        self.sampling = real_engine_sampling(unconstrained=self.unconstrained)
         # declared as started (vLLM's default is raw); the recorder measures it and records the measurement
         return self.engine.url, {"engine_sampling_defaults": sampling_defaults(model_dir),
                                  "engine_logprobs_mode": self.logprobs_mode or "raw_logprobs"}

@@ -95,3 +95,15 @@ def test_fix_range_sum_fails_as_given_and_its_scripted_solution_fixes_it() -> No
         outcome = FIX_RANGE_SUM.verify(sandbox)
         assert outcome.reward == 1.0, outcome.detail
         assert "range(1, n + 1)" in sandbox.read_file("series.py").decode()
+
+
+def test_a_generated_task_file_is_served(tmp_path) -> None:
+    """``openenv-harness tasks generate``'s rows (files as {path, content} records, a split) load as tasks."""
+    from openenv_harness.rollout.task_data import write_tasks_jsonl
+    from openenv_harness.rollout.task_family import generate
+
+    generated = generate(3, seed=2)
+    path = write_tasks_jsonl(generated, tmp_path / "family.jsonl", split="train")
+    served = server_tasks(str(path))
+    assert [served.get(t.id).files for t in generated] == [t.files for t in generated]
+    assert served.get(generated[0].id).metadata["split"] == "train"

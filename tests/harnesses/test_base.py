@@ -104,3 +104,19 @@ def test_deep_merge_and_jsonl() -> None:
     assert deep_merge(base, {"a": {"c": 3}, "d": [2], "e": None}) == {"a": {"b": 1, "c": 3}, "d": [2], "e": None}
     assert base == {"a": {"b": 1, "c": 2}, "d": [1]}
     assert parse_jsonl('{"a": 1}\nnot json\n[1]\n\x1b[0m{"b": 2}\n {"c": 3}\n{broken\n') == [{"a": 1}, {"c": 3}]
+
+
+def test_a_system_prompt_suffix_goes_through_the_agents_own_flag_or_is_refused() -> None:
+    from openenv_harness.harnesses.registry import get_preset
+
+    suffix = "\n\nTo act, answer with one tool call."
+    setup = _setup(options=HarnessOptions(system_prompt_suffix=suffix))
+    for name in ("pi", "claude-code"):
+        argv = get_preset(name).prepare(setup, "fix the bug").argv
+        flag = argv.index("--append-system-prompt")
+        assert argv[flag + 1] == suffix and flag == 1, argv
+        assert argv[-1] == "fix the bug"  # the prompt stays where the CLI reads it
+        assert "--append-system-prompt" not in get_preset(name).prepare(_setup(), "fix the bug").argv
+    for name in ("opencode", "codex", "gemini-cli"):
+        with pytest.raises(ValueError, match=f"{name} has no flag that appends to its system prompt"):
+            get_preset(name).prepare(setup, "fix the bug")

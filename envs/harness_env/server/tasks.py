@@ -21,6 +21,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from openenv_harness.rollout import BUILTIN_TASKS, Task
+from openenv_harness.rollout.task_data import task_from_row
 
 from .errors import BadRequestError, UnknownTaskError
 
@@ -167,11 +168,15 @@ def load_tasks_file(path: str | Path) -> list[Task]:
         raise TaskFileError(f"tasks file {file} must hold a list of tasks")
     tasks = []
     for n, item in enumerate(data):
-        try:
-            tasks.append(Task.model_validate(item))
+        if not isinstance(item, Mapping):
+            raise TaskFileError(f"task #{n} in {file} is invalid: a task is an object, not {type(item).__name__}")
+        try:  # the rows ``openenv-harness tasks generate`` writes (files as {path, content} records) read too
+            tasks.append(task_from_row(dict(item))[0])
         except ValidationError as exc:
             problems = "; ".join(f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg')}" for e in exc.errors())
             raise TaskFileError(f"task #{n} in {file} is invalid: {problems}") from None
+        except (ValueError, TypeError, KeyError) as exc:
+            raise TaskFileError(f"task #{n} in {file} is invalid: {exc}") from None
     return tasks
 
 
