@@ -3,7 +3,8 @@
 A run of tens of iterations on a CPU takes an hour or more, and machines stop. Each iteration ends
 with the trainer's checkpoint (fp32 masters, Adam's state, the step: ``TrainerState.save_checkpoint``)
 and then one line in ``metrics.jsonl``: a line is written only once its checkpoint is whole, so the
-last line always names a checkpoint that loads. ``resume`` starts from it: the trainer loads the
+last line always names a checkpoint that loads. Older checkpoints and served-weight folders are
+removed as the run goes (``prune``). ``resume`` starts from it: the trainer loads the
 checkpoint, the engine is given the checkpoint's bf16 weights through the recorder's fence (a fresh
 engine serves the base weights), and the next iteration takes the next task and fresh seeds.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
@@ -80,9 +82,12 @@ class TrainingRun:
     on from the last whole checkpoint there (``completed``)."""
 
     def __init__(self, settings: LoopSettings, run_dir: Path, iterations: int, *,
-                 progress: Callable[[str], None] | None = None) -> None:
+                 progress: Callable[[str], None] | None = None, keep: int = 2) -> None:
         if iterations < 1:
             raise ValueError(f"iterations must be at least 1, got {iterations}")
+        if keep < 1:
+            raise ValueError(f"keep must be at least 1 (a resume needs the last checkpoint), got {keep}")
+        self.keep = keep
         self.settings = settings
         self.run_dir = run_dir
         self.iterations = iterations
@@ -97,19 +102,28 @@ class TrainingRun:
         return self.run_dir / CHECKPOINTS / f"iteration-{index:04d}"
 
     def history(self) -> list[dict[str, Any]]:
-        """The metrics of the iterations done, each with a whole checkpoint (a torn last line is dropped)."""
+        """The metrics of the iterations done: whole lines, up to the last one whose checkpoint is whole
+        (a torn last line, or a line whose checkpoint is gone, is not an iteration to resume after)."""
         if not self.metrics_path.is_file():
             return []
         lines: list[dict[str, Any]] = []
         for text in self.metrics_path.read_text().splitlines():
             try:
-                line = json.loads(text)
+                lines.append(json.loads(text))
             except ValueError:
                 break
-            if not (self.checkpoint(int(line["iteration"])) / "trainer_state.json").is_file():
-                break
-            lines.append(line)
+        while lines and not (self.checkpoint(int(lines[-1]["iteration"])) / "trainer_state.json").is_file():
+            lines.pop()
         return lines
+
+    def prune(self) -> None:
+        """Keep the ``keep`` newest checkpoints and served-weight folders: a resume needs the last whole
+        checkpoint, a sync that rolls back needs the weights served before it; each older one is about a
+        gigabyte on the 0.5B model."""
+        checkpoints = sorted((self.run_dir / CHECKPOINTS).glob("iteration-*"))
+        served = sorted(self.run_dir.glob("policy-*"), key=lambda p: p.stat().st_mtime)
+        for folder in checkpoints[: -self.keep] + served[: -self.keep]:
+            shutil.rmtree(folder, ignore_errors=True)
 
     def completed(self) -> int:
         return len(self.history())
@@ -138,6 +152,7 @@ class TrainingRun:
                 fh.flush()
                 os.fsync(fh.fileno())
             (self.run_dir / f"report-{index:04d}.json").write_text(json.dumps(report.as_dict(), indent=1, default=str))
+            self.prune()
             self.progress(f"iteration {index + 1}/{self.iterations}: task {line['task']} reward "
                           f"{line['task_reward_mean']}, after the sync {line['after_task_reward_mean']}, "
                           f"{line['trained_tokens']} trained ids, KL {line['update_kl_k3']}")

@@ -65,6 +65,26 @@ def test_the_history_ends_at_the_last_line_with_a_whole_checkpoint(tmp_path: Pat
         TrainingRun(_settings(tmp_path), tmp_path, 0)
 
 
+def test_pruning_keeps_the_newest_checkpoints_and_weights_and_the_whole_history(tmp_path: Path) -> None:
+    import os
+
+    run = TrainingRun(_settings(tmp_path), tmp_path, 10, keep=2)
+    lines = [iteration_metrics(i, _report(i, [1.0, 0.0]), 1.0) for i in range(4)]
+    run.metrics_path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    for i in range(4):
+        run.checkpoint(i).mkdir(parents=True)
+        (run.checkpoint(i) / "trainer_state.json").write_text("{}")
+        served = tmp_path / f"policy-v{i + 1}"
+        served.mkdir()
+        os.utime(served, (1_000 + i, 1_000 + i))
+    run.prune()
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["iteration-0002", "iteration-0003"]
+    assert sorted(p.name for p in tmp_path.glob("policy-*")) == ["policy-v3", "policy-v4"]
+    assert run.completed() == 4  # the lines of pruned iterations still count: the last one's checkpoint is whole
+    with pytest.raises(ValueError, match="keep"):
+        TrainingRun(_settings(tmp_path), tmp_path, 10, keep=0)
+
+
 def test_the_learning_curve_is_drawn_and_tabled_from_a_run(tmp_path: Path) -> None:
     metrics = [iteration_metrics(i, _report(i, [float(i % 2), 0.0, 1.0, 0.0]), 5.0) for i in range(4)]
     learning = {"base": {"successes": 6, "scored": 32, "rate": 6 / 32, "policy_version": 0,
