@@ -14,8 +14,8 @@ scored by the old weights) and the clip fraction; and prints the markdown table 
 carries.
 
 Run: ``python benchmarks/learning_curve.py --out runs/learning [--iterations 10] [--group 8]
-[--lr 2e-5] [--held-out 32]`` (about a minute an iteration at group 8; the evaluation is about 10 s a
-rollout). ``--plot-only`` redraws from an existing run.
+[--lr 5e-5] [--levels 1] [--held-out 32]`` (three to four minutes an iteration at group 8 on
+2 cores; the evaluation about 6 s a rollout, two at a time). ``--plot-only`` redraws from an existing run.
 """
 
 from __future__ import annotations
@@ -133,7 +133,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "learning")
     parser.add_argument("--iterations", type=int, default=10)
     parser.add_argument("--group", type=int, default=8)
-    parser.add_argument("--lr", type=float, default=2e-5)
+    parser.add_argument("--lr", type=float, default=5e-5)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--train", type=int, default=48)
     parser.add_argument("--held-out", type=int, default=32)

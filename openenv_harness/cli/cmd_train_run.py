@@ -41,7 +41,7 @@ def train(
     max_tokens: int = typer.Option(128, "--max-tokens", min=1, help="Sampled tokens per call at most"),
     max_agent_calls: int = typer.Option(4, "--max-agent-calls", min=1, help="Agent calls per rollout at most"),
     temperature: float = typer.Option(1.0, "--temperature", help="The training sampling policy's temperature"),
-    learning_rate: float = typer.Option(2e-5, "--lr", help="Adam's learning rate (projections)"),
+    learning_rate: float = typer.Option(5e-5, "--lr", help="Adam's learning rate (projections)"),
     norm_learning_rate: float = typer.Option(None, "--norm-lr", help="Adam's learning rate for the norms"),
     layers: int = typer.Option(4, "--layers", min=1, help="Decoder layers trained (the last ones)"),
     brevity: float = typer.Option(0.0, "--brevity", help="Shaping: this x the unused share of the token budget "

@@ -40,7 +40,7 @@ def test_every_openenv_harness_command_and_flag_in_the_readme_exists() -> None:
     assert len(lines) >= 7, "the README's command list is where this test looks"
     for line in lines:
         words = line.split()[1:]
-        path = [words[0]] + ([words[1]] if words[0] in ("trace", "space") else [])
+        path = [words[0]] + ([words[1]] if words[0] in ("trace", "space", "tasks") else [])
         flags = set(re.findall(r"(--[a-z][a-z0-9-]*)", line))
         missing = flags - _click_options(path)
         assert not missing, f"`openenv-harness {' '.join(path)}` has no {sorted(missing)} (README: {line})"
