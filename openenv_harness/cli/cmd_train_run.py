@@ -126,13 +126,13 @@ def _evaluate(stack: Any, settings: Any, tasks: list[Any], seeds: int, label: st
     version = int(_health(stack)["fence"]["policy_version"])
     progress(f"evaluating the {label} policy (version {version}) on {len(tasks)} task(s) x {seeds} seed(s)")
 
-    def factory(task: Any) -> Any:
+    def factory(task: Any, seed: int) -> Any:
         return HarnessSessionFactory(
             harness=settings.harness, recorder_url=stack.recorder_url, admin_token=stack.admin_token,
             model=settings.model, tasks={task.id: task}, prompt_mode="incremental",
             options=HarnessOptions(system_prompt_suffix=settings.system_prompt_suffix),
             budgets={"max_agent_calls": settings.max_agent_calls, "max_wall_clock_s": settings.rollout_timeout_s},
-            sampling={"max_tokens": settings.max_tokens}, training_temperature=settings.temperature,
+            sampling={"max_tokens": settings.max_tokens, "seed": seed}, training_temperature=settings.temperature,
             metadata={"evaluation": label})
 
     report = evaluate(factory, tasks, label=label, seeds=range(seeds), progress=progress)

@@ -86,18 +86,19 @@ class EvalReport:
                 "outcomes": [asdict(o) for o in self.outcomes]}
 
 
-def evaluate(make_factory: Callable[[Task], Any], tasks: Sequence[Task], *, label: str, seeds: Sequence[int] = (0,),
-             concurrency: int = 2, timeout_s: float = 300.0,
+def evaluate(make_factory: Callable[[Task, int], Any], tasks: Sequence[Task], *, label: str,
+             seeds: Sequence[int] = (0,), concurrency: int = 2, timeout_s: float = 300.0,
              progress: Callable[[str], None] | None = None) -> EvalReport:
-    """Every task once per seed through ``make_factory(task)`` (a ``HarnessSessionFactory``); ``concurrency``
-    rollouts at a time (the engine batches them)."""
+    """Every task once per seed through ``make_factory(task, seed)`` (a ``HarnessSessionFactory`` whose
+    sampling carries the seed, so a policy's evaluation is reproducible); ``concurrency`` rollouts at a
+    time (the engine batches them)."""
     say = progress or (lambda _m: None)
     jobs = [(task, seed) for seed in seeds for task in tasks]
     report = EvalReport(label)
 
     def one(job: tuple[Task, int]) -> EvalOutcome:
         task, seed = job
-        result, session = run_rollout(make_factory(task), task.id, timeout_s=timeout_s, seed=seed)
+        result, session = run_rollout(make_factory(task, seed), task.id, timeout_s=timeout_s, seed=seed)
         if session is not None:
             session.close()
         return EvalOutcome(task.id, seed, result.reward, result.agent_calls, result.error)
