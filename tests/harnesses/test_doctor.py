@@ -31,6 +31,7 @@ def test_installed_clis_run(node_prefix: Path) -> None:
     assert [(s.name, s.ok, s.version, s.message) for s in statuses] == [
         ("claude-code", True, "2.1.332", "ok"),
         ("codex", True, "0.171.0", "ok"),
+        ("gemini-cli", True, "0.61.0", "ok"),
         ("opencode", True, "1.18.33", "ok"),
         ("pi", True, "0.73.1", "ok"),
     ]

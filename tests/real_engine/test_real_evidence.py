@@ -51,7 +51,8 @@ def test_records_hold_vllms_own_ids_and_logprobs(stream: bool, vllm: VLLMServer,
     reply = stack.chat(sid, secret, body)
     assert reply.status_code == 200, reply.text
     [record] = stack.admin.records(sid)
-    [exchange] = capture.chat_exchanges()
+    # the agent's call (the recorder's own engine probes -- its logprobs-mode measurement -- pass the proxy too)
+    [exchange] = [e for e in capture.chat_exchanges() if e.request_json().get("messages") == MESSAGES]
     raw = exchange.reply_json()
     choice = raw["choices"][0]
     md = record["metadata"]
@@ -113,7 +114,8 @@ def test_effective_sampling_is_recorded_with_the_engines_defaults(vllm: VLLMServ
         assert {k: prov["sampling_effective"][k] for k in ("temperature", "top_p", "top_k", "repetition_penalty")} \
             == {"temperature": 0.7, "top_p": 0.5, "top_k": 20, "repetition_penalty": 1.05}
         assert not set(defaults) & set(prov["sampling_unknown"])  # every field the defaults cover is known
-        assert prov["logprobs_mode"] == ("raw_logprobs" if configured else "unknown")
+        # declared or not, the recorder measured the engine's mode, and a measurement is what is recorded
+        assert (prov["logprobs_mode"], prov["logprobs_mode_source"]) == ("raw_logprobs", "measured")
 
 
 def test_constrained_tool_calls_are_flagged_and_their_logprobs_not_the_policys(stack: RealStack,
