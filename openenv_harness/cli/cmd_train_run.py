@@ -48,6 +48,8 @@ def train(
                                   "added to the verifier's reward (reported apart; 0: the verifier's reward only)"),
     seed: int = typer.Option(0, "--seed", help="First rollout's seed"),
     out: str = typer.Option(None, "--out", help="Run directory (again with the same one: resume)"),
+    kv_cache_gib: int = typer.Option(4, "--kv-cache-gib", min=1, help="The engine's KV cache (GiB of memory it "
+                                     "reserves; 1 holds about 80k ids of this model)"),
 ) -> int:
     """Train over a task split for many iterations, resumably; evaluate base and trained on a held-out split."""
     try:
@@ -78,7 +80,7 @@ def train(
     run_dir.mkdir(parents=True, exist_ok=True)
     progress = lambda message: console.print(f"[dim]{time.strftime('%X')}[/] {message}", soft_wrap=True)  # noqa: E731
     stack = LocalStack(engine_url=None, store_path=str(run_dir / "records.db"), model=None, tasks=train_tasks,
-                       engine="vllm", progress=progress, unconstrained=True)
+                       engine="vllm", progress=progress, unconstrained=True, kv_cache_gib=kv_cache_gib)
     learning_path = run_dir / "learning.json"
     learning: dict[str, Any] = json.loads(learning_path.read_text()) if learning_path.is_file() else {}
     with stack:

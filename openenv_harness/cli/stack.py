@@ -56,7 +56,10 @@ class LocalStack:
                  tasks: list[Task], segmentation: str = "canonical", admin_token: str | None = None,
                  engine: str | None = None, progress: Any = None, chat_template: Path | None = None,
                  recorder_url: str | None = None, logprobs_mode: str | None = None,
-                 unconstrained: bool = False, system_prompt_suffix: str | None = None) -> None:
+                 unconstrained: bool = False, system_prompt_suffix: str | None = None,
+                 kv_cache_gib: int | None = None) -> None:
+        #: the KV cache the engine started here reserves (None: the launcher's default)
+        self.kv_cache_gib = kv_cache_gib
         self.engine_url = engine_url
         #: the project's vLLM samples the agent's calls freely (a training sampling policy is pinned):
         #: no tool_choice constraint, and the model's tool-call hint appended to the agent's system prompt
@@ -124,7 +127,8 @@ class LocalStack:
         python, model_dir = ensure_engine(spec, progress=self.progress)
         settings = VLLMSettings(model_dir=model_dir, served_name=spec.served_name, python=python,
                                 max_model_len=spec.max_model_len, chat_template=self.chat_template,
-                                logprobs_mode=self.logprobs_mode)
+                                logprobs_mode=self.logprobs_mode,
+                                **({"kv_cache_gib": self.kv_cache_gib} if self.kv_cache_gib else {}))
         self.progress("starting vLLM (about a minute and a half; the first start compiles)")
         self.engine = VLLMServer(settings, log_path=Path(self.store_path).parent / "vllm.log").start(timeout_s=900)
         self.model = spec.served_name

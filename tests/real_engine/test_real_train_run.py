@@ -20,7 +20,9 @@ import pytest
 pytestmark = [pytest.mark.real_engine, pytest.mark.slow]
 
 ARGS = ["--group", "2", "--next-rollouts", "1", "--max-agent-calls", "2", "--max-tokens", "64", "--layers", "1",
-        "--lr", "1e-4", "--eval-split", "held_out"]
+        "--lr", "1e-4", "--eval-split", "held_out",
+        # the tier's other engines hold their KV caches while this one starts: 1 GiB is ~80k ids, plenty here
+        "--kv-cache-gib", "1"]
 
 
 def _train(tasks: Path, out: Path, iterations: int) -> subprocess.CompletedProcess[str]:
