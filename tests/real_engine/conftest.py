@@ -30,6 +30,11 @@ from real_stack import AGENT_CALLS, MODEL, THINK_TEMPLATE, RealStack, engine_par
 #: without AVX-512) and runs every agent's rollout for the session
 REAL_ENGINE_TIMEOUT_S = 2400
 
+#: the shared engine's KV cache: ~175k ids of Qwen2.5-0.5B, many times the longest rollout here. The tier
+#: runs up to three engines and a trainer at once on a 24 GiB machine; every GiB held here is one the
+#: machine's OOM killer would otherwise take back from a running engine
+SHARED_KV_CACHE_GIB = 2
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
@@ -54,17 +59,18 @@ def vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer]:
         python, model = engine_parts()
         yield VLLMServer(VLLMSettings(model_dir=model, served_name=MODEL, python=python, port=int(port)))
         return
-    server = start_vllm(tmp_path_factory.mktemp("vllm"))
+    server = start_vllm(tmp_path_factory.mktemp("vllm"), kv_cache_gib=SHARED_KV_CACHE_GIB)
     try:
         yield server
     finally:
         server.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def think_vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer]:
     """A second real vLLM serving ``THINK_TEMPLATE`` (``--chat-template``), no reasoning parser: under
-    ``tool_choice: "required"`` the grammar applies from the first sampled id."""
+    ``tool_choice: "required"`` the grammar applies from the first sampled id. Module-scoped: it is
+    stopped after each module that reads it, so it does not hold its memory through the tier."""
     import trl
 
     template = Path(trl.__file__).parent / "chat_templates" / THINK_TEMPLATE
