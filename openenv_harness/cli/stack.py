@@ -43,9 +43,15 @@ def real_engine_sampling(*, unconstrained: bool) -> dict[str, Any]:
 #: Claude Code's default prompt (its system prompt and every tool's schema) is ~12k ids, minutes of prefill
 #: a call on a CPU without AVX-512; its own ``--tools`` and ``--system-prompt`` make it ~3k (the same CLI,
 #: the same Messages wire format), and its short Edit calls fit the pinned token cap where Write's do not.
-REAL_ENGINE_OPTIONS: dict[str, HarnessOptions] = {"claude-code": HarnessOptions(extra_args=(
-    "--tools", "Bash,Read,Edit", "--system-prompt",
-    "You are a coding agent working in the current directory. Use the tools to read, edit and test code."))}
+#: a short system prompt for the agents whose own is too long for a CPU to prefill in a rollout's time
+SHORT_SYSTEM_PROMPT = "You are a coding agent working in the current directory. Use the tools to read, edit and test code."
+
+REAL_ENGINE_OPTIONS: dict[str, HarnessOptions] = {
+    "claude-code": HarnessOptions(extra_args=("--tools", "Bash,Read,Edit"), system_prompt=SHORT_SYSTEM_PROMPT),
+    # its own prompt is ~18k ids, most of them the schemas of tools a task here does not need
+    "gemini-cli": HarnessOptions(system_prompt=SHORT_SYSTEM_PROMPT, config_overrides={
+        "tools": {"core": ["run_shell_command", "read_file", "replace"]}}),
+}
 
 
 class LocalStack:

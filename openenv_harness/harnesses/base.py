@@ -145,6 +145,9 @@ class HarnessOptions(BaseModel):
     system_prompt_suffix: str | None = Field(
         default=None, description="Appended to the agent's own system prompt through its own flag (Pi, Claude Code: "
         "--append-system-prompt); an agent without such a flag refuses it")
+    system_prompt: str | None = Field(
+        default=None, min_length=1, description="Replaces the agent's own system prompt where it has a way (Pi, "
+        "Claude Code: --system-prompt; Gemini CLI: a file named by GEMINI_SYSTEM_MD); an agent without one refuses it")
     extra_env: dict[str, str] = Field(default_factory=dict, description="Added to the agent's environment last")
     config_overrides: dict[str, Any] = Field(
         default_factory=dict, description="Deep-merged into the agent's main config file"
@@ -259,6 +262,10 @@ class HarnessPreset:
     dialect: str = "chat"
     #: The CLI's own flag that appends text to its system prompt (``HarnessOptions.system_prompt_suffix``)
     append_system_prompt_flag: str | None = None
+    #: The CLI's own flag that replaces its system prompt (``HarnessOptions.system_prompt``)
+    system_prompt_flag: str | None = None
+    #: Or the environment variable that names a file the CLI reads its system prompt from instead
+    system_prompt_file_env: str | None = None
 
     @property
     def npm_spec(self) -> str:
@@ -279,14 +286,28 @@ class HarnessPreset:
                 raise ValueError(f"{self.name} has no flag that appends to its system prompt: "
                                  "system_prompt_suffix applies to agents that have one (pi, claude-code)")
             argv = [argv[0], self.append_system_prompt_flag, suffix, *argv[1:]]
+        files = self.files(setup)
+        prompt_env: dict[str, str] = {}
+        replaced = setup.options.system_prompt
+        if replaced:
+            if self.system_prompt_flag is not None:
+                argv = [argv[0], self.system_prompt_flag, replaced, *argv[1:]]
+            elif self.system_prompt_file_env is not None:
+                path = posixpath.join(setup.home, ".openenv-harness", "system-prompt.md")
+                files = {**files, path: replaced}
+                prompt_env[self.system_prompt_file_env] = path
+            else:
+                raise ValueError(f"{self.name} has no way to replace its system prompt: system_prompt applies to "
+                                 "agents that have one (pi, claude-code, gemini-cli)")
         env = {
             **home_env(setup.home),
             **dict(self.offline_env),
             API_KEY_ENV: setup.endpoint.api_key,
             **self.env(setup),
+            **prompt_env,
             **setup.options.extra_env,
         }
-        return LaunchSpec(argv=argv, env=env, files=self.files(setup), cwd=setup.workdir, stdin=stdin)
+        return LaunchSpec(argv=argv, env=env, files=files, cwd=setup.workdir, stdin=stdin)
 
     def parse_output(self, exit_code: int | None, stdout: str, stderr: str) -> HarnessResult:
         """Read the exit status and final answer of a finished run."""

@@ -135,6 +135,7 @@ def parse_claude_output(exit_code: int | None, stdout: str, stderr: str) -> Harn
 CLAUDE_CODE = HarnessPreset(
     name="claude-code",
     append_system_prompt_flag="--append-system-prompt",
+    system_prompt_flag="--system-prompt",
     npm_package="@anthropic-ai/claude-code",
     version="2.1.332",
     bin_name="claude",

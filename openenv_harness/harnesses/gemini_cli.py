@@ -142,4 +142,5 @@ GEMINI_CLI = HarnessPreset(
     parse=parse_gemini_output,
     shell_tool=("run_shell_command", "command"),
     dialect="gemini",
+    system_prompt_file_env="GEMINI_SYSTEM_MD",
 )

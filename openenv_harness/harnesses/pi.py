@@ -176,6 +176,7 @@ def parse_pi_output(exit_code: int | None, stdout: str, stderr: str) -> HarnessR
 PI = HarnessPreset(
     name="pi",
     append_system_prompt_flag="--append-system-prompt",
+    system_prompt_flag="--system-prompt",
     npm_package="@mariozechner/pi-coding-agent",
     version="0.73.1",
     bin_name="pi",

@@ -120,3 +120,20 @@ def test_a_system_prompt_suffix_goes_through_the_agents_own_flag_or_is_refused()
     for name in ("opencode", "codex", "gemini-cli"):
         with pytest.raises(ValueError, match=f"{name} has no flag that appends to its system prompt"):
             get_preset(name).prepare(setup, "fix the bug")
+
+
+def test_a_replaced_system_prompt_goes_through_the_agents_own_flag_or_file_or_is_refused() -> None:
+    from openenv_harness.harnesses.registry import get_preset
+
+    prompt = "You are a coding agent. Use the tools."
+    setup = _setup(options=HarnessOptions(system_prompt=prompt))
+    for name in ("pi", "claude-code"):
+        spec = get_preset(name).prepare(setup, "fix the bug")
+        assert spec.argv[1:3] == ["--system-prompt", prompt] and spec.argv[-1] == "fix the bug", spec.argv
+    gemini = get_preset("gemini-cli").prepare(setup, "fix the bug")
+    path = gemini.env["GEMINI_SYSTEM_MD"]
+    assert path.startswith(setup.home + "/") and gemini.files[path] == prompt  # a file in the sandbox home
+    assert "GEMINI_SYSTEM_MD" not in get_preset("gemini-cli").prepare(_setup(), "fix the bug").env
+    for name in ("opencode", "codex"):
+        with pytest.raises(ValueError, match=f"{name} has no way to replace its system prompt"):
+            get_preset(name).prepare(setup, "fix the bug")

@@ -1,4 +1,5 @@
-"""Real Codex (Responses API) and real Claude Code (Anthropic Messages API) on the real vLLM.
+"""Real Codex (Responses API), real Claude Code (Anthropic Messages API) and real Gemini CLI (Google
+``generateContent``) on the real vLLM.
 
 The same recorder, the same flow: each CLI's calls reach vLLM's chat route, and what is recorded is
 what vLLM sampled -- prompt ids, sampled ids, logprobs, checked against vLLM's own replies as the
@@ -9,7 +10,8 @@ class and a named cause. Claude Code's default prompt is ~12k tokens (its system
 schemas): minutes of prefill a call on a CPU without AVX-512, more than a rollout can wait. Here it
 runs with its own ``--tools Bash,Read,Edit`` and a short ``--system-prompt`` (the same CLI, the same
 Messages wire format, a prompt a CPU prefills in seconds); the reference-engine tier runs it with its
-full default prompt (``tests/recorder/dialects``, ``tests/rollout/test_dialect_agents.py``).
+full default prompt (``tests/recorder/dialects``, ``tests/rollout/test_dialect_agents.py``). Gemini CLI's
+is ~18k ids: it runs with the same short system prompt (``GEMINI_SYSTEM_MD``) and three core tools.
 """
 
 from __future__ import annotations
@@ -28,13 +30,15 @@ from openenv_harness.rollout.report import run_rollout
 
 pytestmark = [pytest.mark.real_engine, pytest.mark.cli, pytest.mark.slow]
 
-DIALECTS = {"codex": "responses", "claude-code": "anthropic"}
+DIALECTS = {"codex": "responses", "claude-code": "anthropic", "gemini-cli": "gemini"}
 #: Claude Code's calls run to the cap whatever it is (its tool arguments are long; the cut is part of what is
 #: tested), and decoding is what a loaded CPU slows most (vLLM's threads are bound to the cores): 64 for it.
-MAX_TOKENS = {"codex": REAL_ENGINE_SAMPLING["max_tokens"], "claude-code": 64}
-WALL_S = {"codex": 400, "claude-code": 400}
+MAX_TOKENS = {"codex": REAL_ENGINE_SAMPLING["max_tokens"], "claude-code": 64,
+              "gemini-cli": REAL_ENGINE_SAMPLING["max_tokens"]}
+WALL_S = {"codex": 400, "claude-code": 400, "gemini-cli": 400}
 #: Claude Code's own options for a prompt a CPU prefills in seconds (what `run --engine vllm` gives it too)
-OPTIONS = {"codex": HarnessOptions(), "claude-code": REAL_ENGINE_OPTIONS["claude-code"]}
+OPTIONS = {"codex": HarnessOptions(), "claude-code": REAL_ENGINE_OPTIONS["claude-code"],
+           "gemini-cli": REAL_ENGINE_OPTIONS["gemini-cli"]}
 
 
 @pytest.fixture(scope="module")
