@@ -251,6 +251,9 @@ class HarnessPreset:
     #: Run in the node prefix (argv) when the freshly installed binary does not answer ``--version``.
     postinstall: tuple[str, ...] = ()
     version_argv: tuple[str, ...] = ("--version",)
+    #: What ``version_argv`` prints for the pinned version, where the CLI reports something other
+    #: than its package's version (a hard-coded string); the package's own version stays the pin.
+    reported_version: str | None = None
     #: Programs that must be on PATH for the CLI to start at all.
     requires: tuple[str, ...] = ()
     #: Programs the agent's tools use and would otherwise try to download.
@@ -266,6 +269,11 @@ class HarnessPreset:
     system_prompt_flag: str | None = None
     #: Or the environment variable that names a file the CLI reads its system prompt from instead
     system_prompt_file_env: str | None = None
+
+    @property
+    def version_output(self) -> str:
+        """The text ``version_argv`` prints when the pinned version is installed."""
+        return self.reported_version or self.version
 
     @property
     def npm_spec(self) -> str:

@@ -67,7 +67,7 @@ def _check(name: str, prefix: Path) -> HarnessStatus:
     if not probe.runs:
         return status(True, package_version, False, f"does not run: {probe.message}; {fix}")
     version = probe.output or package_version
-    if preset.version not in version:
+    if preset.version_output not in version:
         return status(True, version, True, f"version {version} found, {preset.version} pinned; {fix}")
     return status(True, preset.version, True, "ok")
 

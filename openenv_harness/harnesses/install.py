@@ -141,7 +141,7 @@ def _verified(preset: HarnessPreset, prefix: Path) -> bool:
     if installed_version(preset, prefix) != preset.version:
         return False
     probe = probe_version(preset, binary_path(preset, prefix))
-    if not probe.runs or preset.version not in probe.output:
+    if not probe.runs or preset.version_output not in probe.output:
         return False
     stamp = _stamp_path(preset, prefix)
     stamp.parent.mkdir(parents=True, exist_ok=True)

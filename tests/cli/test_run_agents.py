@@ -1,0 +1,47 @@
+"""``openenv-harness run`` with each further agent CLI on the embedded reference engine, as a user runs it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+CLI = [sys.executable, "-m", "openenv_harness.cli"]
+
+
+def cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    env = {**os.environ, "COLUMNS": "200"}
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def _run_fix_add(harness: str, out: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """One fix-add rollout by ``harness``: its summary row and its records, in order."""
+    done = cli("run", "--harness", harness, "--task", "fix-add", "--out", str(out))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    [row] = json.loads((out / "summary.json").read_text())
+    entries = cli("trace", "export", row["session_id"], "--store", str(out / "records.db"), "--format", "entries")
+    assert entries.returncode == 0, entries.stderr
+    return row, [json.loads(line) for line in entries.stdout.splitlines()]
+
+
+def _assert_one_exact_chain(records: list[dict[str, Any]]) -> None:
+    for prev, rec in zip(records, records[1:]):  # each prompt extends the last call's tokens
+        chain = prev["prompt_token_ids"] + prev["completion_token_ids"]
+        assert rec["prompt_token_ids"][:len(chain)] == chain
+
+
+@pytest.mark.cli
+@pytest.mark.slow
+def test_run_grok_cli_on_the_embedded_engine(tmp_path: Path) -> None:
+    row, records = _run_fix_add("grok-cli", tmp_path / "run")
+    assert (row["harness"], row["task"], row["exit_code"], row["reward"], row["agent_calls"]) == (
+        "grok-cli", "fix-add", 0, 1.0, 4)
+    assert row["fidelity"]["break"] == 0 and row["fidelity"]["replay_drift"] == 0 and row["rows"] == 1
+    assert [r["metadata"]["dialect"] for r in records] == ["chat"] * 4
+    assert [r["metadata"]["call_kind"] for r in records] == ["agent"] * 4
+    _assert_one_exact_chain(records)
