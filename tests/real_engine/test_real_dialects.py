@@ -1,5 +1,6 @@
-"""Real Codex (Responses API), real Claude Code (Anthropic Messages API) and real Gemini CLI (Google
-``generateContent``) on the real vLLM.
+"""Every agent beyond Pi and OpenCode on the real vLLM, one rollout each: real Codex (Responses API),
+real Claude Code (Anthropic Messages API), real Gemini CLI (Google ``generateContent``) and the other
+chat-completions agents (``DIALECTS``).
 
 The same recorder, the same flow: each CLI's calls reach vLLM's chat route, and what is recorded is
 what vLLM sampled -- prompt ids, sampled ids, logprobs, checked against vLLM's own replies as the
@@ -30,15 +31,14 @@ from openenv_harness.rollout.report import run_rollout
 
 pytestmark = [pytest.mark.real_engine, pytest.mark.cli, pytest.mark.slow]
 
-DIALECTS = {"codex": "responses", "claude-code": "anthropic", "gemini-cli": "gemini"}
+#: the agents beyond Pi and OpenCode (``test_real_rollouts``), by the dialect each speaks
+DIALECTS = {"codex": "responses", "claude-code": "anthropic", "gemini-cli": "gemini", "grok-cli": "chat"}
 #: Claude Code's calls run to the cap whatever it is (its tool arguments are long; the cut is part of what is
 #: tested), and decoding is what a loaded CPU slows most (vLLM's threads are bound to the cores): 64 for it.
-MAX_TOKENS = {"codex": REAL_ENGINE_SAMPLING["max_tokens"], "claude-code": 64,
-              "gemini-cli": REAL_ENGINE_SAMPLING["max_tokens"]}
-WALL_S = {"codex": 400, "claude-code": 400, "gemini-cli": 400}
+MAX_TOKENS = {**dict.fromkeys(DIALECTS, REAL_ENGINE_SAMPLING["max_tokens"]), "claude-code": 64}
+WALL_S = dict.fromkeys(DIALECTS, 400)
 #: Claude Code's own options for a prompt a CPU prefills in seconds (what `run --engine vllm` gives it too)
-OPTIONS = {"codex": HarnessOptions(), "claude-code": REAL_ENGINE_OPTIONS["claude-code"],
-           "gemini-cli": REAL_ENGINE_OPTIONS["gemini-cli"]}
+OPTIONS = {harness: REAL_ENGINE_OPTIONS.get(harness, HarnessOptions()) for harness in DIALECTS}
 
 
 @pytest.fixture(scope="module")
