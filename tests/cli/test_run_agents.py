@@ -1,4 +1,5 @@
-"""``openenv-harness run`` with each further agent CLI on the embedded reference engine, as a user runs it."""
+"""``openenv-harness run`` with each further agent CLI on the embedded reference engine, as a user runs it:
+reward 1, one exact chain."""
 
 from __future__ import annotations
 
@@ -45,3 +46,16 @@ def test_run_grok_cli_on_the_embedded_engine(tmp_path: Path) -> None:
     assert [r["metadata"]["dialect"] for r in records] == ["chat"] * 4
     assert [r["metadata"]["call_kind"] for r in records] == ["agent"] * 4
     _assert_one_exact_chain(records)
+
+
+@pytest.mark.cli
+@pytest.mark.slow
+def test_run_continue_on_the_embedded_engine(tmp_path: Path) -> None:
+    row, records = _run_fix_add("continue", tmp_path / "run")
+    assert (row["harness"], row["task"], row["exit_code"], row["reward"], row["agent_calls"], row["aux_calls"]) == (
+        "continue", "fix-add", 0, 1.0, 4, 0)
+    assert row["fidelity"] == {"exact": 3, "replay_drift": 0, "break": 0} and row["rows"] == 1
+    assert [r["metadata"]["dialect"] for r in records] == ["chat"] * 4
+    _assert_one_exact_chain(records)
+    calls = [c["function"]["name"] for r in records for c in r["response"]["choices"][0]["message"].get("tool_calls") or []]
+    assert calls == ["Bash"] * 3

@@ -13,7 +13,7 @@ from openenv_harness.harnesses.registry import preset_names
 
 def test_nothing_installed(tmp_path: Path) -> None:
     statuses = {s.name: s for s in doctor(prefix=tmp_path)}
-    expected = {"pi", "opencode", "codex", "claude-code", "gemini-cli", "grok-cli"}
+    expected = {"pi", "opencode", "codex", "claude-code", "gemini-cli", "grok-cli", "continue"}
     assert set(statuses) == set(preset_names()) and expected <= set(statuses)
     for name, status in statuses.items():
         assert not status.ok and not status.installed and not status.runs and status.version is None
@@ -32,6 +32,7 @@ def test_installed_clis_run(node_prefix: Path) -> None:
     assert [(s.name, s.ok, s.version, s.message) for s in statuses] == [
         ("claude-code", True, "2.1.332", "ok"),
         ("codex", True, "0.171.0", "ok"),
+        ("continue", True, "1.5.47", "ok"),
         ("gemini-cli", True, "0.61.0", "ok"),
         ("grok-cli", True, "0.0.34", "ok"),
         ("opencode", True, "1.18.33", "ok"),
