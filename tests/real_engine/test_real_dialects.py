@@ -32,7 +32,8 @@ from openenv_harness.rollout.report import run_rollout
 pytestmark = [pytest.mark.real_engine, pytest.mark.cli, pytest.mark.slow]
 
 #: the agents beyond Pi and OpenCode (``test_real_rollouts``), by the dialect each speaks
-DIALECTS = {"codex": "responses", "claude-code": "anthropic", "gemini-cli": "gemini", "grok-cli": "chat"}
+DIALECTS = {"codex": "responses", "claude-code": "anthropic", "gemini-cli": "gemini", "grok-cli": "chat",
+            "continue": "chat"}
 #: Claude Code's calls run to the cap whatever it is (its tool arguments are long; the cut is part of what is
 #: tested), and decoding is what a loaded CPU slows most (vLLM's threads are bound to the cores): 64 for it.
 MAX_TOKENS = {**dict.fromkeys(DIALECTS, REAL_ENGINE_SAMPLING["max_tokens"]), "claude-code": 64}
