@@ -266,6 +266,9 @@ class HarnessPreset:
     #: What answers the install's version probe: the binary itself, or -- for a Python CLI without a
     #: version flag -- the interpreter of its venv (``version_argv`` then follows ``python``).
     version_probe: Literal["binary", "interpreter"] = "binary"
+    #: The shell command that ends the agent's run (an agent that stops only on it): the built-in
+    #: tasks' scripted final answer also runs it (``rollout.taskset.script_for``).
+    submit_command: str | None = None
 
     def __post_init__(self) -> None:
         if bool(self.npm_package) == bool(self.pip_package):

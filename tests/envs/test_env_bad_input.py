@@ -40,7 +40,7 @@ def test_unknown_task_is_a_clear_error_and_the_session_survives(env_server: Thre
 
 @pytest.mark.parametrize(("options", "message"), [
     ({"task_id": "fix-add", "harness": "gemini"},
-     r"unknown harness 'gemini'; known harnesses: claude-code, codex, gemini-cli, opencode, pi"),
+     r"unknown harness 'gemini'; known harnesses: claude-code, codex, gemini-cli, mini-swe-agent, opencode, pi"),
     ({"taskid": "fix-add"}, r"unknown reset option\(s\) taskid; accepted: seed, episode_id, task_id"),
     ({"task_id": 3}, r"task_id must be a string"),
     ({"seed": -1}, r"seed must be a non-negative integer"),
@@ -136,7 +136,7 @@ def test_http_reset_with_an_unknown_task_is_a_404_naming_the_known_tasks(env_ser
 
 @pytest.mark.parametrize(("body", "status", "reason"), [
     ({"task_id": "fix-add", "harness": "gemini"}, 400,
-     r"unknown harness 'gemini'; known harnesses: claude-code, codex, gemini-cli, opencode, pi"),
+     r"unknown harness 'gemini'; known harnesses: claude-code, codex, gemini-cli, mini-swe-agent, opencode, pi"),
     ({"taskid": "fix-add"}, 400, r"unknown reset option\(s\) taskid; accepted: seed, episode_id, task_id"),
     ({"task_id": 3}, 400, r"task_id must be a string"),
     ({"split": "train", "index": 99}, 404, r"task index 99 is out of range"),

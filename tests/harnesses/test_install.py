@@ -38,11 +38,13 @@ def test_unknown_harness_is_refused_before_anything_runs(tmp_path: Path) -> None
 @pytest.mark.cli
 def test_done_install_is_fast_and_starts_nothing(node_prefix: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(install, "_npm_install", _forbid("npm install"))
+    monkeypatch.setattr(install, "_pip_install", _forbid("pip install"))
     monkeypatch.setattr(install, "probe_version", _forbid("a --version probe"))
     started = time.monotonic()
     paths = ensure_installed(None, prefix=node_prefix)
     assert time.monotonic() - started < 1.0
-    assert set(paths) == set(preset_names()) and {"pi", "opencode", "codex", "claude-code", "gemini-cli"} <= set(paths)
+    assert set(paths) == set(preset_names())
+    assert {"pi", "opencode", "codex", "claude-code", "gemini-cli", "mini-swe-agent"} <= set(paths)
     for name, path in paths.items():
         assert path == node_prefix / get_preset(name).binary
         assert os.access(path, os.X_OK)
@@ -126,6 +128,17 @@ def _python_preset(version: str):  # type: ignore[no-untyped-def]
                    version_probe="interpreter", version_argv=("-c", "import demo_agent; demo_agent.main()"))
 
 
+def test_pip_spec_and_npm_spec() -> None:
+    from dataclasses import replace
+
+    mini = get_preset("mini-swe-agent")
+    assert (mini.pip_package, mini.npm_package, mini.install_spec) == ("mini-swe-agent", "", "mini-swe-agent==2.4.6")
+    assert mini.binary == "venvs/mini-swe-agent/bin/mini"
+    assert get_preset("pi").install_spec == get_preset("pi").npm_spec, "npm presets install as before"
+    with pytest.raises(ValueError, match="exactly one of npm_package and pip_package"):
+        replace(mini, npm_package="mini-swe-agent")
+
+
 @pytest.mark.slow  # creates a venv (ensurepip)
 def test_a_python_agent_gets_a_venv_of_its_own_and_a_link_on_path(tmp_path: Path,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
@@ -167,3 +180,16 @@ def test_a_python_agent_gets_a_venv_of_its_own_and_a_link_on_path(tmp_path: Path
         found = box.run(["sh", "-c", "command -v demo-agent; demo-agent; command -v python3 || true"], timeout_s=60)
     lines = found.stdout.splitlines()
     assert lines[:2] == [str(link), "demo-agent 1.0.0"] and not any(str(prefix) in line for line in lines[2:])
+
+
+@pytest.mark.cli
+def test_mini_swe_agent_is_verified_by_its_venvs_interpreter(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    preset = get_preset("mini-swe-agent")
+    paths = ensure_installed(["mini-swe-agent"])  # only this agent: the shared prefix may lack the others
+    probe = install.probe_version(preset, paths["mini-swe-agent"])
+    assert probe.runs and probe.output == "2.4.6", probe.message
+    assert paths["mini-swe-agent"] == default_node_prefix() / "venvs" / "mini-swe-agent" / "bin" / "mini"
+    assert install.installed_version(preset) == "2.4.6"
+    monkeypatch.setattr(install, "_pip_install", _forbid("pip install"))
+    monkeypatch.setattr(install, "probe_version", _forbid("a --version probe"))
+    assert ensure_installed(["mini-swe-agent"]) == paths
