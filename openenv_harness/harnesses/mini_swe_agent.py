@@ -26,7 +26,7 @@ trajectory) and ``MSWEA_CONFIG_DIR`` point into the sandbox home; LiteLLM's cost
 copy (``LITELLM_LOCAL_MODEL_COST_MAP``, ``LITELLM_OFFLINE_MODE``), and cost tracking ignores the
 unknown model (``cost_tracking: ignore_errors``) instead of failing the call. Its own retries
 (tenacity, 10 attempts 4-60 s apart, on everything but a few 4xx -- a budget stop's 400 included)
-are cut to one attempt unless ``retries`` is on.
+are cut to one attempt, or three where ``retries`` is on.
 
 The command is ``sh -c`` around ``mini``, for two reasons. ``-c mini.yaml`` is looked up in the
 process's directory before the package's own, so ``mini`` starts in its config directory (a task's
@@ -98,8 +98,9 @@ def mini_env(setup: HarnessSetup) -> dict[str, str]:
         "MSWEA_CONFIG_DIR": config_dir(setup),
         "OPENAI_API_KEY": setup.endpoint.api_key,
     }
-    if not setup.options.retries:
-        env["MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT"] = "1"
+    # tenacity retries every error but a few 4xx -- a budget stop's 400 too -- 4 to 60 s apart: one
+    # attempt, or three (4 and 8 s later) where retries are on, never its minutes-long default of 10
+    env["MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT"] = "3" if setup.options.retries else "1"
     return env
 
 

@@ -62,7 +62,7 @@ def test_environment_points_at_the_session_and_keeps_it_offline() -> None:
     assert env["LITELLM_LOCAL_MODEL_COST_MAP"] == "True" and env["LITELLM_OFFLINE_MODE"] == "true"
     assert env["MSWEA_COST_TRACKING"] == "ignore_errors"
     assert env["MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT"] == "1"
-    assert "MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT" not in MINI.prepare(_setup(HarnessOptions(retries=True)), "t").env
+    assert MINI.prepare(_setup(HarnessOptions(retries=True)), "t").env["MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT"] == "3"
 
 
 def test_command_is_headless_runs_from_its_config_dir_and_prints_the_trajectory() -> None:
