@@ -20,7 +20,7 @@ import json
 import posixpath
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -233,9 +233,10 @@ class HarnessPreset:
     """Declarative description of one agent CLI."""
 
     name: str
+    #: The npm package of a Node agent; empty for a Python agent (``pip_package``).
     npm_package: str
     version: str
-    #: Executable name the package puts on ``node_modules/.bin``.
+    #: Executable name the package puts on ``node_modules/.bin`` (a Python agent's: on ``venvs/.bin``).
     bin_name: str
     #: Path of the executable relative to the node prefix it is installed in.
     binary: str
@@ -265,6 +266,20 @@ class HarnessPreset:
     dialect: str = "chat"
     #: The CLI's own flag that appends text to its system prompt (``HarnessOptions.system_prompt_suffix``)
     append_system_prompt_flag: str | None = None
+    #: The PyPI distribution of a Python agent, installed pinned into a venv of its own
+    #: (``venvs/<name>`` in the node prefix); ``npm_package`` is then empty.
+    pip_package: str | None = None
+    #: What answers the install's version probe: the binary itself, or -- for a Python CLI without a
+    #: version flag -- the interpreter of its venv (``version_argv`` then follows ``python``).
+    version_probe: Literal["binary", "interpreter"] = "binary"
+    #: The shell command that ends the agent's run (an agent that stops only on it): the built-in
+    #: tasks' scripted final answer also runs it (``rollout.taskset.script_for``).
+    submit_command: str | None = None
+
+    def __post_init__(self) -> None:
+        if bool(self.npm_package) == bool(self.pip_package):
+            raise ValueError(f"{self.name}: a preset names exactly one of npm_package and pip_package")
+
     #: The CLI's own flag that replaces its system prompt (``HarnessOptions.system_prompt``)
     system_prompt_flag: str | None = None
     #: Or the environment variable that names a file the CLI reads its system prompt from instead
@@ -279,6 +294,11 @@ class HarnessPreset:
     def npm_spec(self) -> str:
         """``package@version``, pinned exactly."""
         return f"{self.npm_package}@{self.version}"
+
+    @property
+    def install_spec(self) -> str:
+        """What the installer installs, pinned exactly: ``package==version`` (PyPI) or ``npm_spec``."""
+        return f"{self.pip_package}=={self.version}" if self.pip_package else self.npm_spec
 
     def aux_rules_data(self) -> list[dict[str, Any]]:
         return [rule.as_data() for rule in self.aux_rules]

@@ -13,6 +13,14 @@ launcher and Claude Code's ``bin/claude.exe`` are then stubs that only say so. B
 their native binary in a platform package and link it into place from a postinstall script; the
 installer runs that script itself (the preset's ``postinstall``) and verifies again.
 
+A Python agent (a preset with ``pip_package``) goes into a venv of its own beside ``node_modules``,
+``<prefix>/venvs/<name>``, created with the interpreter that runs the installer and filled with
+``pip install package==version``: its dependencies (LiteLLM and the like) never meet another
+agent's or the project's. Its executable is linked into ``<prefix>/venvs/.bin``, which a sandbox puts
+on PATH after ``node_modules/.bin``: the agent is reachable by name, while the venv's own ``python3``
+and ``pip`` stay off the PATH the agents' shell tools see. The same stamp, lock and verification
+apply; a CLI without a version flag is verified by its venv's interpreter (``version_probe``).
+
 Run ``python -m openenv_harness.harnesses.install [pi] [opencode] [codex] [claude-code] [--prefix DIR]``.
 """
 
@@ -22,6 +30,7 @@ import argparse
 import fcntl
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -36,6 +45,8 @@ from openenv_harness.harnesses.registry import get_preset, preset_names
 
 PREFIX_ENV = "OPENENV_HARNESS_NODE_PREFIX"
 _STATE_DIR = ".openenv-harness"
+#: Python agents' venvs, one per preset, beside ``node_modules``.
+VENVS_DIR = "venvs"
 _NPM_TIMEOUT_S = 1200.0
 _PROBE_TIMEOUT_S = 60.0
 
@@ -61,12 +72,35 @@ def node_bin_dir(prefix: str | os.PathLike[str] | None = None) -> Path:
     return Path(prefix or default_node_prefix()) / "node_modules" / ".bin"
 
 
+def venv_bin_dir(prefix: str | os.PathLike[str] | None = None) -> Path:
+    """The directory the Python agents' executables are linked into (goes on PATH after ``node_bin_dir``)."""
+    return Path(prefix or default_node_prefix()) / VENVS_DIR / ".bin"
+
+
+def venv_dir(preset: HarnessPreset, prefix: str | os.PathLike[str] | None = None) -> Path:
+    """The venv a Python agent is installed in."""
+    return Path(prefix or default_node_prefix()) / VENVS_DIR / preset.name
+
+
 def binary_path(preset: HarnessPreset, prefix: str | os.PathLike[str] | None = None) -> Path:
     return Path(prefix or default_node_prefix()) / preset.binary
 
 
+def _dist_version(venv: Path, distribution: str) -> str | None:
+    """The version of ``distribution`` installed in ``venv``, read from its ``.dist-info`` (no process)."""
+    wanted = re.sub(r"[-_.]+", "_", distribution).lower()
+    for info in venv.glob("lib/python*/site-packages/*.dist-info"):
+        name, _, version = info.name[: -len(".dist-info")].partition("-")
+        if re.sub(r"[-_.]+", "_", name).lower() == wanted and (info / "METADATA").is_file():
+            return version or None
+    return None
+
+
 def installed_version(preset: HarnessPreset, prefix: str | os.PathLike[str] | None = None) -> str | None:
-    """The version in the prefix's ``package.json`` of the preset's package, if it is there."""
+    """The version of the preset's package in the prefix (its ``package.json``, or for a Python agent
+    its venv's ``.dist-info``), if it is there."""
+    if preset.pip_package:
+        return _dist_version(venv_dir(preset, prefix), preset.pip_package)
     manifest = Path(prefix or default_node_prefix()) / "node_modules" / preset.npm_package / "package.json"
     try:
         version = json.loads(manifest.read_text()).get("version")
@@ -85,16 +119,20 @@ class VersionProbe:
 
 
 def probe_version(preset: HarnessPreset, binary: Path) -> VersionProbe:
-    """Run ``binary --version`` offline, with a throwaway HOME (a probe must not write a real one)."""
+    """Run ``binary --version`` offline, with a throwaway HOME (a probe must not write a real one).
+
+    A Python agent whose ``version_probe`` is ``interpreter`` is asked through the interpreter beside
+    its executable in the venv's ``bin`` (``python <version_argv>``)."""
     if not binary.exists():
         return VersionProbe(False, "", f"{binary} does not exist")
+    program = binary.parent / "python" if preset.version_probe == "interpreter" else binary
     with tempfile.TemporaryDirectory(prefix="openenv-harness-probe-") as home:
         env = {"PATH": os.environ.get("PATH", os.defpath), "LANG": os.environ.get("LANG", "C.UTF-8")}
         env.update(home_env(home))
         env.update(preset.offline_env)
         try:
             done = subprocess.run(
-                [str(binary), *preset.version_argv],
+                [str(program), *preset.version_argv],
                 env=env,
                 cwd=home,
                 stdin=subprocess.DEVNULL,
@@ -124,10 +162,32 @@ def _binary_fingerprint(preset: HarnessPreset, prefix: Path) -> dict[str, object
         stat = real.stat()
     except OSError:
         return None
-    return {"spec": preset.npm_spec, "binary": str(real), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+    return {"spec": preset.install_spec, "binary": str(real), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+
+
+def _bin_link(preset: HarnessPreset, prefix: Path) -> Path | None:
+    """Where a Python agent's executable is linked for PATH (``venvs/.bin/<bin_name>``); None for npm."""
+    return venv_bin_dir(prefix) / preset.bin_name if preset.pip_package else None
+
+
+def _linked(preset: HarnessPreset, prefix: Path) -> bool:
+    link = _bin_link(preset, prefix)
+    return link is None or (link.is_symlink() and link.resolve() == binary_path(preset, prefix).resolve())
+
+
+def _link_bin(preset: HarnessPreset, prefix: Path) -> None:
+    link = _bin_link(preset, prefix)
+    if link is None or _linked(preset, prefix):
+        return
+    link.parent.mkdir(parents=True, exist_ok=True)
+    if link.is_symlink() or link.exists():
+        link.unlink()
+    link.symlink_to(os.path.relpath(binary_path(preset, prefix), link.parent))
 
 
 def _stamp_matches(preset: HarnessPreset, prefix: Path) -> bool:
+    if not _linked(preset, prefix):
+        return False
     fingerprint = _binary_fingerprint(preset, prefix)
     try:
         stamp = json.loads(_stamp_path(preset, prefix).read_text())
@@ -143,6 +203,7 @@ def _verified(preset: HarnessPreset, prefix: Path) -> bool:
     probe = probe_version(preset, binary_path(preset, prefix))
     if not probe.runs or preset.version_output not in probe.output:
         return False
+    _link_bin(preset, prefix)
     stamp = _stamp_path(preset, prefix)
     stamp.parent.mkdir(parents=True, exist_ok=True)
     stamp.write_text(json.dumps(_binary_fingerprint(preset, prefix)) + "\n")
@@ -179,6 +240,24 @@ def _npm_install(prefix: Path, specs: list[str]) -> None:
         raise InstallError(f"npm install {' '.join(specs)} failed (exit {done.returncode}):\n{tail}")
 
 
+def _pip_install(preset: HarnessPreset, prefix: Path) -> None:
+    """``pip install package==version`` into the preset's own venv (created with this interpreter)."""
+    venv = venv_dir(preset, prefix)
+    python = venv / "bin" / "python"
+    steps = [] if python.exists() else [[sys.executable, "-m", "venv", str(venv)]]
+    steps.append([str(python), "-m", "pip", "install", "--no-input", "--disable-pip-version-check",
+                  "--quiet", preset.install_spec])
+    for argv in steps:
+        try:
+            done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                                  timeout=_NPM_TIMEOUT_S)
+        except subprocess.TimeoutExpired as exc:
+            raise InstallError(f"python {' '.join(argv[1:])} took longer than {_NPM_TIMEOUT_S:.0f} s") from exc
+        if done.returncode != 0:
+            tail = (done.stderr or done.stdout).strip()[-2000:]
+            raise InstallError(f"python {' '.join(argv[1:])} failed (exit {done.returncode}):\n{tail}")
+
+
 def _run_postinstall(preset: HarnessPreset, prefix: Path) -> str:
     if not preset.postinstall:
         return ""
@@ -193,8 +272,8 @@ def ensure_installed(
 ) -> dict[str, Path]:
     """Install the named presets' pinned CLIs (all when ``names`` is None); ``{name: binary path}``.
 
-    Raises ``UnknownHarnessError`` for an unknown name and ``InstallError`` when npm fails or a
-    binary does not run after installing.
+    Raises ``UnknownHarnessError`` for an unknown name and ``InstallError`` when npm or pip fails or
+    a binary does not run after installing.
     """
     if isinstance(names, str):
         names = [names]
@@ -205,8 +284,12 @@ def ensure_installed(
         return {p.name: binary_path(p, root) for p in presets}
     with _prefix_lock(root):
         missing = [p for p in presets if not _stamp_matches(p, root) and not _verified(p, root)]
-        if missing:
-            _npm_install(root, [p.npm_spec for p in missing])
+        npm_specs = [p.npm_spec for p in missing if not p.pip_package]
+        if npm_specs:
+            _npm_install(root, npm_specs)
+        for preset in missing:
+            if preset.pip_package:
+                _pip_install(preset, root)
         for preset in missing:
             if _verified(preset, root):
                 continue

@@ -15,12 +15,13 @@ from openenv_harness.harnesses.codex import CODEX
 from openenv_harness.harnesses.continue_cli import CONTINUE
 from openenv_harness.harnesses.gemini_cli import GEMINI_CLI
 from openenv_harness.harnesses.grok_cli import GROK_CLI
+from openenv_harness.harnesses.mini_swe_agent import MINI_SWE_AGENT
 from openenv_harness.harnesses.opencode import OPENCODE
 from openenv_harness.harnesses.pi import PI
 
 #: Read-only: presets are fixed facts about pinned CLI versions, not runtime state.
 PRESETS: Mapping[str, HarnessPreset] = MappingProxyType({preset.name: preset for preset in (
-    PI, OPENCODE, CODEX, CLAUDE_CODE, GEMINI_CLI, GROK_CLI, CONTINUE,
+    PI, OPENCODE, CODEX, CLAUDE_CODE, GEMINI_CLI, GROK_CLI, CONTINUE, MINI_SWE_AGENT,
 )})
 
 
@@ -32,7 +33,7 @@ class UnknownHarnessError(KeyError):
 
 
 def get_preset(name: str) -> HarnessPreset:
-    """The preset called ``name`` (``pi``, ``opencode``, ``codex``, ``claude-code``)."""
+    """The preset called ``name`` (``pi``, ``opencode``, ``codex``, ``claude-code``, ``gemini-cli``, ``mini-swe-agent``)."""
     try:
         return PRESETS[name]
     except KeyError:

@@ -3,8 +3,9 @@
 Each task also carries a scripted solution for the embedded reference engine, written with the one
 tool every supported agent has: a shell. The scripts name it as Pi and OpenCode do (``bash`` with a
 ``command`` argument); ``script_for`` writes the same calls for an agent whose shell tool is named
-otherwise (Codex's ``exec_command`` with ``cmd``, Claude Code's ``Bash``), so the demo and the tests
-drive every real agent through real multi-turn tool use. Tool-call arguments are JSON objects:
+otherwise (Codex's ``exec_command`` with ``cmd``, Claude Code's ``Bash``), and for an agent that ends
+only on a submit command (mini-swe-agent) the final text turn also runs that command, so the demo and
+the tests drive every real agent through real multi-turn tool use. Tool-call arguments are JSON objects:
 the engine samples them as its template writes them and, like vLLM, parses an agent's replay before
 rendering it again, so a canonical-sampling run chains exactly.
 """
@@ -91,13 +92,19 @@ BUILTIN_TASKS: dict[str, Task] = {t.id: t for t in (FIX_ADD, FIX_WORDCOUNT, WRIT
 
 
 def script_for(turns: list[Any], harness: str) -> list[dict[str, Any]]:
-    """Scripted turns (dicts or ``Turn`` models) with their ``bash`` calls written for ``harness``'s shell tool."""
+    """Scripted turns (dicts or ``Turn`` models) with their ``bash`` calls written for ``harness``'s shell tool.
+
+    For an agent with a ``submit_command``, a last turn of text alone (the final answer) keeps its
+    text and calls the shell with that command: the agent's only way to end its run."""
     from openenv_harness.harnesses.registry import get_preset
 
-    name, argument = get_preset(harness).shell_tool
+    preset = get_preset(harness)
+    name, argument = preset.shell_tool
     out = []
-    for turn in turns:
+    for index, turn in enumerate(turns):
         data = turn.model_dump(exclude_none=True) if hasattr(turn, "model_dump") else dict(turn)
+        if preset.submit_command and index == len(turns) - 1 and not data.get("tool_calls"):
+            data["tool_calls"] = [{"name": "bash", "arguments": {"command": preset.submit_command}}]
         calls = []
         for call in data.get("tool_calls") or []:
             call = dict(call)
@@ -118,13 +125,16 @@ def script_for(turns: list[Any], harness: str) -> list[dict[str, Any]]:
 
 def reference_model_name(task_id: str, harness: str | None = None) -> str:
     """The model name a rollout of ``task_id`` by ``harness`` asks the reference engine for: one per
-    shell-tool spelling, so each agent's scripted tool calls name its own shell tool."""
+    shell-tool spelling (and ``/submit`` where the script ends with the agent's submit command), so
+    each agent's scripted tool calls name its own shell tool."""
     if harness is None:
         return f"reference/{task_id}"
     from openenv_harness.harnesses.registry import get_preset
 
-    name, _ = get_preset(harness).shell_tool
-    return f"reference/{task_id}" if name == "bash" else f"reference/{task_id}/{name}"
+    preset = get_preset(harness)
+    name, _ = preset.shell_tool
+    parts = ([] if name == "bash" else [name]) + (["submit"] if preset.submit_command else [])
+    return "/".join([f"reference/{task_id}", *parts])
 
 
 def builtin_task_scripts(tasks: list[Task] | None = None) -> dict[str, list[dict[str, Any]]]:

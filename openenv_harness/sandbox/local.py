@@ -5,7 +5,8 @@ Why it looks the way it does:
 * **Private root.** Each rollout gets ``<root>/workdir`` (the task), ``<root>/home`` (HOME and every
   XDG directory, so agent config, sessions and caches never touch the real user's), ``<root>/tmp``
   and ``<root>/logs``. Paths handed to ``write_file``/``read_file`` must stay inside the root.
-* **Clean environment.** Commands see PATH (with the node prefix's ``bin`` first), LANG, the private
+* **Clean environment.** Commands see PATH (with the node prefix's ``node_modules/.bin`` first, then
+  ``venvs/.bin``, where the Python agents' executables are linked), LANG, the private
   HOME/XDG/TMPDIR and what the caller passes -- nothing else. The parent's environment holds trainer
   secrets and provider API keys; an agent that can run ``env`` must not find them.
 * **Process groups, and what leaves them.** Every command starts in a new session, so it leads its
@@ -104,9 +105,13 @@ class LocalSandbox(Sandbox):
         kill_grace_s: float = 3.0,
     ) -> None:
         """``node_prefix``: where the agent CLIs are installed (its ``node_modules/.bin`` goes first on
-        PATH). ``parent_dir``: where the temporary root is created (default: the system temp dir).
+        PATH, then ``venvs/.bin``: links to the Python agents' executables, never a venv's own ``bin``,
+        whose ``python3`` would shadow the one the agents' shell tools should find). ``parent_dir``: where the temporary root is created (default: the system temp dir).
         ``keep``: leave the root on disk after ``close()`` (for inspection)."""
-        self._node_bin = str(Path(node_prefix) / "node_modules" / ".bin") if node_prefix is not None else None
+        self._node_bin = (
+            os.pathsep.join([str(Path(node_prefix) / "node_modules" / ".bin"), str(Path(node_prefix) / "venvs" / ".bin")])
+            if node_prefix is not None else None
+        )
         self._parent_dir = str(parent_dir) if parent_dir is not None else None
         self.keep = keep
         self.kill_grace_s = kill_grace_s

@@ -1,5 +1,5 @@
-"""``openenv-harness run`` with each further agent CLI on the embedded reference engine, as a user runs it:
-reward 1, one exact chain."""
+"""``openenv-harness run`` drives each agent through a built-in task on the embedded engine (a subprocess,
+as a user runs it): exit 0, reward 1, one exact chain."""
 
 from __future__ import annotations
 
@@ -59,3 +59,22 @@ def test_run_continue_on_the_embedded_engine(tmp_path: Path) -> None:
     _assert_one_exact_chain(records)
     calls = [c["function"]["name"] for r in records for c in r["response"]["choices"][0]["message"].get("tool_calls") or []]
     assert calls == ["Bash"] * 3
+
+
+@pytest.mark.cli
+@pytest.mark.slow
+def test_run_mini_swe_agent_on_the_embedded_engine(tmp_path: Path) -> None:
+    row, records = _run_fix_add("mini-swe-agent", tmp_path / "run")
+    # cat, sed, the tests, then the answer with its submit command
+    assert (row["harness"], row["task"], row["exit_code"], row["reward"], row["agent_calls"]) == (
+        "mini-swe-agent", "fix-add", 0, 1.0, 4)
+    assert row["fidelity"]["break"] == 0 and row["fidelity"]["replay_drift"] == 0 and row["rows"] == 1
+    assert row["final_answer"].startswith("Fixed add() in calc.py")
+    assert [r["metadata"]["dialect"] for r in records] == ["chat"] * 4
+    assert [r["metadata"]["fidelity"]["class"] for r in records] == ["root", "exact", "exact", "exact"]
+    _assert_one_exact_chain(records)
+    out = tmp_path / "run"
+    atif = cli("trace", "export", row["session_id"], "--store", str(out / "records.db"), "--format", "atif")
+    assert atif.returncode == 0, atif.stderr
+    trajectory = json.loads(atif.stdout)
+    assert trajectory["agent"]["name"] == "mini-swe-agent" and trajectory["agent"]["version"] == "2.4.6"

@@ -117,7 +117,7 @@ def test_a_system_prompt_suffix_goes_through_the_agents_own_flag_or_is_refused()
         assert argv[flag + 1] == suffix and flag == 1, argv
         assert argv[-1] == "fix the bug"  # the prompt stays where the CLI reads it
         assert "--append-system-prompt" not in get_preset(name).prepare(_setup(), "fix the bug").argv
-    for name in ("opencode", "codex", "gemini-cli"):
+    for name in ("opencode", "codex", "gemini-cli", "mini-swe-agent"):
         with pytest.raises(ValueError, match=f"{name} has no flag that appends to its system prompt"):
             get_preset(name).prepare(setup, "fix the bug")
 

@@ -9,13 +9,14 @@ import pytest
 from openenv_harness.harnesses import UnknownHarnessError, get_preset, list_presets, preset_names
 
 
-#: every preset: its pinned npm package and the dialect it speaks
+#: every preset: its pinned package (npm, or PyPI) and the dialect it speaks
 EXPECTED = {
     "claude-code": ("@anthropic-ai/claude-code@2.1.332", "anthropic"),
     "codex": ("@openai/codex@0.171.0", "responses"),
     "continue": ("@continuedev/cli@1.5.47", "chat"),
     "gemini-cli": ("@google/gemini-cli@0.61.0", "gemini"),
     "grok-cli": ("@vibe-kit/grok-cli@0.0.34", "chat"),
+    "mini-swe-agent": ("mini-swe-agent==2.4.6", "chat"),  # PyPI, into a venv of its own
     "opencode": ("opencode-ai@1.18.33", "chat"),
     "pi": ("@mariozechner/pi-coding-agent@0.73.1", "chat"),
 }
@@ -24,7 +25,7 @@ EXPECTED = {
 def test_lookup() -> None:
     assert preset_names() == sorted(EXPECTED)
     assert [p.name for p in list_presets()] == preset_names()
-    assert {p.name: (p.npm_spec, p.dialect) for p in list_presets()} == EXPECTED
+    assert {p.name: (p.install_spec, p.dialect) for p in list_presets()} == EXPECTED
     assert get_preset("grok-cli").version_output == "1.0.1", "its --version prints a hard-coded string"
     with pytest.raises(UnknownHarnessError, match="known harnesses: " + ", ".join(sorted(EXPECTED))):
         get_preset("claude")

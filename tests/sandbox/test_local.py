@@ -98,7 +98,8 @@ def test_environment_is_clean(box: LocalSandbox, monkeypatch: pytest.MonkeyPatch
     assert env["HOME"] == box.home
     assert env["XDG_CONFIG_HOME"].startswith(box.home) and env["XDG_DATA_HOME"].startswith(box.home)
     assert env["TMPDIR"].startswith(box.root)
-    assert env["PATH"].split(os.pathsep)[0] == str(tmp_path / "prefix" / "node_modules" / ".bin")
+    assert env["PATH"].split(os.pathsep)[:2] == [str(tmp_path / "prefix" / "node_modules" / ".bin"),
+                                                 str(tmp_path / "prefix" / "venvs" / ".bin")]
     assert env[MARKER_ENV] == box.sandbox_id
     allowed = {"PATH", "LANG", "HOME", "TMPDIR", "TASK_VAR", MARKER_ENV}
     assert {k for k in env if not k.startswith("XDG_")} <= allowed
