@@ -15,9 +15,10 @@ from openenv_harness.harnesses.codex import CODEX
 from openenv_harness.harnesses.gemini_cli import GEMINI_CLI
 from openenv_harness.harnesses.opencode import OPENCODE
 from openenv_harness.harnesses.pi import PI
+from openenv_harness.harnesses.qwen_code import QWEN_CODE
 
 #: Read-only: presets are fixed facts about pinned CLI versions, not runtime state.
-PRESETS: Mapping[str, HarnessPreset] = MappingProxyType({preset.name: preset for preset in (PI, OPENCODE, CODEX, CLAUDE_CODE, GEMINI_CLI)})
+PRESETS: Mapping[str, HarnessPreset] = MappingProxyType({preset.name: preset for preset in (PI, OPENCODE, CODEX, CLAUDE_CODE, GEMINI_CLI, QWEN_CODE)})
 
 
 class UnknownHarnessError(KeyError):
