@@ -183,7 +183,7 @@ def _summary(reports: list[Any]) -> Table:
 
 
 def run(
-    harness: str = typer.Option("pi,opencode", "--harness", help="Comma-separated: pi, opencode, codex, claude-code, gemini-cli"),
+    harness: str = typer.Option("pi,opencode", "--harness", help="Comma-separated: pi, opencode, codex, claude-code, gemini-cli, qwen-code"),
     task: str = typer.Option(None, "--task", help="Comma-separated task ids: built-in ones (default fix-add), or "
                              "ids of --tasks"),
     tasks_source: str = typer.Option(None, "--tasks", help="Tasks as data: a .jsonl file, a dataset folder "

@@ -262,6 +262,10 @@ class HarnessPreset:
     #: The agent's shell tool as ``(tool name, command argument)``: how a scripted ``bash`` call
     #: of the built-in tasks is written for this agent (``rollout.taskset.script_for``).
     shell_tool: tuple[str, str] = ("bash", "command")
+    #: ``(pattern, replacement)`` rewrites (``re.sub``, in order) of the scripted shell commands of the
+    #: built-in tasks, for an agent whose shell tool runs a command form as something other than a
+    #: shell command (Qwen Code turns a bare ``sed -i`` into an edit of its own). Empty for most agents.
+    shell_rewrites: tuple[tuple[str, str], ...] = ()
     #: The API the agent speaks to the recorder (``chat``, ``responses``, ``anthropic``).
     dialect: str = "chat"
     #: The CLI's own flag that appends text to its system prompt (``HarnessOptions.system_prompt_suffix``)

@@ -3,15 +3,17 @@
 Each task also carries a scripted solution for the embedded reference engine, written with the one
 tool every supported agent has: a shell. The scripts name it as Pi and OpenCode do (``bash`` with a
 ``command`` argument); ``script_for`` writes the same calls for an agent whose shell tool is named
-otherwise (Codex's ``exec_command`` with ``cmd``, Claude Code's ``Bash``), and for an agent that ends
-only on a submit command (mini-swe-agent) the final text turn also runs that command, so the demo and
-the tests drive every real agent through real multi-turn tool use. Tool-call arguments are JSON objects:
+otherwise (Codex's ``exec_command`` with ``cmd``, Claude Code's ``Bash``), with the command rewritten
+where an agent's shell runs a form as something else (the preset's ``shell_rewrites``), and for an agent
+that ends only on a submit command (mini-swe-agent) the final text turn also runs that command, so the
+demo and the tests drive every real agent through real multi-turn tool use. Tool-call arguments are JSON objects:
 the engine samples them as its template writes them and, like vLLM, parses an agent's replay before
 rendering it again, so a canonical-sampling run chains exactly.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -91,6 +93,23 @@ WRITE_GREETING = Task(
 BUILTIN_TASKS: dict[str, Task] = {t.id: t for t in (FIX_ADD, FIX_WORDCOUNT, WRITE_GREETING)}
 
 
+def _rewritten(command: str, rewrites: tuple[tuple[str, str], ...]) -> str:
+    for pattern, replacement in rewrites:
+        command = re.sub(pattern, replacement, command)
+    return command
+
+
+def _rewrite_text(args: str, rewrites: tuple[tuple[str, str], ...]) -> str:
+    """Argument text with its ``command`` value rewritten and every other character kept as sampled."""
+    try:
+        command = json.loads(args).get("command")
+    except (ValueError, AttributeError):
+        return args
+    if not isinstance(command, str) or _rewritten(command, rewrites) == command:
+        return args
+    return args.replace(json.dumps(command)[1:-1], json.dumps(_rewritten(command, rewrites))[1:-1], 1)
+
+
 def script_for(turns: list[Any], harness: str) -> list[dict[str, Any]]:
     """Scripted turns (dicts or ``Turn`` models) with their ``bash`` calls written for ``harness``'s shell tool.
 
@@ -100,6 +119,7 @@ def script_for(turns: list[Any], harness: str) -> list[dict[str, Any]]:
 
     preset = get_preset(harness)
     name, argument = preset.shell_tool
+    rewrites = preset.shell_rewrites
     out = []
     for index, turn in enumerate(turns):
         data = turn.model_dump(exclude_none=True) if hasattr(turn, "model_dump") else dict(turn)
@@ -108,14 +128,17 @@ def script_for(turns: list[Any], harness: str) -> list[dict[str, Any]]:
         calls = []
         for call in data.get("tool_calls") or []:
             call = dict(call)
-            if call.get("name") == "bash" and (name, argument) != ("bash", "command"):
+            if call.get("name") == "bash" and ((name, argument) != ("bash", "command") or rewrites):
                 args = call.get("arguments")
                 call["name"] = name
                 if isinstance(args, str):  # the text is what the model samples: only the key is renamed
+                    args = _rewrite_text(args, rewrites) if rewrites else args
                     call["arguments"] = re.sub(r'"command"(\s*):', lambda m: f'"{argument}"{m.group(1)}:', args,
                                                count=1)
                 else:
-                    call["arguments"] = {argument if k == "command" else k: v for k, v in (args or {}).items()}
+                    call["arguments"] = {argument if k == "command" else k:
+                                         (_rewritten(v, rewrites) if k == "command" and isinstance(v, str) else v)
+                                         for k, v in (args or {}).items()}
             calls.append(call)
         if calls:
             data["tool_calls"] = calls
@@ -126,12 +149,15 @@ def script_for(turns: list[Any], harness: str) -> list[dict[str, Any]]:
 def reference_model_name(task_id: str, harness: str | None = None) -> str:
     """The model name a rollout of ``task_id`` by ``harness`` asks the reference engine for: one per
     shell-tool spelling (and ``/submit`` where the script ends with the agent's submit command), so
-    each agent's scripted tool calls name its own shell tool."""
+    each agent's scripted tool calls name its own shell tool (and one of its own for an agent whose
+    scripted commands are rewritten)."""
     if harness is None:
         return f"reference/{task_id}"
     from openenv_harness.harnesses.registry import get_preset
 
     preset = get_preset(harness)
+    if preset.shell_rewrites:
+        return f"reference/{task_id}/{preset.name}"
     name, _ = preset.shell_tool
     parts = ([] if name == "bash" else [name]) + (["submit"] if preset.submit_command else [])
     return "/".join([f"reference/{task_id}", *parts])

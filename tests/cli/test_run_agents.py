@@ -78,3 +78,17 @@ def test_run_mini_swe_agent_on_the_embedded_engine(tmp_path: Path) -> None:
     assert atif.returncode == 0, atif.stderr
     trajectory = json.loads(atif.stdout)
     assert trajectory["agent"]["name"] == "mini-swe-agent" and trajectory["agent"]["version"] == "2.4.6"
+
+
+@pytest.mark.cli
+@pytest.mark.slow
+def test_run_qwen_code_on_the_embedded_engine(tmp_path: Path) -> None:
+    row, records = _run_fix_add("qwen-code", tmp_path / "run")
+    assert (row["harness"], row["task"], row["exit_code"], row["reward"], row["agent_calls"], row["aux_calls"]) == (
+        "qwen-code", "fix-add", 0, 1.0, 4, 0)
+    assert row["fidelity"] == {"exact": 3, "replay_drift": 0, "break": 0} and row["rows"] == 1
+    assert [r["metadata"]["dialect"] for r in records] == ["chat"] * 4
+    _assert_one_exact_chain(records)
+    replayed = [c for m in records[-1]["request"]["messages"] for c in m.get("tool_calls") or []]
+    assert [c["function"]["name"] for c in replayed] == ["run_shell_command"] * 3
+    assert "sed -i -- " in replayed[1]["function"]["arguments"], "the scripted sed, as its shell runs it"

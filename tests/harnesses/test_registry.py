@@ -19,6 +19,7 @@ EXPECTED = {
     "mini-swe-agent": ("mini-swe-agent==2.4.6", "chat"),  # PyPI, into a venv of its own
     "opencode": ("opencode-ai@1.18.33", "chat"),
     "pi": ("@mariozechner/pi-coding-agent@0.73.1", "chat"),
+    "qwen-code": ("@qwen-code/qwen-code@0.24.4", "chat"),
 }
 
 
