@@ -51,6 +51,10 @@ REAL_ENGINE_OPTIONS: dict[str, HarnessOptions] = {
     # its own prompt is ~18k ids, most of them the schemas of tools a task here does not need
     "gemini-cli": HarnessOptions(system_prompt=SHORT_SYSTEM_PROMPT, config_overrides={
         "tools": {"core": ["run_shell_command", "read_file", "replace"]}}),
+    # its own is ~26k ids (a system prompt, a skills reminder, 14 tools' schemas)
+    "qwen-code": HarnessOptions(system_prompt=SHORT_SYSTEM_PROMPT, config_overrides={
+        "tools": {"core": ["run_shell_command", "read_file", "edit"]},
+        "skills": {"disabledLevels": ["project", "user", "extension", "bundled"]}}),
 }
 
 

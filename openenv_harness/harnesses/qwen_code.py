@@ -171,4 +171,5 @@ QWEN_CODE = HarnessPreset(
     shell_rewrites=((r"^sed -i (?!--)", "sed -i -- "),),
     dialect="chat",
     append_system_prompt_flag="--append-system-prompt",
+    system_prompt_flag="--system-prompt",
 )
