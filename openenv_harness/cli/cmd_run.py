@@ -16,6 +16,7 @@ from rich.live import Live
 from rich.table import Table
 
 from openenv_harness.cli.errors import CLIError
+from openenv_harness.harnesses.registry import preset_names
 
 if TYPE_CHECKING:  # the stack pulls in the rollout machinery: imported when a run starts, not for --help
     from openenv_harness.cli.stack import LocalStack
@@ -183,7 +184,7 @@ def _summary(reports: list[Any]) -> Table:
 
 
 def run(
-    harness: str = typer.Option("pi,opencode", "--harness", help="Comma-separated: pi, opencode, codex, claude-code, gemini-cli, qwen-code"),
+    harness: str = typer.Option("pi,opencode", "--harness", help="Comma-separated: " + ", ".join(preset_names())),
     task: str = typer.Option(None, "--task", help="Comma-separated task ids: built-in ones (default fix-add), or "
                              "ids of --tasks"),
     tasks_source: str = typer.Option(None, "--tasks", help="Tasks as data: a .jsonl file, a dataset folder "

@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from openenv_harness.cli.errors import CLIError
+from openenv_harness.harnesses.registry import preset_names
 
 if TYPE_CHECKING:  # the trainer's modules import torch: loaded only once the command runs
     from openenv_harness.trainer.train_loop import LoopReport, TrainLoop
@@ -88,7 +89,7 @@ def _check_engine(engine_url: str, model: str) -> None:
 
 
 def train_demo(
-    harness: str = typer.Option("pi", "--harness", help="The agent: pi, opencode, codex, claude-code, gemini-cli"),
+    harness: str = typer.Option("pi", "--harness", help="The agent: " + ", ".join(preset_names())),
     task: str = typer.Option("fix-add", "--task", help="A built-in task id"),
     group: int = typer.Option(4, "--group", min=2, help="Rollouts per GRPO group (before the update)"),
     next_rollouts: int = typer.Option(2, "--next-rollouts", min=1, help="Rollouts at the new policy version"),
