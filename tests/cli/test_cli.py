@@ -58,6 +58,12 @@ def test_run_codex_and_claude_code_on_the_embedded_engine(tmp_path: Path) -> Non
     assert [(r["harness"], r["task"], r["exit_code"], r["reward"], r["agent_calls"]) for r in summary] == [
         ("codex", "fix-add", 0, 1.0, 4), ("claude-code", "fix-add", 0, 1.0, 4)]
     assert all(r["fidelity"]["break"] == 0 and r["fidelity"]["replay_drift"] == 0 and r["rows"] == 1 for r in summary)
+    for row in summary:  # each session as an ATIF trajectory Harbor's models accept
+        atif = cli("trace", "export", row["session_id"], "--store", str(out / "records.db"), "--format", "atif")
+        assert atif.returncode == 0, atif.stderr
+        trajectory = _harbor_validate(json.loads(atif.stdout))
+        assert trajectory["agent"]["name"] == row["harness"]
+        assert len([s for s in trajectory["steps"] if s["source"] == "agent"]) == 4
 
 
 @pytest.mark.cli
