@@ -13,11 +13,12 @@ from openenv_harness.harnesses.base import HarnessPreset
 from openenv_harness.harnesses.claude_code import CLAUDE_CODE
 from openenv_harness.harnesses.codex import CODEX
 from openenv_harness.harnesses.gemini_cli import GEMINI_CLI
+from openenv_harness.harnesses.kilo import KILO
 from openenv_harness.harnesses.opencode import OPENCODE
 from openenv_harness.harnesses.pi import PI
 
 #: Read-only: presets are fixed facts about pinned CLI versions, not runtime state.
-PRESETS: Mapping[str, HarnessPreset] = MappingProxyType({preset.name: preset for preset in (PI, OPENCODE, CODEX, CLAUDE_CODE, GEMINI_CLI)})
+PRESETS: Mapping[str, HarnessPreset] = MappingProxyType({preset.name: preset for preset in (PI, OPENCODE, CODEX, CLAUDE_CODE, GEMINI_CLI, KILO)})
 
 
 class UnknownHarnessError(KeyError):

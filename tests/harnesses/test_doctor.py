@@ -13,7 +13,7 @@ from openenv_harness.harnesses.registry import preset_names
 
 def test_nothing_installed(tmp_path: Path) -> None:
     statuses = {s.name: s for s in doctor(prefix=tmp_path)}
-    assert set(statuses) == set(preset_names()) and {"pi", "opencode", "codex", "claude-code", "gemini-cli"} <= set(statuses)
+    assert set(statuses) == set(preset_names()) and {"pi", "opencode", "codex", "claude-code", "gemini-cli", "kilo"} <= set(statuses)
     for name, status in statuses.items():
         assert not status.ok and not status.installed and not status.runs and status.version is None
         assert f"python -m openenv_harness.harnesses.install {name}" in status.message
@@ -32,6 +32,7 @@ def test_installed_clis_run(node_prefix: Path) -> None:
         ("claude-code", True, "2.1.332", "ok"),
         ("codex", True, "0.171.0", "ok"),
         ("gemini-cli", True, "0.61.0", "ok"),
+        ("kilo", True, "7.7.7", "ok"),
         ("opencode", True, "1.18.33", "ok"),
         ("pi", True, "0.73.1", "ok"),
     ]

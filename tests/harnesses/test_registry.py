@@ -10,17 +10,18 @@ from openenv_harness.harnesses import UnknownHarnessError, get_preset, list_pres
 
 
 def test_lookup() -> None:
-    assert preset_names() == ["claude-code", "codex", "gemini-cli", "opencode", "pi"]
+    assert preset_names() == ["claude-code", "codex", "gemini-cli", "kilo", "opencode", "pi"]
     assert [p.name for p in list_presets()] == preset_names()
     assert get_preset("pi").npm_spec == "@mariozechner/pi-coding-agent@0.73.1"
     assert get_preset("opencode").npm_spec == "opencode-ai@1.18.33"
     assert get_preset("codex").npm_spec == "@openai/codex@0.171.0"
     assert get_preset("claude-code").npm_spec == "@anthropic-ai/claude-code@2.1.332"
     assert get_preset("gemini-cli").npm_spec == "@google/gemini-cli@0.61.0"
+    assert get_preset("kilo").npm_spec == "@kilocode/cli@7.7.7"
     assert [(p.name, p.dialect) for p in list_presets()] == [
-        ("claude-code", "anthropic"), ("codex", "responses"), ("gemini-cli", "gemini"), ("opencode", "chat"),
-        ("pi", "chat")]
-    with pytest.raises(UnknownHarnessError, match="known harnesses: claude-code, codex, gemini-cli, opencode, pi"):
+        ("claude-code", "anthropic"), ("codex", "responses"), ("gemini-cli", "gemini"), ("kilo", "chat"),
+        ("opencode", "chat"), ("pi", "chat")]
+    with pytest.raises(UnknownHarnessError, match="known harnesses: claude-code, codex, gemini-cli, kilo, opencode, pi"):
         get_preset("claude")
 
 
