@@ -16,13 +16,14 @@ from openenv_harness.harnesses.continue_cli import CONTINUE
 from openenv_harness.harnesses.gemini_cli import GEMINI_CLI
 from openenv_harness.harnesses.grok_cli import GROK_CLI
 from openenv_harness.harnesses.mini_swe_agent import MINI_SWE_AGENT
+from openenv_harness.harnesses.kilo import KILO
 from openenv_harness.harnesses.opencode import OPENCODE
 from openenv_harness.harnesses.pi import PI
 from openenv_harness.harnesses.qwen_code import QWEN_CODE
 
 #: Read-only: presets are fixed facts about pinned CLI versions, not runtime state.
 PRESETS: Mapping[str, HarnessPreset] = MappingProxyType({preset.name: preset for preset in (
-    PI, OPENCODE, CODEX, CLAUDE_CODE, GEMINI_CLI, GROK_CLI, CONTINUE, MINI_SWE_AGENT, QWEN_CODE,
+    PI, OPENCODE, CODEX, CLAUDE_CODE, GEMINI_CLI, GROK_CLI, KILO, CONTINUE, MINI_SWE_AGENT, QWEN_CODE,
 )})
 
 

@@ -121,3 +121,18 @@ def test_run_qwen_code_on_the_embedded_engine(tmp_path: Path) -> None:
     replayed = [c for m in records[-1]["request"]["messages"] for c in m.get("tool_calls") or []]
     assert [c["function"]["name"] for c in replayed] == ["run_shell_command"] * 3
     assert "sed -i -- " in replayed[1]["function"]["arguments"], "the scripted sed, as its shell runs it"
+
+
+@pytest.mark.cli
+@pytest.mark.slow
+def test_run_kilo_on_the_embedded_engine(tmp_path: Path) -> None:
+    row, records = _run_fix_add("kilo", tmp_path / "run")
+    # cat, sed, the tests, then the answer
+    assert (row["harness"], row["task"], row["exit_code"], row["reward"], row["agent_calls"], row["aux_calls"]) == (
+        "kilo", "fix-add", 0, 1.0, 4, 0)
+    assert row["fidelity"] == {"exact": 3, "replay_drift": 0, "break": 0} and row["rows"] == 1
+    assert [r["metadata"]["dialect"] for r in records] == ["chat"] * 4
+    assert [r["metadata"]["fidelity"]["class"] for r in records] == ["root", "exact", "exact", "exact"]
+    _assert_one_exact_chain(records)
+    replayed = [c for m in records[-1]["request"]["messages"] for c in m.get("tool_calls") or []]
+    assert [c["function"]["name"] for c in replayed] == ["bash"] * 3

@@ -13,7 +13,7 @@ from openenv_harness.harnesses.registry import preset_names
 
 def test_nothing_installed(tmp_path: Path) -> None:
     statuses = {s.name: s for s in doctor(prefix=tmp_path)}
-    expected = {"pi", "opencode", "codex", "claude-code", "gemini-cli", "grok-cli", "continue", "mini-swe-agent", "qwen-code"}
+    expected = {"pi", "opencode", "codex", "claude-code", "gemini-cli", "grok-cli", "continue", "mini-swe-agent", "qwen-code", "kilo"}
     assert set(statuses) == set(preset_names()) and expected <= set(statuses)
     for name, status in statuses.items():
         assert not status.ok and not status.installed and not status.runs and status.version is None
@@ -36,6 +36,7 @@ def test_installed_clis_run(node_prefix: Path) -> None:
         ("gemini-cli", True, "0.61.0", "ok"),
         ("grok-cli", True, "0.0.34", "ok"),
         ("mini-swe-agent", True, "2.4.6", "ok"),
+        ("kilo", True, "7.7.7", "ok"),
         ("opencode", True, "1.18.33", "ok"),
         ("pi", True, "0.73.1", "ok"),
         ("qwen-code", True, "0.24.4", "ok"),

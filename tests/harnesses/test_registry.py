@@ -16,6 +16,7 @@ EXPECTED = {
     "continue": ("@continuedev/cli@1.5.47", "chat"),
     "gemini-cli": ("@google/gemini-cli@0.61.0", "gemini"),
     "grok-cli": ("@vibe-kit/grok-cli@0.0.34", "chat"),
+    "kilo": ("@kilocode/cli@7.7.7", "chat"),
     "mini-swe-agent": ("mini-swe-agent==2.4.6", "chat"),  # PyPI, into a venv of its own
     "opencode": ("opencode-ai@1.18.33", "chat"),
     "pi": ("@mariozechner/pi-coding-agent@0.73.1", "chat"),
