@@ -24,6 +24,8 @@ One task runs headless as ``cline --json --auto-approve true -P openai-compatibl
 --compaction off -- <prompt>`` (Cline trims the prompt). Act mode, not ``--yolo``: yolo mode
 only ends a run through its ``submit_and_exit`` tool, drops a text-only reply from the history and
 asks again, forever; act mode ends on the first reply without tool calls, as the other agents do.
+``--system <text>`` (``HarnessOptions.system_prompt``) replaces the whole system prompt: the request's
+system message is that text alone; Cline has no flag that appends to its own.
 
 Offline by construction:
 
@@ -193,5 +195,6 @@ CLINE = HarnessPreset(
     # its file search and workspace index run ripgrep; its checkpoints run git
     recommends=("rg", "git"),
     shell_tool=("run_commands", "commands"),
+    system_prompt_flag="--system",
     dialect="chat",
 )

@@ -71,6 +71,9 @@ def test_command_is_headless_and_carries_the_prompt_as_one_argument() -> None:
     assert compacting[compacting.index("--compaction") + 1] == "agentic" and compacting[-3:] == ["-v", "--", "t"]
     with pytest.raises(ValueError, match="no flag that appends"):
         CLINE.prepare(_setup(HarnessOptions(system_prompt_suffix="be brief")), "t")
+    # --system replaces the whole system prompt: the request's system message is exactly this text
+    replaced = CLINE.prepare(_setup(HarnessOptions(system_prompt="You are terse.")), "t").argv
+    assert replaced[1:3] == ["--system", "You are terse."] and replaced[-2:] == ["--", "t"]
 
 
 def test_compaction_rule_marks_only_the_summary_call() -> None:
