@@ -21,7 +21,8 @@ binary whose bundled ``@cline/core``/``@cline/llms`` 0.0.86 also ship as readabl
   setup's context window, which keeps prompt + ``max_tokens`` inside it.
 
 One task runs headless as ``cline --json --auto-approve true -P openai-compatible -m <model>
---compaction off -- <prompt>`` (Cline trims the prompt). Act mode, not ``--yolo``: yolo mode
+--compaction off -- <prompt>``; Cline trims the prompt it sends, and stdin stays empty (piped stdin
+would be appended to the prompt). Act mode, not ``--yolo``: yolo mode
 only ends a run through its ``submit_and_exit`` tool, drops a text-only reply from the history and
 asks again, forever; act mode ends on the first reply without tool calls, as the other agents do.
 ``--system <text>`` (``HarnessOptions.system_prompt``) replaces the whole system prompt: the request's
@@ -135,12 +136,16 @@ def cline_env(setup: HarnessSetup) -> dict[str, str]:
 
 
 def cline_command(setup: HarnessSetup, prompt: str, executable: str) -> tuple[list[str], str | None]:
+    # Cline refuses a prompt argument without whitespace (it takes it for a mistyped command) and trims
+    # the prompt it sends: a trailing space gets a one-word prompt past the check and is gone again.
+    # (JSON mode takes no prompt from stdin alone.)
+    argument = prompt if any(c.isspace() for c in prompt) else prompt + " "
     argv = [
         executable, "--json", "--auto-approve", "true", "-P", PROVIDER, "-m", setup.model,
         "--compaction", "agentic" if setup.options.compaction else "off",
         *setup.options.extra_args,
         # "--" ends the options: a prompt starting with "-" stays the prompt
-        "--", prompt,
+        "--", argument,
     ]  # fmt: skip
     return argv, None
 

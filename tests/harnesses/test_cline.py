@@ -67,13 +67,15 @@ def test_command_is_headless_and_carries_the_prompt_as_one_argument() -> None:
     assert spec.argv[spec.argv.index("-P") + 1] == "openai-compatible"
     assert spec.argv[spec.argv.index("-m") + 1] == "Qwen/Qwen3-8B"
     assert spec.argv[spec.argv.index("--compaction") + 1] == "off"
-    compacting = CLINE.prepare(_setup(HarnessOptions(compaction=True, extra_args=("-v",))), "t").argv
-    assert compacting[compacting.index("--compaction") + 1] == "agentic" and compacting[-3:] == ["-v", "--", "t"]
+    # a prompt without whitespace gets a trailing space: Cline refuses it as a mistyped command otherwise
+    assert CLINE.prepare(_setup(), "hi").argv[-2:] == ["--", "hi "]
+    compacting = CLINE.prepare(_setup(HarnessOptions(compaction=True, extra_args=("-v",))), "do it").argv
+    assert compacting[compacting.index("--compaction") + 1] == "agentic" and compacting[-3:] == ["-v", "--", "do it"]
     with pytest.raises(ValueError, match="no flag that appends"):
         CLINE.prepare(_setup(HarnessOptions(system_prompt_suffix="be brief")), "t")
     # --system replaces the whole system prompt: the request's system message is exactly this text
-    replaced = CLINE.prepare(_setup(HarnessOptions(system_prompt="You are terse.")), "t").argv
-    assert replaced[1:3] == ["--system", "You are terse."] and replaced[-2:] == ["--", "t"]
+    replaced = CLINE.prepare(_setup(HarnessOptions(system_prompt="You are terse.")), "do it").argv
+    assert replaced[1:3] == ["--system", "You are terse."] and replaced[-2:] == ["--", "do it"]
 
 
 def test_compaction_rule_marks_only_the_summary_call() -> None:
@@ -142,7 +144,9 @@ def test_real_cline_runs_a_tool_episode_offline(cline_sandbox: LocalSandbox, rec
     engine.set_script(session["session_id"], Script(turns=script_for(turns, "cline")))
     endpoint = sandbox.model_endpoint(f"{recorder.url}/rollout/{session['session_id']}/v1", session["secret"])
     setup = HarnessSetup(endpoint=endpoint, model="policy", workdir=sandbox.workdir, home=sandbox.home)
-    spec = CLINE.prepare(setup, "Write the proof file, then report.")
+    # one word in one mode: past Cline's check for a mistyped command, and sent exactly
+    prompt = "Write the proof file, then report." if prompt_mode == "full_history" else "Proceed."
+    spec = CLINE.prepare(setup, prompt)
     place_files(sandbox, spec)
     command, connects = run_connects(sandbox, spec, 120)
     result = CLINE.parse_output(command.exit_code, command.stdout, command.stderr)
@@ -156,6 +160,7 @@ def test_real_cline_runs_a_tool_episode_offline(cline_sandbox: LocalSandbox, rec
     assert [r["metadata"]["call_kind"] for r in records] == ["agent"] * 2
     assert [r["metadata"]["fidelity"]["class"] for r in records] == ["root", "exact"]
     assert {r["request"]["model"] for r in records} == {"policy"}
+    assert records[0]["request"]["messages"][1] == {"role": "user", "content": prompt}
     tools = {t["function"]["name"] for t in records[0]["request"]["tools"]}
     assert "run_commands" in tools and not tools & {*WEB_TOOLS, *SUBAGENT_TOOLS}
     replayed = json.loads(records[1]["request"]["messages"][-2]["tool_calls"][0]["function"]["arguments"])
