@@ -11,6 +11,7 @@ from typing import Mapping
 
 from openenv_harness.harnesses.base import HarnessPreset
 from openenv_harness.harnesses.claude_code import CLAUDE_CODE
+from openenv_harness.harnesses.cline import CLINE
 from openenv_harness.harnesses.codex import CODEX
 from openenv_harness.harnesses.continue_cli import CONTINUE
 from openenv_harness.harnesses.gemini_cli import GEMINI_CLI
@@ -23,7 +24,7 @@ from openenv_harness.harnesses.qwen_code import QWEN_CODE
 
 #: Read-only: presets are fixed facts about pinned CLI versions, not runtime state.
 PRESETS: Mapping[str, HarnessPreset] = MappingProxyType({preset.name: preset for preset in (
-    PI, OPENCODE, CODEX, CLAUDE_CODE, GEMINI_CLI, GROK_CLI, KILO, CONTINUE, MINI_SWE_AGENT, QWEN_CODE,
+    PI, OPENCODE, CODEX, CLAUDE_CODE, GEMINI_CLI, GROK_CLI, KILO, CONTINUE, MINI_SWE_AGENT, QWEN_CODE, CLINE,
 )})
 
 

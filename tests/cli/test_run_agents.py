@@ -136,3 +136,17 @@ def test_run_kilo_on_the_embedded_engine(tmp_path: Path) -> None:
     _assert_one_exact_chain(records)
     replayed = [c for m in records[-1]["request"]["messages"] for c in m.get("tool_calls") or []]
     assert [c["function"]["name"] for c in replayed] == ["bash"] * 3
+
+
+@pytest.mark.cli
+@pytest.mark.slow
+def test_run_cline_on_the_embedded_engine(tmp_path: Path) -> None:
+    row, records = _run_fix_add("cline", tmp_path / "run")
+    assert (row["harness"], row["task"], row["exit_code"], row["reward"], row["agent_calls"], row["aux_calls"]) == (
+        "cline", "fix-add", 0, 1.0, 4, 0)
+    assert row["fidelity"] == {"exact": 3, "replay_drift": 0, "break": 0} and row["rows"] == 1
+    assert [r["metadata"]["dialect"] for r in records] == ["chat"] * 4
+    _assert_one_exact_chain(records)
+    replayed = [c for m in records[-1]["request"]["messages"] for c in m.get("tool_calls") or []]
+    assert [c["function"]["name"] for c in replayed] == ["run_commands"] * 3
+    assert json.loads(replayed[0]["function"]["arguments"]) == {"commands": "cat calc.py test_calc.py"}

@@ -13,7 +13,7 @@ from openenv_harness.harnesses.registry import preset_names
 
 def test_nothing_installed(tmp_path: Path) -> None:
     statuses = {s.name: s for s in doctor(prefix=tmp_path)}
-    expected = {"pi", "opencode", "codex", "claude-code", "gemini-cli", "grok-cli", "continue", "mini-swe-agent", "qwen-code", "kilo"}
+    expected = {"pi", "opencode", "codex", "claude-code", "gemini-cli", "grok-cli", "continue", "mini-swe-agent", "qwen-code", "kilo", "cline"}
     assert set(statuses) == set(preset_names()) and expected <= set(statuses)
     for name, status in statuses.items():
         assert not status.ok and not status.installed and not status.runs and status.version is None
@@ -31,6 +31,7 @@ def test_installed_clis_run(node_prefix: Path) -> None:
     statuses = doctor(prefix=node_prefix)
     assert [(s.name, s.ok, s.version, s.message) for s in statuses] == [
         ("claude-code", True, "2.1.332", "ok"),
+        ("cline", True, "3.0.65", "ok"),
         ("codex", True, "0.171.0", "ok"),
         ("continue", True, "1.5.47", "ok"),
         ("gemini-cli", True, "0.61.0", "ok"),

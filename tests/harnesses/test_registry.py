@@ -12,6 +12,7 @@ from openenv_harness.harnesses import UnknownHarnessError, get_preset, list_pres
 #: every preset: its pinned package (npm, or PyPI) and the dialect it speaks
 EXPECTED = {
     "claude-code": ("@anthropic-ai/claude-code@2.1.332", "anthropic"),
+    "cline": ("cline@3.0.65", "chat"),
     "codex": ("@openai/codex@0.171.0", "responses"),
     "continue": ("@continuedev/cli@1.5.47", "chat"),
     "gemini-cli": ("@google/gemini-cli@0.61.0", "gemini"),
