@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from openenv_harness.harnesses.base import HarnessOptions
+from openenv_harness.harnesses.cline import SUBAGENT_TOOLS as CLINE_SUBAGENT_TOOLS
+from openenv_harness.harnesses.cline import WEB_TOOLS as CLINE_WEB_TOOLS
 from openenv_harness.recorder.auth import new_admin_token
 from openenv_harness.recorder.context import RecorderConfig
 from openenv_harness.recorder.server import RecorderServer
@@ -55,6 +57,14 @@ REAL_ENGINE_OPTIONS: dict[str, HarnessOptions] = {
     "qwen-code": HarnessOptions(system_prompt=SHORT_SYSTEM_PROMPT, config_overrides={
         "tools": {"core": ["run_shell_command", "read_file", "edit"]},
         "skills": {"disabledLevels": ["project", "user", "extension", "bundled"]}}),
+    # its own is ~4k ids; the same short prompt (--system) and three tools bring it near 2k
+    "cline": HarnessOptions(system_prompt=SHORT_SYSTEM_PROMPT, config_overrides={"disabledTools": [
+        *CLINE_SUBAGENT_TOOLS, *CLINE_WEB_TOOLS, "search_codebase", "ask_question"]}),
+    # its own is ~18k ids; without its task, board, wake-up, background, recall, todo and skill tools
+    # (and their parts of the system prompt) about half
+    "kilo": HarnessOptions(config_overrides={"tools": dict.fromkeys((
+        "task", "board_post", "board_read", "schedule_wakeup", "cancel_wakeup", "background_process",
+        "kilo_local_recall", "todowrite", "skill"), False)}),
 }
 
 

@@ -13,7 +13,8 @@ runs with its own ``--tools Bash,Read,Edit`` and a short ``--system-prompt`` (th
 Messages wire format, a prompt a CPU prefills in seconds); the reference-engine tier runs it with its
 full default prompt (``tests/recorder/dialects``, ``tests/rollout/test_dialect_agents.py``). Gemini CLI's
 is ~18k ids: it runs with the same short system prompt (``GEMINI_SYSTEM_MD``) and three core tools; Qwen
-Code's ~26k with the same prompt (``--system-prompt``), its core tools and no skills (``REAL_ENGINE_OPTIONS``).
+Code's ~26k with the same prompt (``--system-prompt``), its core tools and no skills; Cline with the same
+prompt (``--system``) and three tools; Kilo without its planning and background tools (``REAL_ENGINE_OPTIONS``).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ pytestmark = [pytest.mark.real_engine, pytest.mark.cli, pytest.mark.slow]
 
 #: the agents beyond Pi and OpenCode (``test_real_rollouts``), by the dialect each speaks
 DIALECTS = {"codex": "responses", "claude-code": "anthropic", "gemini-cli": "gemini", "grok-cli": "chat",
-            "continue": "chat", "mini-swe-agent": "chat", "qwen-code": "chat"}
+            "continue": "chat", "mini-swe-agent": "chat", "qwen-code": "chat", "kilo": "chat", "cline": "chat"}
 #: Claude Code's calls run to the cap whatever it is (its tool arguments are long; the cut is part of what is
 #: tested), and decoding is what a loaded CPU slows most (vLLM's threads are bound to the cores): 64 for it.
 MAX_TOKENS = {**dict.fromkeys(DIALECTS, REAL_ENGINE_SAMPLING["max_tokens"]), "claude-code": 64}
