@@ -66,7 +66,7 @@ def test_run_opencode_on_the_embedded_engine(tmp_path: Path) -> None:
     row, records = _run_fix_add("opencode", tmp_path / "run")
     assert (row["harness"], row["task"], row["exit_code"], row["reward"], row["agent_calls"]) == (
         "opencode", "fix-add", 0, 1.0, 4)
-    assert row["fidelity"]["break"] == 0 and row["rows"] == 1
+    assert row["fidelity"] == {"exact": 3, "replay_drift": 0, "break": 0} and row["rows"] == 1
     _assert_one_exact_chain([r for r in records if r["metadata"]["call_kind"] == "agent"])
 
 
