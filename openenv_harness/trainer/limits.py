@@ -25,6 +25,10 @@ from dataclasses import dataclass
 #: exp() of a larger difference overflows a float; a difference this large is a mismatch whatever its size
 _EXP_CAP = 700.0
 
+#: the fewest tokens whose 99th percentile is not their maximum: below it the p99 limit is not applied
+#: (the maximum has a limit of its own), or one token of a short rollout would be held to the p99 bound
+P99_MIN_TOKENS = 100
+
 
 def _ratio(diff: float) -> float:
     return math.exp(min(diff, _EXP_CAP))
@@ -120,11 +124,13 @@ class Limits:
 
     def failures(self, stats: DeltaStats) -> list[LimitFailure]:
         """The limits ``stats`` breaks (empty: it meets them all). A check over no token breaks one:
-        a proof over nothing is no proof."""
+        a proof over nothing is no proof. Under ``P99_MIN_TOKENS`` tokens the p99 is the maximum, and only
+        the maximum's limit applies to it."""
         if stats.tokens == 0:
             return [LimitFailure("tokens", 0, 1)]
+        names = ("delta_mean", "delta_p99", "delta_max") if stats.tokens >= P99_MIN_TOKENS else ("delta_mean", "delta_max")
         out = [LimitFailure(name, getattr(stats, name), getattr(self, name))
-               for name in ("delta_mean", "delta_p99", "delta_max") if getattr(stats, name) > getattr(self, name)]
+               for name in names if getattr(stats, name) > getattr(self, name)]
         if stats.share_within < self.share_within:
             out.append(LimitFailure("share_within", stats.share_within, self.share_within))
         if stats.kl_k3 is not None and stats.kl_k3 > self.kl_k3:
@@ -134,7 +140,8 @@ class Limits:
     def summary(self) -> str:
         """The limits in one line (what a verdict names when it fails)."""
         return (f"mean |δ| ≤ {self.delta_mean:g}, p99 |δ| ≤ {self.delta_p99:g}, max |δ| ≤ {self.delta_max:g}, "
-                f"≥ {self.share_within:.0%} of ratios within 1±{self.epsilon:g}, k3 KL ≤ {self.kl_k3:g}")
+                f"≥ {self.share_within:.0%} of ratios within 1±{self.epsilon:g}, k3 KL ≤ {self.kl_k3:g}; "
+                f"p99 from {P99_MIN_TOKENS} tokens")
 
 
 #: The documented limits (``docs/real-engine.md``, "Step-0 limits")

@@ -68,6 +68,27 @@ def test_each_limit_fails_on_its_own_with_the_numbers(stats: DeltaStats, broken:
     assert f"{failure.bound:g}" in failure.text
 
 
+def test_under_a_hundred_tokens_the_p99_is_the_maximum_and_only_the_maximums_limit_holds_it() -> None:
+    from openenv_harness.trainer.limits import P99_MIN_TOKENS
+
+    # a short rollout: 77 tokens at the floor and one at 0.37, as a real OpenCode rollout gave
+    diffs = [0.004 * ((i % 7) - 3) for i in range(77)] + [0.37]
+    short = DeltaStats.of([-1.0] * 78, [-1.0 + d for d in diffs], DEFAULT_LIMITS.epsilon)
+    assert short.delta_p99 == short.delta_max == pytest.approx(0.37)  # 99 % of 78 tokens is all of them
+    assert DEFAULT_LIMITS.failures(short) == []
+    # the same token among enough others for a true percentile: still within, as it is one in a hundred...
+    long = DeltaStats.of([-1.0] * P99_MIN_TOKENS, [-1.0 + d for d in [0.0] * (P99_MIN_TOKENS - 1) + [0.37]],
+                         DEFAULT_LIMITS.epsilon)
+    assert long.delta_p99 < 0.25 and DEFAULT_LIMITS.failures(long) == []
+    # ... and a p99 that is not one token's fails from there on
+    two = DeltaStats.of([-1.0] * P99_MIN_TOKENS, [-1.0 + d for d in [0.0] * (P99_MIN_TOKENS - 2) + [0.37, 0.37]],
+                        DEFAULT_LIMITS.epsilon)
+    assert [f.limit for f in DEFAULT_LIMITS.failures(two)] == ["delta_p99"]
+    # under the threshold a mismatch still fails on the maximum and the mean
+    assert {f.limit for f in DEFAULT_LIMITS.failures(DeltaStats.of([-1.0] * 20, [-3.0] * 20, 0.05))} >= {
+        "delta_mean", "delta_max"}
+
+
 def test_the_failure_text_says_which_limit_and_both_numbers() -> None:
     assert LimitFailure("delta_mean", 5.1634, 0.03).text == "mean |δ| 5.163 > 0.03"
     assert LimitFailure("share_within", 0.125, 0.8).text == "share of ratios within 1±ε 0.125 < 0.8"
