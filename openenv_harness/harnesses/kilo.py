@@ -66,9 +66,8 @@ from openenv_harness.harnesses.base import (
     HarnessResult,
     HarnessSetup,
     deep_merge,
-    last_stderr_line,
-    parse_jsonl,
 )
+from openenv_harness.harnesses.opencode import parse_run_events
 
 #: Kilo writes this ``$schema`` into a config file that has none.
 SCHEMA = "https://app.kilo.ai/config.json"
@@ -145,47 +144,9 @@ def kilo_command(setup: HarnessSetup, prompt: str, executable: str) -> tuple[lis
     return argv, prompt
 
 
-def _error_message(event: dict[str, Any]) -> str:
-    error = event.get("error") or {}
-    data = error.get("data") if isinstance(error, dict) else None
-    message = data.get("message") if isinstance(data, dict) else None
-    status = data.get("statusCode") if isinstance(data, dict) else None
-    name = error.get("name") if isinstance(error, dict) else None
-    text = str(message or name or error or "unknown error")
-    return f"{status} {text}" if status else text
-
-
 def parse_kilo_output(exit_code: int | None, stdout: str, stderr: str) -> HarnessResult:
-    """Exit status and final answer of ``kilo run --format json``.
-
-    The final answer is the text of the last step (everything after the last ``step_start``).
-    """
-    tool_calls: list[dict[str, Any]] = []
-    answer_parts: list[str] = []
-    errors: list[str] = []
-    for event in parse_jsonl(stdout):
-        kind = event.get("type")
-        part = event.get("part") or {}
-        if kind == "step_start":
-            answer_parts = []
-        elif kind == "text":
-            answer_parts.append(str(part.get("text", "")))
-        elif kind == "tool_use":
-            state = part.get("state") or {}
-            call = {"id": part.get("callID"), "name": part.get("tool"), "input": state.get("input")}
-            tool_calls.append({**call, "status": state.get("status")})
-        elif kind == "error":
-            errors.append(_error_message(event))
-    if exit_code == 0 and not errors:
-        return HarnessResult(
-            ok=True, exit_code=0, process_exit_code=0, final_answer="".join(answer_parts), tool_calls=tool_calls
-        )
-    if exit_code is None:
-        reason = "kilo did not exit (killed or timed out)"
-    else:
-        reason = errors[-1] if errors else last_stderr_line(stderr) or f"kilo exited with status {exit_code}"
-    return HarnessResult(ok=False, exit_code=exit_code if exit_code else 1, process_exit_code=exit_code,
-                         final_answer=None, error=reason, tool_calls=tool_calls)
+    """Exit status and final answer of ``kilo run --format json``: OpenCode's event stream."""
+    return parse_run_events("kilo", exit_code, stdout, stderr)
 
 
 KILO = HarnessPreset(

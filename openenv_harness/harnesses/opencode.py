@@ -119,8 +119,9 @@ def _error_message(event: dict[str, Any]) -> str:
     return f"{status} {text}" if status else text
 
 
-def parse_opencode_output(exit_code: int | None, stdout: str, stderr: str) -> HarnessResult:
-    """Exit status and final answer of ``opencode run --format json``.
+def parse_run_events(cli: str, exit_code: int | None, stdout: str, stderr: str) -> HarnessResult:
+    """Exit status and final answer of ``<cli> run --format json`` (OpenCode's event stream, which CLIs
+    built on OpenCode print too); ``cli`` names the program in the errors.
 
     The final answer is the text of the last step (everything after the last ``step_start``).
     """
@@ -146,9 +147,9 @@ def parse_opencode_output(exit_code: int | None, stdout: str, stderr: str) -> Ha
             ok=True, exit_code=0, process_exit_code=0, final_answer="".join(answer_parts), tool_calls=tool_calls
         )
     if exit_code is None:
-        reason = "opencode did not exit (killed or timed out)"
+        reason = f"{cli} did not exit (killed or timed out)"
     else:
-        reason = errors[-1] if errors else last_stderr_line(stderr) or f"opencode exited with status {exit_code}"
+        reason = errors[-1] if errors else last_stderr_line(stderr) or f"{cli} exited with status {exit_code}"
     return HarnessResult(
         ok=False,
         exit_code=exit_code if exit_code else 1,
@@ -157,6 +158,11 @@ def parse_opencode_output(exit_code: int | None, stdout: str, stderr: str) -> Ha
         error=reason,
         tool_calls=tool_calls,
     )
+
+
+def parse_opencode_output(exit_code: int | None, stdout: str, stderr: str) -> HarnessResult:
+    """Exit status and final answer of ``opencode run --format json``."""
+    return parse_run_events("opencode", exit_code, stdout, stderr)
 
 
 OPENCODE = HarnessPreset(
