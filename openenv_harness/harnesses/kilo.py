@@ -58,7 +58,6 @@ import posixpath
 from typing import Any
 
 from openenv_harness.harnesses.base import (
-    API_KEY_ENV,
     PROVIDER_ID,
     AuxCondition,
     AuxRule,
@@ -67,7 +66,7 @@ from openenv_harness.harnesses.base import (
     HarnessSetup,
     deep_merge,
 )
-from openenv_harness.harnesses.opencode import parse_run_events
+from openenv_harness.harnesses.opencode import parse_run_events, provider_options
 
 #: Kilo writes this ``$schema`` into a config file that has none.
 SCHEMA = "https://app.kilo.ai/config.json"
@@ -84,22 +83,13 @@ def config_dir(setup: HarnessSetup) -> str:
 
 def _config(setup: HarnessSetup) -> dict[str, Any]:
     options = setup.options
-    timeout_ms = int(options.request_timeout_s * 1000)
-    provider_options: dict[str, Any] = {
-        "baseURL": setup.base_url,
-        "apiKey": "{env:" + API_KEY_ENV + "}",
-        "headerTimeout": timeout_ms,
-        "chunkTimeout": timeout_ms,
-    }
-    if setup.endpoint.extra_headers:
-        provider_options["headers"] = dict(setup.endpoint.extra_headers)
     config: dict[str, Any] = {
         "$schema": SCHEMA,
         "provider": {
             PROVIDER_ID: {
                 "npm": "@ai-sdk/openai-compatible",
                 "name": "Rollout recorder",
-                "options": provider_options,
+                "options": provider_options(setup),
                 "models": {
                     setup.model: {
                         "name": setup.model,

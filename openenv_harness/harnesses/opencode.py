@@ -45,24 +45,30 @@ def config_dir(setup: HarnessSetup) -> str:
     return posixpath.join(setup.home, ".config", "opencode")
 
 
-def _config(setup: HarnessSetup) -> dict[str, Any]:
-    options = setup.options
-    timeout_ms = int(options.request_timeout_s * 1000)
-    provider_options: dict[str, Any] = {
+def provider_options(setup: HarnessSetup) -> dict[str, Any]:
+    """The ``@ai-sdk/openai-compatible`` provider's options for the recorder (OpenCode's config, and that
+    of CLIs built on it): the key only named (``{env:...}``), both timeouts the agent's request timeout."""
+    timeout_ms = int(setup.options.request_timeout_s * 1000)
+    out: dict[str, Any] = {
         "baseURL": setup.base_url,
         "apiKey": "{env:" + API_KEY_ENV + "}",
         "headerTimeout": timeout_ms,
         "chunkTimeout": timeout_ms,
     }
     if setup.endpoint.extra_headers:
-        provider_options["headers"] = dict(setup.endpoint.extra_headers)
+        out["headers"] = dict(setup.endpoint.extra_headers)
+    return out
+
+
+def _config(setup: HarnessSetup) -> dict[str, Any]:
+    options = setup.options
     config: dict[str, Any] = {
         "$schema": "https://opencode.ai/config.json",
         "provider": {
             PROVIDER_ID: {
                 "npm": "@ai-sdk/openai-compatible",
                 "name": "Rollout recorder",
-                "options": provider_options,
+                "options": provider_options(setup),
                 "models": {
                     setup.model: {
                         "name": setup.model,
