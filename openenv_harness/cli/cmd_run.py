@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 import threading
@@ -47,14 +48,32 @@ def _tasks(names: list[str], source: str | None = None, split: str | None = None
     return [known[n] for n in names] if names else list(known.values())
 
 
-def _sandbox_factory(kind: str) -> Any:
+def _sandbox_factory(kind: str, image: str | None = None) -> Any:
+    if image is not None and kind not in ("docker", "podman"):
+        raise CLIError("--image is for a container sandbox", "add --sandbox docker (or podman)")
     if kind == "local":
         return None
     if kind == "hf":
         from openenv_harness.sandbox.hf import HFSandbox
 
         return HFSandbox
-    raise CLIError(f"unknown sandbox {kind!r}", "use --sandbox local or --sandbox hf")
+    if kind in ("docker", "podman"):
+        from openenv_harness.sandbox.base import SandboxError
+        from openenv_harness.sandbox.container import ContainerSandbox
+        from openenv_harness.sandbox.container_engine import require_container_engine
+        from openenv_harness.sandbox.container_image import DEFAULT_IMAGE, image_present
+
+        try:  # said before any rollout starts, not as every rollout's failure
+            engine = require_container_engine(kind)
+        except SandboxError as exc:
+            raise CLIError(str(exc)) from None
+        chosen = image or DEFAULT_IMAGE
+        if not image_present(engine, chosen):
+            raise CLIError(f"the container image {chosen} is not present",
+                           "build it: python -m openenv_harness.sandbox.container_image" if image is None
+                           else f"pull or build {chosen} first")
+        return functools.partial(ContainerSandbox, engine=engine, image=chosen)
+    raise CLIError(f"unknown sandbox {kind!r}", "use --sandbox local, docker, podman or hf")
 
 
 def _progress(stack: LocalStack, state: dict[str, Any]) -> Table:
@@ -195,7 +214,10 @@ def run(
                                "project's real vLLM with Qwen2.5-Coder-0.5B-Instruct, installed on first use)"),
     engine_url: str = typer.Option(None, "--engine-url", help="A real vLLM somebody else runs (with --model)"),
     model: str = typer.Option(None, "--model", help="Served model name (required with --engine-url)"),
-    sandbox: str = typer.Option("local", "--sandbox", help="local | hf"),
+    sandbox: str = typer.Option("local", "--sandbox", help="local (a private directory, not isolated) | docker | "
+                                "podman (a container each, no network) | hf"),
+    image: str = typer.Option(None, "--image", help="With --sandbox docker/podman: the image (default: the one "
+                              "./dev setup builds)"),
     rollouts: int = typer.Option(1, "--rollouts", min=1, help="Rollouts per (harness, task)"),
     concurrency: int = typer.Option(2, "--concurrency", min=1, help="Rollouts at once"),
     max_agent_calls: int = typer.Option(None, "--max-agent-calls",
@@ -266,7 +288,7 @@ def run(
 
     for h in harnesses:
         get_preset(h)
-    sandbox_factory = _sandbox_factory(sandbox)
+    sandbox_factory = _sandbox_factory(sandbox, image)
     if sandbox == "local":
         with console.status("installing / checking the agent CLIs"):
             ensure_installed(harnesses)

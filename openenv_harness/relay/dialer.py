@@ -18,6 +18,7 @@ import random
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 from websockets.asyncio.client import ClientConnection, connect
@@ -81,6 +82,19 @@ class DialerStats:
     max_unacked_bytes: int = 0
     last_error: str | None = None
 
+    def faults(self) -> list[str]:
+        """What went wrong on the relay path, for a person to read (empty: nothing)."""
+        found = []
+        if self.disconnects:
+            found.append(f"the relay link to the trainer dropped {self.disconnects} time(s) "
+                         f"(last error: {self.last_error or 'none'})")
+        if self.calls_cut:
+            found.append(f"{self.calls_cut} relayed call(s) cut when the link dropped")
+        other = self.calls_failed - self.calls_cut
+        if other > 0:
+            found.append(f"{other} relayed call(s) failed on the trainer side of the relay")
+        return found
+
 
 class _Call:
     """One relayed call in flight: its request body inbox and its flow-control state."""
@@ -133,12 +147,16 @@ class RelayDialer:
         allowed_path_prefixes: Sequence[str] | None = None,
         http_client: httpx.AsyncClient | None = None,
         ws_proxy: str | bool | None = True,
+        unix_socket_path: str | None = None,
     ) -> None:
         """``window``: reply bytes per call the relay may hold unacknowledged from us, and request
         bytes it may send us. ``allowed_path_prefixes``: serve only these paths (``None``: all).
         ``http_client``: a client for the target (default: one without proxies, no read timeout --
         a generation may legitimately wait out a weight-sync pause). ``ws_proxy``: as
-        ``websockets.connect(proxy=)``, ``True`` honours the usual proxy environment variables."""
+        ``websockets.connect(proxy=)``, ``True`` honours the usual proxy environment variables.
+        ``unix_socket_path``: dial this Unix socket instead of the URL's host (the URL still names the
+        path and ``Host``): a container sandbox has no network, so its relay's trainer end is a socket
+        in a directory both sides mount."""
         if not 0 < ping_interval_s <= wire.MAX_PING_INTERVAL_S:
             raise ValueError(f"ping_interval_s must be in (0, {wire.MAX_PING_INTERVAL_S}]")
         if window < wire.MAX_CHUNK:
@@ -159,6 +177,7 @@ class RelayDialer:
             for prefix in allowed_path_prefixes:
                 self.allow_path_prefix(prefix)
         self._ws_proxy = ws_proxy
+        self._unix_socket_path = unix_socket_path
         self._owns_client = http_client is None
         self._client = http_client or httpx.AsyncClient(
             timeout=httpx.Timeout(connect=10.0, read=None, write=60.0, pool=None), trust_env=False
@@ -229,10 +248,12 @@ class RelayDialer:
             try:
                 url = await asyncio.to_thread(self._ws_url_factory)
                 headers = dict(await asyncio.to_thread(self._headers_factory))
+                where: dict[str, Any] = {"proxy": self._ws_proxy}
+                if self._unix_socket_path is not None:
+                    where = {"proxy": None, "unix": True, "path": self._unix_socket_path}
                 async with _NoRedirectConnect(
                     url, additional_headers=headers, open_timeout=self._open_timeout_s, compression=None,
-                    max_size=wire.MAX_MESSAGE_BYTES, ping_interval=None, close_timeout=2, proxy=self._ws_proxy,
-                    logger=ws_log,
+                    max_size=wire.MAX_MESSAGE_BYTES, ping_interval=None, close_timeout=2, logger=ws_log, **where,
                 ) as ws:
                     if await self._session(ws):
                         attempt = 0

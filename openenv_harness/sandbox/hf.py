@@ -213,19 +213,7 @@ class HFSandbox(Sandbox):
     def infrastructure_faults(self) -> list[str]:
         """The relay's faults, as its dialer counted them (``DialerStats``)."""
         dialer = self._dialer
-        if dialer is None:
-            return []
-        stats = dialer.stats
-        faults = []
-        if stats.disconnects:
-            faults.append(f"the relay link to the trainer dropped {stats.disconnects} time(s) "
-                          f"(last error: {stats.last_error or 'none'})")
-        if stats.calls_cut:
-            faults.append(f"{stats.calls_cut} relayed call(s) cut when the link dropped")
-        other = stats.calls_failed - stats.calls_cut
-        if other > 0:
-            faults.append(f"{other} relayed call(s) failed on the trainer side of the relay")
-        return faults
+        return [] if dialer is None else dialer.stats.faults()
 
     def _call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
         """Call the hub client, turning its errors into ``SandboxError`` that say what failed."""
