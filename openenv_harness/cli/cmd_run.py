@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import json
 import sys
 import threading
@@ -49,31 +48,13 @@ def _tasks(names: list[str], source: str | None = None, split: str | None = None
 
 
 def _sandbox_factory(kind: str, image: str | None = None) -> Any:
-    if image is not None and kind not in ("docker", "podman"):
-        raise CLIError("--image is for a container sandbox", "add --sandbox docker (or podman)")
-    if kind == "local":
-        return None
-    if kind == "hf":
-        from openenv_harness.sandbox.hf import HFSandbox
+    from openenv_harness.sandbox.base import SandboxError
+    from openenv_harness.sandbox.choose import sandbox_factory
 
-        return HFSandbox
-    if kind in ("docker", "podman"):
-        from openenv_harness.sandbox.base import SandboxError
-        from openenv_harness.sandbox.container import ContainerSandbox
-        from openenv_harness.sandbox.container_engine import require_container_engine
-        from openenv_harness.sandbox.container_image import DEFAULT_IMAGE, image_present
-
-        try:  # said before any rollout starts, not as every rollout's failure
-            engine = require_container_engine(kind)
-        except SandboxError as exc:
-            raise CLIError(str(exc)) from None
-        chosen = image or DEFAULT_IMAGE
-        if not image_present(engine, chosen):
-            raise CLIError(f"the container image {chosen} is not present",
-                           "build it: python -m openenv_harness.sandbox.container_image" if image is None
-                           else f"pull or build {chosen} first")
-        return functools.partial(ContainerSandbox, engine=engine, image=chosen)
-    raise CLIError(f"unknown sandbox {kind!r}", "use --sandbox local, docker, podman or hf")
+    try:
+        return sandbox_factory(kind, image)
+    except SandboxError as exc:
+        raise CLIError(str(exc)) from None
 
 
 def _progress(stack: LocalStack, state: dict[str, Any]) -> Table:

