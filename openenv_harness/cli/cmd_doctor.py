@@ -26,6 +26,23 @@ def _node_version() -> str:
         return f"broken: {exc}"
 
 
+def _container_sandbox() -> tuple[str, str]:
+    """The container sandbox's row: ``(ok, detail)``. Informational: the local sandbox needs none of it."""
+    from openenv_harness.sandbox.container_engine import REMEDY, find_container_engine
+    from openenv_harness.sandbox.container_image import DEFAULT_IMAGE, image_present
+
+    engine = find_container_engine()
+    if engine is None:
+        return "no", f"no container engine (docker or podman) is installed: {REMEDY}"
+    ok, detail = engine.available()
+    if not ok:
+        return "no", f"{detail}: {REMEDY}"
+    if not image_present(engine, DEFAULT_IMAGE):
+        return "no", (f"{engine.kind} {detail}; image {DEFAULT_IMAGE} absent: build it as root with "
+                      "`python -m openenv_harness.sandbox.container_image` (~1 min, from Debian packages)")
+    return "yes", f"{engine.kind} {detail}; image {DEFAULT_IMAGE}"
+
+
 def _engine_checks(url: str, model: str | None) -> list[tuple[str, bool, str]]:
     import httpx
 
@@ -149,6 +166,7 @@ def doctor(
     t.add_row("node", "yes" if node.startswith("v") else "no", node)
     rg = shutil.which("rg")
     t.add_row("ripgrep", "yes" if rg else "no", rg or "missing: OpenCode would download it (apt-get install ripgrep)")
+    t.add_row("container sandbox", *_container_sandbox())
     bad = 0
     for status in harness_doctor():
         ok = status.ok

@@ -156,6 +156,46 @@ def test_doctor_reports_the_harnesses() -> None:
     assert "skipped" in line and "not checked" in line, "a doctor that checked no engine says so"
 
 
+def _row(table: str, check: str) -> str:
+    """One row of the doctor's table, its wrapped continuation lines joined, without the box lines."""
+    lines = table.splitlines()
+    [start] = [i for i, ln in enumerate(lines) if ln.startswith(f"│ {check} ")]
+    row = [lines[start]]
+    for ln in lines[start + 1:]:
+        if not ln.startswith("│ ") or ln.split("│")[1].strip():
+            break
+        row.append(ln)
+    return " ".join(" ".join(ln.replace("│", " ") for ln in row).split())
+
+
+def test_doctor_reports_the_container_sandbox(tmp_path: Path) -> None:
+    """Its row names the engine and the image where both are there, else what is missing and how to fix it;
+    a machine without them is still ready for the local sandbox, so the row fails nothing."""
+    done = cli("doctor")
+    row = _row(done.stdout, "container sandbox")
+    assert row.startswith("container sandbox yes docker") and "image openenv-harness/sandbox:" in row or (
+        row.startswith("container sandbox no") and "install" in row), row
+
+    # an engine installed whose daemon does not answer: named, with the remedy
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "docker").write_text("#!/bin/sh\necho 'Cannot connect to the Docker daemon at unix:///x.sock' >&2\nexit 1\n")
+    (fake / "docker").chmod(0o755)
+    env = {**os.environ, "PATH": f"{fake}:{os.path.dirname(sys.executable)}"}
+    done = subprocess.run([*CLI, "doctor"], capture_output=True, text=True, timeout=300, env=env)
+    row = _row(done.stdout, "container sandbox")
+    assert row.startswith("container sandbox no docker is installed but its daemon does not answer: Cannot connect "
+                          "to the Docker daemon"), row
+    assert "apt-get install docker.io" in row and "podman" in row, row
+
+    # none installed at all
+    env["PATH"] = os.path.dirname(sys.executable)
+    (fake / "docker").unlink()
+    done = subprocess.run([*CLI, "doctor"], capture_output=True, text=True, timeout=300, env=env)
+    row = _row(done.stdout, "container sandbox")
+    assert row.startswith("container sandbox no no container engine (docker or podman) is installed"), row
+
+
 def test_doctor_names_an_engine_that_is_not_there(tmp_path: Path) -> None:
     import socket
 
