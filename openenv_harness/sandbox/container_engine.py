@@ -24,7 +24,7 @@ REMEDY = (
     "install Docker and start its daemon (Debian/Ubuntu, as root: `apt-get install docker.io`, then "
     "`systemctl start docker`, or `dockerd > /var/log/dockerd.log 2>&1 &` where there is no systemd; a "
     "non-root user also needs to be in the `docker` group), or install podman (`apt-get install podman`, "
-    "no daemon needed; it is used where docker is not installed or does not answer)"
+    "no daemon needed) and use --sandbox podman"
 )
 
 _PROBE_TIMEOUT_S = 10.0
