@@ -14,6 +14,8 @@ import pytest
 
 from openenv_harness.recorder import RecorderClient
 from openenv_harness.testing.engine import EngineConfig, EngineServer
+from openenv_harness.sandbox.base import SandboxError
+from openenv_harness.sandbox.choose import LOCAL_SANDBOX_LIMITS
 from openenv_harness.trainer.grpo import StepReport
 from openenv_harness.trainer.sampling import TRAINING_POLICY, RecordedSampling, UnreproducibleSampling
 from openenv_harness.trainer.train_loop import (
@@ -221,3 +223,19 @@ def test_a_step_not_taken_is_not_asked_to_make_the_old_weights_stale() -> None:
     assert any("stale weights" in p for p in report.problems())
     report.step.stepped = False
     assert report.problems() == []
+
+
+def test_a_run_on_the_local_sandbox_says_once_what_it_does_not_isolate() -> None:
+    """The local sandbox runs the policy's commands as the user: a training loop on it says so at its
+    start, once; on a container sandbox it does not, and a sandbox that cannot run is refused up front."""
+    said: list[str] = []
+    TrainLoop(_settings(), progress=said.append)
+    assert [m for m in said if "local sandbox" in m] == [f"note: {LOCAL_SANDBOX_LIMITS}"]
+    assert "--sandbox docker" in LOCAL_SANDBOX_LIMITS and "as you" in LOCAL_SANDBOX_LIMITS
+    said.clear()
+    loop = TrainLoop(_settings(sandbox="docker"), progress=said.append)
+    assert not [m for m in said if "local sandbox" in m] and loop.sandbox_factory is not None
+    with pytest.raises(SandboxError, match="unknown sandbox 'jail'"):
+        TrainLoop(_settings(sandbox="jail"))
+    with pytest.raises(SandboxError, match="not present"):
+        TrainLoop(_settings(sandbox="docker", image="openenv-harness/no-such-image:0"))
