@@ -197,14 +197,16 @@ class ContainerSandbox(Sandbox):
         os.chmod(host_dir, 0o711)
         limits = self.limits
         args = [
-            "run", "--detach", "--name", self.container_name, "--init",
+            # never from a registry: an absent image is an error naming how to build it, not a pull of
+            # whatever a registry serves under that name
+            "run", "--detach", "--pull", "never", "--name", self.container_name, "--init",
             "--label", f"{SANDBOX_LABEL}={self.sandbox_id}", "--label", f"{OWNER_LABEL}={this_owner()}",
             "--label", f"{HOST_DIR_LABEL}={host_dir}",
             "--network", "none", "--read-only", "--user", AGENT_USER,
             "--cap-drop", "ALL", "--security-opt", "no-new-privileges",
             "--cpus", str(limits.cpus), "--memory", limits.memory, "--memory-swap", limits.memory,
             "--pids-limit", str(limits.pids),
-            "--tmpfs", f"{ROOT}:rw,exec,size={limits.disk},uid=1000,gid=1000,mode=0700",
+            "--tmpfs", f"{ROOT}:rw,exec,size={limits.disk},mode=1777",  # podman takes no uid= here
             "--tmpfs", f"/tmp:rw,exec,size={limits.tmp},mode=1777",
             "--volume", f"{self.node_prefix}:{self.node_prefix}:ro",
             "--volume", f"{relay_dir}:{_RELAY_DIR}:ro",
@@ -212,20 +214,30 @@ class ContainerSandbox(Sandbox):
         ]
         if self.node_binary:
             args += ["--volume", f"{self.node_binary}:/usr/local/bin/node:ro"]
-        args += ["--workdir", ROOT, self.image, "sleep", "infinity"]
+        # not --workdir ROOT: the engine would make the tmpfs root-owned 0755 again
+        args += ["--workdir", "/", self.image, "sleep", "infinity"]
         self._started = True  # from here on, close() has something to remove
         result = engine.run_cli(args, check=False, timeout_s=120)
         if result.returncode != 0:
             detail = result.stderr.decode("utf-8", "replace").strip()
             hint = (f" (build it: python -m openenv_harness.sandbox.container_image --tag {self.image})"
-                    if "No such image" in detail or "not found" in detail else "")
+                    if "No such image" in detail or "image not known" in detail else "")
             self.close()
             raise SandboxError(f"cannot start a container from {self.image}: {detail}{hint}")
-        made = self._exec(["mkdir", "-p", self.workdir, self.logs_dir, f"{ROOT}/tmp", f"{self.home}/.config",
+        # lay out the root, and read back the process limit the engine applied: an engine that drops
+        # it (a cgroup it cannot write) would let a fork bomb reach the host, so that is refused
+        layout = ('mkdir -p "$@" && { cat /sys/fs/cgroup/pids/pids.max 2>/dev/null '
+                  '|| cat /sys/fs/cgroup/pids.max 2>/dev/null || echo unknown; }')
+        made = self._exec(["sh", "-c", layout, "sh", self.workdir, self.logs_dir, f"{ROOT}/tmp", f"{self.home}/.config",
                            f"{self.home}/.local/share", f"{self.home}/.cache", f"{self.home}/.local/state"])
         if made.returncode != 0:
             self.close()
             raise SandboxError(f"cannot lay out {ROOT} in the container: {made.stderr.decode(errors='replace')}")
+        applied = made.stdout.decode(errors="replace").strip()
+        if applied != str(limits.pids):
+            self.close()
+            raise SandboxError(f"the container engine did not apply the process limit ({limits.pids}): the "
+                               f"container's pids.max reads {applied!r}")
 
     def environment(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
         """What every command gets on top of the image's own environment: a PATH with the agent

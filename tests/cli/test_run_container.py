@@ -29,21 +29,23 @@ def _records(store: Path, session_id: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in done.stdout.splitlines()]
 
 
-def _containers() -> set[str]:
+def _containers_of(pid: int) -> list[str]:
+    """The sandbox containers a process (by pid) owns, as their owner labels say."""
     listed = subprocess.run(["docker", "ps", "-a", "--filter", "label=openenv-harness.sandbox", "--format",
-                             "{{.Names}}"], capture_output=True, text=True, check=True)
-    return set(listed.stdout.split())
+                             '{{.Names}} {{.Label "openenv-harness.owner"}}'], capture_output=True, text=True, check=True)
+    return [line.split()[0] for line in listed.stdout.splitlines() if f":{pid}:" in line]
 
 
 @pytest.mark.cli
 @pytest.mark.slow
 def test_pi_and_opencode_in_containers_on_every_builtin_task(tmp_path: Path, container_image: str) -> None:
-    before = _containers()
     out = tmp_path / "run"
     tasks = sorted(BUILTIN_TASKS)
-    done = cli("run", "--harness", "pi,opencode", "--task", ",".join(tasks), "--sandbox", "docker",
-               "--image", container_image, "--out", str(out))
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    run = subprocess.Popen([*CLI, "run", "--harness", "pi,opencode", "--task", ",".join(tasks), "--sandbox", "docker",
+                            "--image", container_image, "--out", str(out)], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, env={**os.environ, "COLUMNS": "200"})
+    stdout, stderr = run.communicate(timeout=600)
+    assert run.returncode == 0, stdout[-3000:] + stderr[-3000:]
     rows = json.loads((out / "summary.json").read_text())
     assert sorted((r["harness"], r["task"]) for r in rows) == sorted(
         (h, t) for h in ("pi", "opencode") for t in tasks)
@@ -56,4 +58,4 @@ def test_pi_and_opencode_in_containers_on_every_builtin_task(tmp_path: Path, con
         for prev, rec in zip(agent, agent[1:]):  # each prompt extends the last call's tokens
             chain = prev["prompt_token_ids"] + prev["completion_token_ids"]
             assert rec["prompt_token_ids"][:len(chain)] == chain
-    assert _containers() == before  # every rollout's container removed
+    assert _containers_of(run.pid) == []  # every rollout's container removed
