@@ -379,6 +379,9 @@ async def serve(args: argparse.Namespace) -> int:
         servers.append(await asyncio.start_server(relay.handle_agent, "127.0.0.1", args.http_port))
     if args.ws_unix:
         servers.append(await asyncio.start_unix_server(relay.handle_trainer, path=_fresh_socket(args.ws_unix)))
+        # the trainer may be another user than this program (a container's own user): it needs write
+        # permission on the socket to connect; the relay token, not the file mode, guards the link
+        os.chmod(args.ws_unix, 0o666)
     else:
         servers.append(await asyncio.start_server(relay.handle_trainer, "127.0.0.1", args.ws_port))
     ready = {

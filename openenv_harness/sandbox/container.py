@@ -56,6 +56,8 @@ ROOT = "/sandbox"
 AGENT_USER = "1000:1000"
 _RELAY_DIR, _LINK_DIR = "/oeh/relay", "/oeh/link"
 _RELAY_TOKEN_ENV = "OEH_RELAY_TOKEN"
+#: The longest Unix socket path the kernel takes (``sun_path``), terminator included.
+_UNIX_PATH_MAX = 108
 #: Engines whose orphans this process has already removed: the reaper runs once per process and
 #: engine, at the first sandbox, not at every rollout.
 _reaped: set[str] = set()
@@ -159,6 +161,7 @@ class ContainerSandbox(Sandbox):
         self._relay_client: subprocess.Popen[bytes] | None = None
         self._relay_http_port: int | None = None
         self._relay_target: str | None = None
+        self._link_fd: int | None = None
 
     def __enter__(self) -> ContainerSandbox:
         self.start_sandbox()
@@ -445,7 +448,13 @@ class ContainerSandbox(Sandbox):
             )
         ready = self._await_relay_ready(self._relay_client, stderr_path)
         self._relay_http_port = int(ready["http_port"])
+        # the socket is there: the link directory (a host directory) becomes read-only to the container,
+        # so nothing the agent writes reaches the host's disk past the sandbox's own limit
+        os.chmod(os.path.join(host_dir, "link"), 0o555)
         socket_path = os.path.join(host_dir, "link", "trainer.sock")
+        if len(os.fsencode(socket_path)) >= _UNIX_PATH_MAX:  # a deep parent_dir: reach it through a held fd
+            self._link_fd = os.open(os.path.join(host_dir, "link"), os.O_PATH)
+            socket_path = f"/proc/self/fd/{self._link_fd}/trainer.sock"
         dialer = DialerThread(
             lambda: RelayDialer(lambda: f"ws://sandbox{RELAY_WS_PATH}", lambda: {RELAY_TOKEN_HEADER: token}, origin,
                                 allowed_path_prefixes=[path_prefix], ws_proxy=None, unix_socket_path=socket_path),
@@ -502,5 +511,8 @@ class ContainerSandbox(Sandbox):
             if client.poll() is None:
                 client.kill()
             client.wait()
+        if self._link_fd is not None:
+            os.close(self._link_fd)
+            self._link_fd = None
         if self.host_dir is not None:
             shutil.rmtree(self.host_dir, ignore_errors=True)

@@ -79,6 +79,21 @@ def test_writes_outside_the_workdir_leave_the_host_unchanged(box: ContainerSandb
     assert sorted(os.listdir(relay_on_host)) == relay_before
 
 
+def test_the_relay_link_directory_takes_no_writes_once_linked(box: ContainerSandbox) -> None:
+    """The link directory is the one host directory mounted writable (the relay makes its socket
+    there); once the relay is linked it is read-only to the container, so nothing the agent writes
+    reaches the host's disk past the sandbox's own limit."""
+    assert box.host_dir is not None
+    box.model_endpoint("http://127.0.0.1:9/rollout/r-escape/v1", "key")  # the relay up and linked
+    link_on_host = Path(box.host_dir, "link")
+    assert sorted(os.listdir(link_on_host)) == ["trainer.sock"]
+    for command in ("echo escaped > /oeh/link/x", "mkdir /oeh/link/d", "rm -f /oeh/link/trainer.sock",
+                    "dd if=/dev/zero of=/oeh/link/big bs=1M count=4"):
+        result = box.run(command)
+        assert result.exit_code != 0 and "Permission denied" in result.stderr, (command, result)
+    assert sorted(os.listdir(link_on_host)) == ["trainer.sock"]
+
+
 class LoopbackListener:
     """A TCP server on the host's 127.0.0.1 that records every connection it accepts."""
 
