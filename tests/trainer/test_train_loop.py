@@ -141,9 +141,11 @@ def test_a_temperature_the_engines_logprobs_do_not_follow_is_refused_before_any_
     info = stack.recorder.ctx.engine_info  # what the recorder's engine watch reports under health's "engine"
 
     def loop(temperature: float, said: list[str]) -> TrainLoop:
-        return TrainLoop(LoopSettings(engine_url=stack.engine.url, recorder_url=stack.recorder.url,
+        made = TrainLoop(LoopSettings(engine_url=stack.engine.url, recorder_url=stack.recorder.url,
                                       admin_token=stack.admin_token, model="m", model_dir=tmp_path, workdir=tmp_path,
                                       temperature=temperature), progress=said.append)
+        said.remove(f"note: {LOCAL_SANDBOX_LIMITS}")  # said once as the loop is made (its own test below)
+        return made
 
     info["logprobs_mode"] = "raw_logprobs"
     said: list[str] = []
