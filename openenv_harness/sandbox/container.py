@@ -38,7 +38,6 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import IO, Any
-from urllib.parse import urlsplit
 
 from openenv_harness.relay import RELAY_TOKEN_HEADER, RELAY_WS_PATH, DialerThread, RelayDialer, sandbox_program_sources
 from openenv_harness.relay.dialer import RelayUnavailableError
@@ -47,6 +46,7 @@ from openenv_harness.sandbox.container_engine import ContainerEngine, require_co
 from openenv_harness.sandbox.container_image import DEFAULT_IMAGE
 from openenv_harness.sandbox.container_procs import COMMAND_MARKER_ENV, kill_command
 from openenv_harness.sandbox.container_reaper import HOST_DIR_LABEL, OWNER_LABEL, SANDBOX_LABEL, reap_orphans, this_owner
+from openenv_harness.sandbox.relayed import RelayedEndpoint
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +110,7 @@ class ContainerProcess(BackgroundProcess):
         return f"{self._stem}.stderr"
 
 
-class ContainerSandbox(Sandbox):
+class ContainerSandbox(RelayedEndpoint, Sandbox):
     """One rollout in a container of its own; see the module docstring."""
 
     remote = True  # the agent reaches the recorder through the relay, which can drop a call
@@ -288,7 +288,7 @@ class ContainerSandbox(Sandbox):
     def infrastructure_faults(self) -> list[str]:
         """The relay's faults, and a container that is no longer running (then nothing the agent
         did afterwards can be judged: the rollout stays unscored)."""
-        faults = [] if self._dialer is None else self._dialer.stats.faults()
+        faults = self.relay_faults()
         if self._started and not self._closed:
             state = self.container_state()
             if state is None:
@@ -417,20 +417,7 @@ class ContainerSandbox(Sandbox):
 
     def model_endpoint(self, recorder_base_url: str, api_key: str) -> ModelEndpoint:
         """A URL on the container's loopback, served by the relay (see the module docstring)."""
-        from openenv_harness.sandbox.hf import rebase_url
-
-        parts = urlsplit(recorder_base_url)
-        if parts.scheme not in ("http", "https") or not parts.netloc:
-            raise SandboxError(f"recorder_base_url must be an http(s) URL, got {recorder_base_url!r}")
-        origin = f"{parts.scheme}://{parts.netloc}"
-        if self._dialer is None:
-            self._start_relay(origin, parts.path or "/")
-        elif origin != self._relay_target:
-            raise SandboxError(f"this sandbox already relays to {self._relay_target}, not {origin}")
-        else:
-            self._dialer.allow_path_prefix(parts.path or "/")
-        return ModelEndpoint(base_url=rebase_url(recorder_base_url, f"http://127.0.0.1:{self._relay_http_port}"),
-                             api_key=api_key)
+        return self.relay_endpoint(recorder_base_url, api_key)
 
     def _start_relay(self, origin: str, path_prefix: str) -> None:
         host_dir = self.host_dir

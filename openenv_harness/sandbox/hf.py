@@ -34,7 +34,6 @@ import signal
 import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
 
 from openenv_harness.relay import (
     RELAY_TOKEN_HEADER,
@@ -45,6 +44,7 @@ from openenv_harness.relay import (
     sandbox_program_sources,
 )
 from openenv_harness.sandbox.base import BackgroundProcess, CommandResult, ModelEndpoint, Sandbox, SandboxError
+from openenv_harness.sandbox.relayed import RelayedEndpoint, rebase_url
 
 if TYPE_CHECKING:
     from huggingface_hub import Sandbox as HubSandbox
@@ -62,17 +62,6 @@ def _hub_errors() -> tuple[type[Exception], ...]:
     from huggingface_hub.errors import SandboxError as HubSandboxError  # noqa: PLC0415
 
     return (HubSandboxError, OSError, httpx2.HTTPError)
-
-
-def rebase_url(recorder_base_url: str, new_origin: str) -> str:
-    """``recorder_base_url`` with its scheme/host/port replaced by ``new_origin``'s (whose own path,
-    if any, is prefixed): ``http://10.0.0.5:8000/rollout/s/v1`` on ``http://127.0.0.1:9`` gives
-    ``http://127.0.0.1:9/rollout/s/v1``."""
-    old, new = urlsplit(recorder_base_url), urlsplit(new_origin)
-    if not old.scheme or not old.netloc or not new.scheme or not new.netloc:
-        raise SandboxError(f"cannot rebase {recorder_base_url!r} onto {new_origin!r}: both must be absolute URLs")
-    path = new.path.rstrip("/") + (old.path or "")
-    return f"{new.scheme}://{new.netloc}{path}" + (f"?{old.query}" if old.query else "")
 
 
 class HFProcess(BackgroundProcess):
@@ -127,7 +116,7 @@ class HFProcess(BackgroundProcess):
         return f"{self._stem}.stderr"
 
 
-class HFSandbox(Sandbox):
+class HFSandbox(RelayedEndpoint, Sandbox):
     """One rollout's sandbox on Hugging Face Jobs; see the module docstring."""
 
     def __init__(
@@ -212,8 +201,7 @@ class HFSandbox(Sandbox):
 
     def infrastructure_faults(self) -> list[str]:
         """The relay's faults, as its dialer counted them (``DialerStats``)."""
-        dialer = self._dialer
-        return [] if dialer is None else dialer.stats.faults()
+        return self.relay_faults()
 
     def _call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
         """Call the hub client, turning its errors into ``SandboxError`` that say what failed."""
@@ -295,18 +283,7 @@ class HFSandbox(Sandbox):
                 "pooled HF sandboxes cannot bind any TCP port (127.0.0.1 included), so an agent there cannot "
                 "reach a localhost relay; use a dedicated sandbox, or dial_out_url= with a tunnel to the recorder"
             )
-        parts = urlsplit(recorder_base_url)
-        if parts.scheme not in ("http", "https") or not parts.netloc:
-            raise SandboxError(f"recorder_base_url must be an http(s) URL, got {recorder_base_url!r}")
-        origin = f"{parts.scheme}://{parts.netloc}"
-        if self._dialer is None:
-            self._start_relay(origin, parts.path or "/")
-        elif origin != self._relay_target:
-            raise SandboxError(f"this sandbox already relays to {self._relay_target}, not {origin}")
-        else:
-            self._dialer.allow_path_prefix(parts.path or "/")
-        return ModelEndpoint(base_url=rebase_url(recorder_base_url, f"http://127.0.0.1:{self._relay_http_port}"),
-                             api_key=api_key)
+        return self.relay_endpoint(recorder_base_url, api_key)
 
     def _start_relay(self, origin: str, path_prefix: str) -> None:
         hub = self.hub
