@@ -41,10 +41,11 @@ from typing import IO, Any
 
 from openenv_harness.relay import RELAY_TOKEN_HEADER, RELAY_WS_PATH, DialerThread, RelayDialer, sandbox_program_sources
 from openenv_harness.relay.dialer import RelayUnavailableError
-from openenv_harness.sandbox.base import BackgroundProcess, CommandResult, ModelEndpoint, Sandbox, SandboxError
+from openenv_harness.sandbox.base import CommandResult, ModelEndpoint, Sandbox, SandboxError
 from openenv_harness.sandbox.container_engine import ContainerEngine, require_container_engine
 from openenv_harness.sandbox.container_image import DEFAULT_IMAGE
 from openenv_harness.sandbox.container_procs import COMMAND_MARKER_ENV, kill_command
+from openenv_harness.sandbox.local import LocalProcess
 from openenv_harness.sandbox.container_reaper import HOST_DIR_LABEL, OWNER_LABEL, SANDBOX_LABEL, reap_orphans, this_owner
 from openenv_harness.sandbox.relayed import RelayedEndpoint
 
@@ -75,39 +76,19 @@ class ContainerLimits:
     tmp: str = "64m"
 
 
-class ContainerProcess(BackgroundProcess):
-    """A background command in a container: the ``docker exec`` client, and the marker that finds
-    the command's processes inside."""
+class ContainerProcess(LocalProcess):
+    """A background command in a container: the ``docker exec`` client (polled and waited on as a
+    local process), and the marker that finds the command's processes inside to stop them."""
 
     def __init__(self, sandbox: ContainerSandbox, client: subprocess.Popen[bytes], marker: str, stem: str) -> None:
+        super().__init__(client, f"{stem}.stdout", f"{stem}.stderr", sandbox.kill_grace_s)
         self._sandbox = sandbox
-        self._client = client
         self.marker = marker
-        self._stem = stem
-
-    def poll(self) -> int | None:
-        return self._client.poll()
-
-    def wait(self, timeout_s: float | None = None) -> int | None:
-        try:
-            return self._client.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            return None
 
     def kill(self) -> None:
         self._sandbox.stop_command(self.marker)
-        try:
-            self._client.wait(timeout=5.0)
-        except subprocess.TimeoutExpired:
-            self._client.kill()
-
-    @property
-    def stdout_path(self) -> str:
-        return f"{self._stem}.stdout"
-
-    @property
-    def stderr_path(self) -> str:
-        return f"{self._stem}.stderr"
+        if self.wait(5.0) is None:
+            self._popen.kill()
 
 
 class ContainerSandbox(RelayedEndpoint, Sandbox):
