@@ -14,6 +14,8 @@ from openenv_harness.recorder.store.index_priority import PRIORITIES
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m openenv_harness.recorder")
     p.add_argument("--engine-url", default=os.environ.get("OEH_ENGINE_URL"))
+    p.add_argument("--engine-family", choices=("vllm", "sglang"), default=os.environ.get("OEH_ENGINE_FAMILY", "vllm"),
+                   help="whose routes the engine serves: vLLM's or SGLang's")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8765)
     p.add_argument("--store", default=os.environ.get("OEH_STORE", "runs/recorder.db"))
@@ -43,7 +45,7 @@ def main(argv: list[str] | None = None) -> None:
     if a.host not in ("127.0.0.1", "localhost", "::1") and not a.admin_token:
         sys.exit("refusing to listen on a non-loopback address without --admin-token")
     config = RecorderConfig(
-        store_path=a.store, engine_url=a.engine_url, admin_token=a.admin_token,
+        store_path=a.store, engine_url=a.engine_url, engine_family=a.engine_family, admin_token=a.admin_token,
         engine_api_key=os.environ.get("OEH_ENGINE_API_KEY") or None,  # never a flag: flags show in `ps`
         public_base_url=a.public_base_url, probe_template=not a.no_probe,
         pause_wait_s=a.pause_wait_s, index_priority=a.index_priority, store_backlog_mb=a.store_backlog_mb,

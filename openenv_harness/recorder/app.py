@@ -39,6 +39,7 @@ from openenv_harness.recorder.store.sqlite import SQLiteStore
 from openenv_harness.recorder.upstream.base import Upstream, UpstreamFailure
 from openenv_harness.recorder.replicas import ReplicaFence
 from openenv_harness.recorder.upstream.h1_engine import H1Engine
+from openenv_harness.recorder.upstream.sglang import SGLangEngine
 from openenv_harness.recorder.upstream.span_budget import SpanBudget
 from openenv_harness.viewer import viewer_router
 
@@ -188,10 +189,11 @@ def create_recorder_app(
     """Build a recorder. ``upstreams["default"]`` defaults to ``H1Engine(config.engine_url)``."""
     ups: dict[str, Upstream] = dict(upstreams or {})
     if "default" not in ups and config.engine_url:
-        ups["default"] = H1Engine(
+        transport = H1Engine(
             config.engine_url, timeout_s=config.upstream_timeout_s, api_key=config.engine_api_key,
             affinity_header=config.affinity_header,
         )
+        ups["default"] = SGLangEngine(transport) if config.engine_family == "sglang" else transport
     admin_token = config.admin_token or new_admin_token()
     the_store = store or SQLiteStore(config.store_path, synchronous=config.sqlite_synchronous,
                                      indexer=config.store_indexer, index_priority=config.index_priority,

@@ -158,7 +158,7 @@ class Incremental:
             except NotExpressible as exc:
                 raise Fallback("sampling_not_expressible", str(exc)) from None
         meta = flow.prompt_mode = {
-            "mode": self.name, "continued": True, "reason": None, "sampled_via": sampler.route,
+            "mode": self.name, "continued": True, "reason": None, "sampled_via": upstream.served_by(sampler.route),
             "checkpoint_len": len(checkpoint.ids), "trailer_len": len(turn_end) - 1, "suffix_len": len(new_ids),
             # the template re-renders an assistant turn once messages follow it: the model continues the
             # turn as it was sampled, which the full render above shows differently (README: prompt mode)

@@ -108,7 +108,7 @@ async def _sample_and_parse(upstream: Upstream, facts: EngineFacts, sampler: IdS
             if _nothing_sampled(generated.json):
                 return _empty_reply(generated.json, prompt, meta)
             composed = _compose_one_step(generated.json, prompt)
-            meta["parsed_via" if composed.status == 200 else "failed_at"] = GENERATE
+            meta["parsed_via" if composed.status == 200 else "failed_at"] = upstream.served_by(GENERATE)
             return composed
         if generated.status == 200 and generated.json is not None:
             # sampled, but answered with ids only: something on the way dropped the one-step fields
@@ -119,13 +119,13 @@ async def _sample_and_parse(upstream: Upstream, facts: EngineFacts, sampler: IdS
             generated = await sampler.sample(upstream, prompt, params, model=model, session_id=session_id,
                                              affinity=affinity)
         else:
-            meta["failed_at"] = GENERATE
+            meta["failed_at"] = upstream.served_by(GENERATE)
             return generated
     else:
         generated = await sampler.sample(upstream, prompt, params, model=model, session_id=session_id,
                                          affinity=affinity)
     if generated.status != 200 or generated.json is None:
-        meta["failed_at"] = sampler.route
+        meta["failed_at"] = upstream.served_by(sampler.route)
         return generated  # an engine error mid-way: relayed and recorded by the forward step
     if _nothing_sampled(generated.json):
         return _empty_reply(generated.json, prompt, meta)

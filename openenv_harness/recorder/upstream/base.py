@@ -52,6 +52,13 @@ class Upstream(abc.ABC):
     #: engines); a ``ModelStep`` takes messages, not prompt ids, so incremental calls fall back.
     exact_ids: bool = False
 
+    #: the engine family whose wire this upstream speaks (``sglang.py`` maps the recorder's routes onto SGLang's)
+    family: str = "vllm"
+
+    def served_by(self, route: str) -> str:
+        """The engine route that really serves one of the recorder's routes (recorded as provenance)."""
+        return route
+
     async def start(self) -> None:
         """Acquire resources bound to the running event loop."""
 
