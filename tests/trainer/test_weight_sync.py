@@ -104,7 +104,7 @@ FAILURES = {
     "reload outlives the timeout": (Fault(route="/collective_rpc", latency_s=SLOW_RELOAD_S),
                                     "/collective_rpc did not answer within 2 s"),
     "reset answers success false": (Fault(route="/reset_prefix_cache", reply={"success": False}, count=RESET_ATTEMPTS),
-                                    "did not reset the prefix cache in 3 tries"),
+                                    "did not drop its prefix cache in 3 tries"),
     "label answers 500": (Fault(route="/update_weight_version", status=500), "version failed"),
 }
 
