@@ -212,7 +212,7 @@ def create_recorder_app(
         span_budget=SpanBudget(int(config.prompt_cache_mb * (1 << 20))),
     )
     if config.engine_replicas or config.engine_replicas_from_router:
-        ctx.replicas = ReplicaFence(config.engine_replicas, api_key=config.engine_api_key,
+        ctx.replicas = ReplicaFence(config.engine_replicas, api_key=config.engine_api_key, family=config.engine_family,
                                     router=ups.get("default") if config.engine_replicas_from_router else None)
 
     @contextlib.asynccontextmanager

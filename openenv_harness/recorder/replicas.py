@@ -22,6 +22,7 @@ from typing import Any
 
 from openenv_harness.recorder.upstream.base import Upstream, UpstreamFailure
 from openenv_harness.recorder.upstream.h1_engine import H1Engine
+from openenv_harness.recorder.upstream.sglang import SGLangEngine
 from openenv_harness.recorder.upstream.http import normalize_engine_url
 
 #: vllm-router's worker list route and the key holding the URLs
@@ -48,12 +49,14 @@ class ReplicaFence:
     """Pauses and resumes every engine replica; one HTTP client per replica, made on first use."""
 
     def __init__(self, urls: list[str], *, router: Upstream | None = None, api_key: str | None = None,
-                 timeout_s: float = 600.0) -> None:
+                 timeout_s: float = 600.0, family: str = "vllm") -> None:
+        #: the replicas' engine family: SGLang's pause and resume routes are reached through its adapter
+        self.family = family
         self._configured = [normalize_engine_url(u) for u in urls]
         self._router = router
         self._api_key = api_key
         self._timeout_s = timeout_s
-        self._clients: dict[str, H1Engine] = {}
+        self._clients: dict[str, Upstream] = {}
         #: the replicas the last successful pause paused (the ones a resume must reach)
         self.paused: list[str] = []
 
@@ -72,10 +75,11 @@ class ReplicaFence:
             found += [normalize_engine_url(str(u)) for u in urls]
         return list(dict.fromkeys(found))
 
-    async def _client(self, url: str) -> H1Engine:
+    async def _client(self, url: str) -> Upstream:
         client = self._clients.get(url)
         if client is None:
-            client = H1Engine(url, timeout_s=self._timeout_s, api_key=self._api_key, affinity_header=None)
+            transport = H1Engine(url, timeout_s=self._timeout_s, api_key=self._api_key, affinity_header=None)
+            client = SGLangEngine(transport) if self.family == "sglang" else transport
             await client.start()
             self._clients[url] = client
         return client
