@@ -4,8 +4,9 @@
   progress on stderr; one-line error and exit 1 where it cannot work here).
 - ``serve``: start vLLM with the project's flags and keep it in the foreground until Ctrl-C.
 - ``status``: say what is installed, without installing anything.
-- ``protocols``: fetch vLLM 0.33 / 0.34's Python sources (their request and reply models, for the
-  conformance tests; ``protocols.py``).
+- ``protocols``: fetch vLLM 0.33 / 0.34's and SGLang 0.5.23's Python sources (their request and reply
+  models, for the conformance tests; ``protocols.py``), and the few packages SGLang's models import that
+  the engine venv lacks.
 """
 
 from __future__ import annotations
@@ -40,11 +41,13 @@ def main(argv: list[str] | None = None) -> int:
                        help="vLLM --logprobs-mode (default: vLLM's, raw_logprobs)")
     args = parser.parse_args(argv)
     if args.command == "protocols":
-        from openenv_harness.engine.protocols import ensure_protocols
+        from openenv_harness.engine.protocols import ensure_protocols, ensure_sglang
 
         try:
             for version, folder in ensure_protocols(progress=_progress).items():
                 _progress(f"vLLM {version} sources: {folder}")
+            sources, deps = ensure_sglang(engine_python(engine_home()), progress=_progress)
+            _progress(f"SGLang sources: {sources} (with {deps})")
         except EngineSetupError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 1
