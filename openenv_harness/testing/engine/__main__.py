@@ -48,6 +48,9 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--vllm-version", choices=["0.32", "0.33", "0.34"], default="0.32",
                         help="Speak this vLLM release's semantics (one-step parse, refusing pause, empty tools, "
                         "chat weight-version spans)")
+    parser.add_argument("--family", choices=["vllm", "sglang"], default="vllm",
+                        help="Serve vLLM's routes and shapes, or SGLang 0.5.23's (/generate, /v1/chat/completions "
+                        "with meta_info, /pause_generation, /update_weights_from_disk, ...)")
     parser.add_argument("--generate-derender", action="store_true",
                         help="vLLM 0.33: render answers a parse_context, generate takes output_mode='derender' "
                         "(implied by --vllm-version 0.33 and 0.34)")
@@ -90,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         prefill_delay_s=args.prefill_delay_s,
         max_recorded_requests=args.max_recorded_requests,
         vllm_version=args.vllm_version,
+        family=args.family,
         **({"generate_derender": True} if args.generate_derender else {}),
         dev_mode=not args.no_dev_mode,
         default_script=default_script,

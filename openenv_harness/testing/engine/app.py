@@ -6,6 +6,9 @@ vLLM routes served: ``POST /v1/chat/completions``, ``GET /v1/models``, ``POST /t
 weight routes of ``weights.py`` (``/collective_rpc`` reload_weights, ``/reset_prefix_cache``,
 ``/update_weight_version``, ``GET /weight_info``).
 
+With ``EngineConfig.family == "sglang"`` the app serves SGLang 0.5.23's routes instead
+(``sglang_routes.py``), with the same test controls.
+
 Test controls (not part of vLLM) live under ``/_ref/``: register scripts and faults by key, read
 back the requests the engine received (bodies and headers, so a test can check exactly what a
 recorder forwarded), reset everything, and read the engine's tokenizer/template fingerprints.
@@ -36,6 +39,7 @@ from openenv_harness.testing.engine.fence import PAUSE_MODES, EnginePaused
 from openenv_harness.testing.engine.messages import MessageError
 from openenv_harness.testing.engine.policy import Script
 from openenv_harness.testing.engine.scale_out import add_scale_out_routes
+from openenv_harness.testing.engine.sglang_routes import add_sglang_routes
 from openenv_harness.testing.engine.prompt import render_prompt
 from openenv_harness.testing.engine.state import DEFAULT_KEY, EngineState
 from openenv_harness.testing.engine.weights import add_weight_routes, fault_answer, take_route_fault
@@ -206,6 +210,11 @@ def create_engine_app(config: EngineConfig | None = None) -> FastAPI:
     @app.exception_handler(Exception)
     async def _internal_error(request: Request, exc: Exception) -> Response:
         return error_response(500, f"{type(exc).__name__}: {exc}")
+
+    if config.family == "sglang":  # SGLang's routes only: vLLM's answer 404 there
+        add_sglang_routes(app, state)
+        _add_control_routes(app, state)
+        return app
 
     @app.post("/v1/chat/completions")
     async def _chat(request: Request) -> Response:

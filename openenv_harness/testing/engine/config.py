@@ -132,6 +132,9 @@ class EngineConfig(BaseModel):
         "0.32", description="The vLLM release whose semantics this engine speaks (VERSION_SEMANTICS): it sets "
         "generate_derender and pause_rejects_new unless they are given, how an empty tools array is answered, and "
         "whether the chat route reports weight-version spans")
+    family: Literal["vllm", "sglang"] = Field(
+        "vllm", description="Which engine's HTTP server this engine is: vLLM's (the vllm_version release) or "
+        "SGLang 0.5.23's routes and shapes (sglang_routes.py), over the same scripts, tokenizer and template")
     version: str = ENGINE_VERSION
 
     @model_validator(mode="before")
