@@ -43,25 +43,28 @@ def _container_sandbox() -> tuple[str, str]:
     return "yes", f"{engine.kind} {detail}; image {DEFAULT_IMAGE}"
 
 
-def _engine_checks(url: str, model: str | None) -> list[tuple[str, bool, str]]:
+def _engine_checks(url: str, model: str | None, family: str = "vllm") -> list[tuple[str, bool, str]]:
     import httpx
 
     from openenv_harness.recorder.certify import certify_template, exact_in_words
     from openenv_harness.recorder.provenance import engine_version, measure_logprobs_mode, probe_template
+    from openenv_harness.recorder.upstream.base import Upstream
     from openenv_harness.recorder.upstream.http import HTTPEngine
+    from openenv_harness.recorder.upstream.sglang import SGLangEngine
     from openenv_harness.recorder.upstream.reply_parse import parse_json_object
     from openenv_harness.recorder.validate import extract_evidence
 
     out: list[tuple[str, bool, str]] = []
 
     async def go() -> None:
-        eng = HTTPEngine(url, timeout_s=60)
+        transport = HTTPEngine(url, timeout_s=60)
+        eng: Upstream = SGLangEngine(transport) if family == "sglang" else transport
         await eng.start()
         try:
             reachable = await eng.request("GET", "/v1/models")
             if reachable.status != 200:
-                out.append(("engine", False, f"{url} answered /v1/models with HTTP {reachable.status}: not a vLLM "
-                            "server, or not ready"))
+                out.append(("engine", False, f"{url} answered /v1/models with HTTP {reachable.status}: not a "
+                            f"{family} server, or not ready"))
                 return
             version = await engine_version(eng)
             out.append(("engine version", True, version or "not reported (/version answered no version)"))
@@ -77,7 +80,8 @@ def _engine_checks(url: str, model: str | None) -> list[tuple[str, bool, str]]:
             else:
                 # the transport cut the prompt ids out of ``reply.json`` (the flow reads them from the
                 # raw span); the doctor reads the whole body as the engine sent it
-                ev = extract_evidence(parse_json_object(reply.body) or {})
+                # (the SGLang adapter hands its reply over rebuilt, in ``json``)
+                ev = extract_evidence((parse_json_object(reply.body) if reply.body else reply.json) or {})
                 out.append(("token ids + logprobs", ev.valid, "ok" if ev.valid else "; ".join(ev.reasons)))
             out.extend(await _path_checks(eng, body))
             mode, how = await measure_logprobs_mode(eng, body["model"] or None)
@@ -150,6 +154,7 @@ async def _path_checks(eng: Any, chat: dict[str, Any]) -> list[tuple[str, bool, 
 
 def doctor(
     engine_url: str = typer.Option(None, "--engine-url", help="Also check this engine"),
+    engine_family: str = typer.Option("vllm", "--engine-family", help="vllm | sglang: whose routes it serves"),
     model: str = typer.Option(None, "--model", help="Model name to use for the engine check"),
 ) -> None:
     from openenv_harness.harnesses.doctor import doctor as harness_doctor
@@ -175,7 +180,7 @@ def doctor(
         t.add_row(f"harness {status.name}", "yes" if ok else "no",
                   f"{status.version or '-'}  dialect {dialect}  {status.message}")
     if engine_url:
-        for name, ok, detail in _engine_checks(engine_url, model):
+        for name, ok, detail in _engine_checks(engine_url, model, engine_family):
             bad += not ok
             t.add_row(name, "yes" if ok else "no", detail)
     else:

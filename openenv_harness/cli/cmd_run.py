@@ -195,6 +195,8 @@ def run(
                                "project's real vLLM with Qwen2.5-Coder-0.5B-Instruct, installed on first use)"),
     engine_url: str = typer.Option(None, "--engine-url", help="A real vLLM somebody else runs (with --model)"),
     model: str = typer.Option(None, "--model", help="Served model name (required with --engine-url)"),
+    engine_family: str = typer.Option("vllm", "--engine-family", help="vllm | sglang: whose routes the engine "
+                                      "serves (the embedded engine serves that family's wire)"),
     sandbox: str = typer.Option("local", "--sandbox", help="local (a private directory, not isolated) | docker | "
                                 "podman (a container each, no network) | hf"),
     image: str = typer.Option(None, "--image", help="With --sandbox docker/podman: the image (default: the one "
@@ -233,6 +235,9 @@ def run(
         raise CLIError("--logprobs-mode raw_logprobs | processed_logprobs applies to the engine --engine vllm starts",
                        "start your own engine with vLLM's --logprobs-mode; the recorder measures it either way")
     tasks = _tasks([t.strip() for t in (task or "").split(",") if t.strip()], tasks_source, split)
+    if engine_family not in ("vllm", "sglang") or (engine_family == "sglang" and engine == "vllm"):
+        raise CLIError(f"--engine-family {engine_family} does not apply here",
+                       "use vllm or sglang; --engine vllm starts vLLM (for SGLang give --engine-url)")
     if engine not in ("reference", "vllm"):
         raise CLIError(f"unknown engine {engine!r}", "use --engine reference, --engine vllm, or --engine-url URL")
     if engine_url and engine == "vllm":
@@ -279,7 +284,7 @@ def run(
                        engine="vllm" if engine == "vllm" else None, chat_template=chat_template,
                        logprobs_mode=logprobs_mode, unconstrained=training_sampling is not None,
                        system_prompt_suffix=system_prompt_suffix,
-                       recorder_url=recorder_url, admin_token=admin_token,
+                       recorder_url=recorder_url, admin_token=admin_token, engine_family=engine_family,
                        progress=lambda m: console.print(f"[dim][engine][/] {m}"))
     budgets = {"max_agent_calls": max_agent_calls, "max_wall_clock_s": max_wall_clock_s}
     if max_total_tokens:

@@ -77,7 +77,9 @@ class LocalStack:
                  engine: str | None = None, progress: Any = None, chat_template: Path | None = None,
                  recorder_url: str | None = None, logprobs_mode: str | None = None,
                  unconstrained: bool = False, system_prompt_suffix: str | None = None,
-                 kv_cache_gib: int | None = None) -> None:
+                 kv_cache_gib: int | None = None, engine_family: str = "vllm") -> None:
+        #: whose routes the engine serves (the embedded engine serves that family's wire too)
+        self.engine_family = engine_family
         #: the KV cache the engine started here reserves (None: the launcher's default)
         self.kv_cache_gib = kv_cache_gib
         self.engine_url = engine_url
@@ -171,9 +173,11 @@ class LocalStack:
 
             scripts = {name: Script(turns=turns, segmentation=self.segmentation)
                        for name, turns in builtin_task_scripts(self.tasks).items()}
-            self.engine = EngineServer(EngineConfig(chat_template=self.chat_template, scripts=scripts)).start()
+            self.engine = EngineServer(EngineConfig(chat_template=self.chat_template, scripts=scripts,
+                                                    family=self.engine_family)).start()
             url = self.engine.url
-        config = RecorderConfig(store_path=self.store_path, engine_url=url, admin_token=self.admin_token, **extra)
+        config = RecorderConfig(store_path=self.store_path, engine_url=url, admin_token=self.admin_token,
+                                engine_family=self.engine_family, **extra)
         try:
             self.recorder = RecorderServer(config).start()
         except BaseException:

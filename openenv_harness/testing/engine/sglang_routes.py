@@ -15,6 +15,8 @@ calls, reasoning, faults of timing, weight syncs -- stays one thing. Served: ``P
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import time
 from typing import Any, Literal
 
@@ -73,6 +75,8 @@ class ChatBody(_Body):
     separate_reasoning: bool = True
     chat_template_kwargs: dict[str, Any] | None = None
     rid: str | None = None
+    #: the prompt as ids: SGLang samples from them as given, the messages only set stops and parsing
+    input_ids: list[int] | None = None
 
 
 class GenerateBody(_Body):
@@ -181,6 +185,8 @@ def add_sglang_routes(app: FastAPI, state: EngineState) -> SGLangRuntime:
                                    route="chat")
         except MessageError as exc:
             return _error(str(exc))
+        if chat.input_ids is not None:
+            prompt = replace(prompt, ids=list(chat.input_ids))
         if len(prompt.ids) >= config.max_model_len:
             return _error(f"The input ({len(prompt.ids)} tokens) is longer than the model's context length "
                           f"({config.max_model_len} tokens).")
