@@ -211,6 +211,7 @@ def create_engine_app(config: EngineConfig | None = None) -> FastAPI:
     async def _internal_error(request: Request, exc: Exception) -> Response:
         return error_response(500, f"{type(exc).__name__}: {exc}")
 
+    _add_schema_route(app)
     if config.family == "sglang":  # SGLang's routes only: vLLM's answer 404 there
         add_sglang_routes(app, state)
         _add_control_routes(app, state)
@@ -286,9 +287,14 @@ def create_engine_app(config: EngineConfig | None = None) -> FastAPI:
         _add_fence_routes(app, state)
         add_weight_routes(app, state)
 
+    _add_control_routes(app, state)
+    return app
+
+
+def _add_schema_route(app: FastAPI) -> None:
     @app.get("/openapi.json", include_in_schema=False)
     async def _openapi() -> Response:
-        """vLLM serves FastAPI's schema (defaults: title ``FastAPI``, version ``0.1.0``); clients read its
+        """vLLM and SGLang serve FastAPI's schema (defaults: title ``FastAPI``, version ``0.1.0``); clients read its
         route list to see which optional routes (dev mode, scale-out) this engine serves. The operations
         here name their method only: the test controls under ``/_ref/`` are left out."""
         paths: dict[str, dict[str, Any]] = {}
@@ -297,9 +303,6 @@ def create_engine_app(config: EngineConfig | None = None) -> FastAPI:
                 for method in sorted(route.methods or ()):
                     paths.setdefault(route.path, {})[method.lower()] = {"operationId": f"{route.name}_{method.lower()}"}
         return _json({"openapi": "3.1.0", "info": {"title": "FastAPI", "version": "0.1.0"}, "paths": paths})
-
-    _add_control_routes(app, state)
-    return app
 
 
 def _failed(step: str) -> dict[str, Any]:

@@ -28,7 +28,10 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 #: vLLM's dev-mode routes a fault can target besides the sampling and render routes (``weights.py``)
 DEV_ROUTES: tuple[str, ...] = ("/collective_rpc", "/reset_prefix_cache", "/update_weight_version", "/weight_info",
-                               "/pause", "/resume")
+                               "/pause", "/resume",
+                               # SGLang's (the flavour's ``sglang_routes.py``)
+                               "/update_weights_from_disk", "/flush_cache", "/pause_generation",
+                               "/continue_generation", "/model_info")
 
 _ERROR_TYPES: dict[int, str] = {400: "BadRequestError", 404: "NotFoundError", 500: "InternalServerError"}
 

@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from openenv_harness.testing.engine.chat import effective_sampling
 from openenv_harness.testing.engine.config import SESSION_HEADER
 from openenv_harness.testing.engine.messages import MessageError
+from openenv_harness.testing.engine.weights import fault_answer, take_route_fault
 from openenv_harness.testing.engine.parser import parse_output
 from openenv_harness.testing.engine.policy import choose_turn
 from openenv_harness.testing.engine.prompt import render_prompt
@@ -332,6 +333,9 @@ def _add_info_routes(app: FastAPI, state: EngineState, runtime: SGLangRuntime) -
 
     @app.get("/model_info")
     async def _model_info() -> Response:
+        faulted = fault_answer(await take_route_fault(state, "/model_info"))
+        if faulted is not None:
+            return faulted
         return _json({"model_path": state.weights.path or state.model_root, "served_model_name": config.served_model_name,
                       "tokenizer_path": state.model_root, "is_generation": True, "preferred_sampling_params": None,
                       "weight_version": state.weight_version, "load_format": "auto",
@@ -367,6 +371,9 @@ def _add_control_routes(app: FastAPI, state: EngineState, runtime: SGLangRuntime
         if isinstance(parsed, Response):
             return parsed
         assert isinstance(parsed[0], PauseBody)
+        faulted = fault_answer(await take_route_fault(state, "/pause_generation"))
+        if faulted is not None:
+            return faulted
         await runtime.pause(parsed[0].mode)
         return _json({"message": "Generation paused successfully.", "status": "ok"})
 
@@ -375,6 +382,9 @@ def _add_control_routes(app: FastAPI, state: EngineState, runtime: SGLangRuntime
         parsed = await _parse(state, request, _Body)
         if isinstance(parsed, Response):
             return parsed
+        faulted = fault_answer(await take_route_fault(state, "/continue_generation"))
+        if faulted is not None:
+            return faulted
         runtime.resume()
         return _json({"message": "Generation continued successfully.", "status": "ok"})
 
@@ -385,6 +395,10 @@ def _add_control_routes(app: FastAPI, state: EngineState, runtime: SGLangRuntime
             return parsed
         obj = parsed[0]
         assert isinstance(obj, WeightsFromDiskBody)
+        faulted = fault_answer(await take_route_fault(state, "/update_weights_from_disk"),
+                               {"success": False, "message": "injected failure", "num_paused_requests": 0})
+        if faulted is not None:
+            return faulted
         if obj.abort_all_requests:
             runtime.abort_all()
         async with state.weights.core:
@@ -407,6 +421,10 @@ def _add_control_routes(app: FastAPI, state: EngineState, runtime: SGLangRuntime
             return parsed
         obj = parsed[0]
         assert isinstance(obj, WeightVersionBody)
+        faulted = fault_answer(await take_route_fault(state, "/update_weight_version"),
+                               {"success": False, "message": "Failed to update weight version: injected"})
+        if faulted is not None:
+            return faulted
         if obj.abort_all_requests:
             runtime.abort_all()
         runtime.set_version(obj.new_version)
@@ -414,7 +432,11 @@ def _add_control_routes(app: FastAPI, state: EngineState, runtime: SGLangRuntime
                       "new_version": obj.new_version})
 
     @app.api_route("/flush_cache", methods=["GET", "POST"])
-    async def _flush_cache() -> Response:
+    async def _flush_cache(request: Request) -> Response:
+        state.record(session=None, model=None, path=request.url.path, headers=dict(request.headers), body=None)
+        fault = await take_route_fault(state, "/flush_cache")
+        if fault is not None and fault.status is not None:
+            return Response("Flush cache failed.\n", status_code=fault.status)
         if runtime.flush_cache():
             return Response("Cache flushed.\nPlease check backend logs for more details. (When there are running or "
                             "waiting requests, the operation will not be performed.)\n", status_code=200)

@@ -115,8 +115,10 @@ class SGLangRuntime:
         return None
 
     def flush_cache(self) -> bool:
-        """SGLang flushes only an idle cache (no running or waiting requests)."""
-        if self.running:
+        """SGLang flushes only an idle cache: no running requests, and no waiting ones unless paused (its
+        scheduler's ``is_fully_idle(ignore_waiting=paused)``). A ``retract`` pause has moved the running
+        requests to the waiting queue and an ``abort`` pause ended them; ``in_place`` leaves them running."""
+        if self.running and self.pause_mode not in ("retract", "abort"):
             return False
         self.state.weights.cache_stale = False
         self.state.weights.cache_resets += 1
