@@ -7,6 +7,9 @@
 - ``protocols``: fetch vLLM 0.33 / 0.34's and SGLang 0.5.23's Python sources (their request and reply
   models, for the conformance tests; ``protocols.py``), and the few packages SGLang's models import that
   the engine venv lacks.
+- ``sglang-setup``: install SGLang 0.5.23's CPU engine into its own venv and build its model folder
+  (``sglang_cpu.py``; idempotent).
+- ``sglang-serve``: start that SGLang with the project's flags and keep it in the foreground until Ctrl-C.
 """
 
 from __future__ import annotations
@@ -17,9 +20,10 @@ import sys
 import time
 from pathlib import Path
 
-from openenv_harness.engine.launcher import EngineStartError, VLLMServer, VLLMSettings
+from openenv_harness.engine.launcher import EngineStartError, VLLMServer, VLLMSettings, free_port
 from openenv_harness.engine.model import MODELS, prepared_model_dir
 from openenv_harness.engine.setup import EngineSetupError, engine_home, engine_python, ensure_engine
+from openenv_harness.engine.sglang_cpu import SGLANG_VERSION, SGLangServer, SGLangSettings, ensure_sglang
 
 
 def _progress(message: str) -> None:
@@ -33,6 +37,8 @@ def main(argv: list[str] | None = None) -> int:
         p = sub.add_parser(name)
         p.add_argument("--model", default=next(iter(MODELS)), choices=sorted(MODELS))
     sub.add_parser("protocols")
+    sub.add_parser("sglang-setup")
+    sub.add_parser("sglang-serve").add_argument("--port", type=int, default=30000)
     serve = sub.choices["serve"]
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--chat-template", type=Path, default=None)
@@ -52,6 +58,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {exc}", file=sys.stderr)
             return 1
         return 0
+    if args.command in ("sglang-setup", "sglang-serve"):
+        return _sglang(args.command, args.port if args.command == "sglang-serve" else None)
     spec = MODELS[args.model]
     if args.command == "status":
         home = engine_home()
@@ -79,6 +87,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     _progress(f"serving {spec.served_name} at {server.url} (log: {server.log_path}); Ctrl-C stops it")
+    _serve_until_stopped(server)
+    return 0
+
+
+def _serve_until_stopped(server: VLLMServer | SGLangServer) -> None:
+    """Hold the foreground until Ctrl-C, SIGTERM or the server's own exit; then stop it."""
     stop = False
 
     def _stop(*_: object) -> None:
@@ -93,6 +107,26 @@ def main(argv: list[str] | None = None) -> int:
         pass
     finally:
         server.stop()
+
+
+def _sglang(command: str, port: int | None) -> int:
+    try:
+        python, model_dir = ensure_sglang(progress=_progress)
+    except EngineSetupError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    if command == "sglang-setup":
+        _progress(f"ready: SGLang {SGLANG_VERSION} at {python} serving {model_dir}")
+        return 0
+    server = SGLangServer(SGLangSettings(model_dir=model_dir, python=python, port=port or free_port()))
+    _progress(f"starting SGLang on {server.url} (about half a minute)")
+    try:
+        server.start()
+    except EngineStartError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    _progress(f"serving {server.settings.served_name} at {server.url} (log: {server.log_path}); Ctrl-C stops it")
+    _serve_until_stopped(server)
     return 0
 
 
