@@ -47,12 +47,12 @@ def main(argv: list[str] | None = None) -> int:
                        help="vLLM --logprobs-mode (default: vLLM's, raw_logprobs)")
     args = parser.parse_args(argv)
     if args.command == "protocols":
-        from openenv_harness.engine.protocols import ensure_protocols, ensure_sglang
+        from openenv_harness.engine.protocols import ensure_protocols, ensure_sglang_sources
 
         try:
             for version, folder in ensure_protocols(progress=_progress).items():
                 _progress(f"vLLM {version} sources: {folder}")
-            sources, deps = ensure_sglang(engine_python(engine_home()), progress=_progress)
+            sources, deps = ensure_sglang_sources(engine_python(engine_home()), progress=_progress)
             _progress(f"SGLang sources: {sources} (with {deps})")
         except EngineSetupError as exc:
             print(f"error: {exc}", file=sys.stderr)

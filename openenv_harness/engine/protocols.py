@@ -8,7 +8,7 @@ downloads each release's wheel (``pip download --no-deps``: data, never installe
 ``.py`` and ``.json`` files under ``<engine home>/protocols/<version>/`` and drops the wheel; the
 conformance tests then build and check replies and requests with the release's own classes.
 
-SGLang 0.5.23 is held to its own classes the same way (``ensure_sglang``): its wheel's ``sglang/**``
+SGLang 0.5.23 is held to its own classes the same way (``ensure_sglang_sources``): its wheel's ``sglang/**``
 Python and JSON files land under ``<engine home>/protocols/sglang-0.5.23/``. Its request models
 (``sglang.srt.entrypoints.openai.protocol``, ``sglang.srt.managers.io_struct``) import on CPU with the
 engine venv's torch, transformers, pydantic and msgspec plus three pure-Python or prebuilt packages that
@@ -113,7 +113,7 @@ def sglang_deps_path(home: Path | None = None) -> Path | None:
     return folder if (folder / _MARKER).is_file() else None
 
 
-def ensure_sglang(python: Path, home: Path | None = None,
+def ensure_sglang_sources(python: Path, home: Path | None = None,
                   progress: Callable[[str], None] = lambda _m: None) -> tuple[Path, Path]:
     """SGLang's sources and the few packages its models need beside the engine venv (``python``), each
     fetched once; ``(sources, deps)``. Raises ``EngineSetupError`` with pip's reason."""
