@@ -13,7 +13,8 @@ from openenv_harness.recorder.store.index_priority import PRIORITIES
 def serve(
     engine_url: str = typer.Option(None, "--engine-url", envvar="OEH_ENGINE_URL", help="The trainer's engine (vLLM or SGLang) URL"),
     engine_family: str = typer.Option("vllm", "--engine-family", envvar="OEH_ENGINE_FAMILY",
-                                      help="Whose routes the engine serves: vllm or sglang"),
+                                      help="Whose routes the engine serves: vllm, sglang, or auto (read from "
+                                      "the engine at start)"),
     host: str = typer.Option("127.0.0.1", help="Bind address (loopback by default)"),
     port: int = typer.Option(8765, help="Port"),
     store: str = typer.Option("runs/recorder.db", "--store", envvar="OEH_STORE", help="SQLite file for records"),
@@ -49,8 +50,8 @@ def serve(
                        "pass --admin-token (or OEH_ADMIN_TOKEN) when binding a non-loopback address")
     if index_priority not in PRIORITIES:
         raise CLIError(f"unknown --index-priority {index_priority!r}", f"use one of: {', '.join(PRIORITIES)}")
-    if engine_family not in ("vllm", "sglang"):
-        raise CLIError(f"unknown --engine-family {engine_family!r}", "use vllm or sglang")
+    if engine_family not in ("vllm", "sglang", "auto"):
+        raise CLIError(f"unknown --engine-family {engine_family!r}", "use vllm, sglang or auto")
     _check_port_free(host, port)
     if not engine_url:
         typer.echo("warning: no --engine-url: agent calls will get 503 until an engine is configured", err=True)

@@ -14,8 +14,8 @@ from openenv_harness.recorder.store.index_priority import PRIORITIES
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m openenv_harness.recorder")
     p.add_argument("--engine-url", default=os.environ.get("OEH_ENGINE_URL"))
-    p.add_argument("--engine-family", choices=("vllm", "sglang"), default=os.environ.get("OEH_ENGINE_FAMILY", "vllm"),
-                   help="whose routes the engine serves: vLLM's or SGLang's")
+    p.add_argument("--engine-family", choices=("vllm", "sglang", "auto"), default=os.environ.get("OEH_ENGINE_FAMILY", "vllm"),
+                   help="whose routes the engine serves: vLLM's, SGLang's, or auto (read from the engine at start)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8765)
     p.add_argument("--store", default=os.environ.get("OEH_STORE", "runs/recorder.db"))

@@ -39,7 +39,7 @@ from openenv_harness.recorder.store.sqlite import SQLiteStore
 from openenv_harness.recorder.upstream.base import Upstream, UpstreamFailure
 from openenv_harness.recorder.replicas import ReplicaFence
 from openenv_harness.recorder.upstream.h1_engine import H1Engine
-from openenv_harness.recorder.upstream.sglang import SGLangEngine
+from openenv_harness.recorder.upstream.sglang import engine_for
 from openenv_harness.recorder.upstream.span_budget import SpanBudget
 from openenv_harness.viewer import viewer_router
 
@@ -193,7 +193,7 @@ def create_recorder_app(
             config.engine_url, timeout_s=config.upstream_timeout_s, api_key=config.engine_api_key,
             affinity_header=config.affinity_header,
         )
-        ups["default"] = SGLangEngine(transport) if config.engine_family == "sglang" else transport
+        ups["default"] = engine_for(config.engine_family, transport)
     admin_token = config.admin_token or new_admin_token()
     the_store = store or SQLiteStore(config.store_path, synchronous=config.sqlite_synchronous,
                                      indexer=config.store_indexer, index_priority=config.index_priority,

@@ -33,9 +33,9 @@ class RecorderConfig(BaseModel):
     store_path: str = Field(description="SQLite file for sessions and records")
     engine_url: str | None = Field(None, description="The trainer's engine (vLLM) root URL")
     engine_api_key: str | None = Field(None, repr=False, description="The engine's bearer key (never shown)")
-    engine_family: Literal["vllm", "sglang"] = Field(
+    engine_family: Literal["vllm", "sglang", "auto"] = Field(
         "vllm", description="Whose wire the engine speaks: vLLM's routes, or SGLang's (``upstream/sglang.py`` maps "
-        "the recorder's engine protocol onto them)")
+        "the recorder's engine protocol onto them); auto: read from the engine when the recorder starts")
     admin_token: str | None = Field(None, repr=False, description="Control-plane token; generated when absent")
     public_base_url: str | None = Field(
         None, description="How agents reach this recorder (used in the base_url handed out per session)"

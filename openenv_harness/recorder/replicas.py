@@ -22,7 +22,7 @@ from typing import Any
 
 from openenv_harness.recorder.upstream.base import Upstream, UpstreamFailure
 from openenv_harness.recorder.upstream.h1_engine import H1Engine
-from openenv_harness.recorder.upstream.sglang import SGLangEngine
+from openenv_harness.recorder.upstream.sglang import engine_for
 from openenv_harness.recorder.upstream.http import normalize_engine_url
 
 #: vllm-router's worker list route and the key holding the URLs
@@ -79,7 +79,7 @@ class ReplicaFence:
         client = self._clients.get(url)
         if client is None:
             transport = H1Engine(url, timeout_s=self._timeout_s, api_key=self._api_key, affinity_header=None)
-            client = SGLangEngine(transport) if self.family == "sglang" else transport
+            client = engine_for(self.family, transport)
             await client.start()
             self._clients[url] = client
         return client

@@ -31,7 +31,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from openenv_harness.recorder.upstream.base import Upstream, UpstreamReply
+from openenv_harness.recorder.upstream.base import Upstream, UpstreamFailure, UpstreamReply
 from openenv_harness.recorder.upstream.routes import COMPLETIONS, DERENDER, GENERATE, RENDER, TOKENIZE
 
 CHAT = "/v1/chat/completions"
@@ -237,3 +237,54 @@ def one_step_reply(reply: UpstreamReply) -> UpstreamReply:
 
 def _not_served(route: str, why: str) -> UpstreamReply:
     return UpstreamReply(status=404, json=None, body=f"{route}: {why}".encode())
+
+
+class ProbedFamily(Upstream):
+    """An engine whose family is read from the engine at start (``engine_family="auto"``): SGLang answers
+    ``GET /server_info`` with its version, vLLM has no such route. Until started it speaks vLLM's routes."""
+
+    exact_ids = True
+
+    def __init__(self, inner: Upstream) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.active: Upstream = inner
+
+    @property
+    def family(self) -> str:  # type: ignore[override]
+        return self.active.family
+
+    async def start(self) -> None:
+        await self.inner.start()
+        try:
+            reply = await self.inner.request("GET", "/server_info")
+        except UpstreamFailure:  # not up yet: vLLM's routes, as without a probe
+            return
+        if reply.status == 200 and isinstance((reply.json or {}).get("version"), str):
+            self.active = SGLangEngine(self.inner)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+    def served_by(self, route: str) -> str:
+        return self.active.served_by(route)
+
+    async def chat(self, body: dict[str, Any], *, session_id: str, affinity: str | None = None) -> UpstreamReply:
+        return await self.active.chat(body, session_id=session_id, affinity=affinity)
+
+    async def post_for_session(self, path: str, body: dict[str, Any], *, session_id: str,
+                               affinity: str | None = None) -> UpstreamReply:
+        return await self.active.post_for_session(path, body, session_id=session_id, affinity=affinity)
+
+    async def request(self, method: str, path: str, *, json: Any = None,
+                      params: dict[str, str] | None = None) -> UpstreamReply:
+        return await self.active.request(method, path, json=json, params=params)
+
+
+def engine_for(family: str, transport: Upstream) -> Upstream:
+    """The upstream that speaks ``family``'s routes over ``transport``: vllm, sglang, or auto (probed at start)."""
+    if family == "sglang":
+        return SGLangEngine(transport)
+    if family == "auto":
+        return ProbedFamily(transport)
+    return transport

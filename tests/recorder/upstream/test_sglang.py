@@ -11,7 +11,7 @@ import pytest
 
 from openenv_harness.recorder.upstream.base import Upstream, UpstreamReply
 from openenv_harness.recorder.upstream.routes import DERENDER, GENERATE, RENDER, TOKENIZE
-from openenv_harness.recorder.upstream.sglang import SGLangEngine, chat_reply, render_body, sglang_chat_body
+from openenv_harness.recorder.upstream.sglang import SGLangEngine, chat_reply, engine_for, render_body, sglang_chat_body
 
 
 def _sglang_chat(prompt: list[int], out: list[tuple[float, int]], *, response_ids: list[int] | None = None,
@@ -175,3 +175,34 @@ def test_tokenize_detokenize_and_version_are_read_in_vllms_words() -> None:
     assert asyncio.run(engine.request("POST", "/detokenize", json={"tokens": [1]})).json == {"prompt": "a"}
     assert inner.asked[1][1] == {"tokens": [1], "skip_special_tokens": False}
     assert asyncio.run(engine.request("GET", "/version")).json == {"version": "sglang-0.5.23"}
+
+
+@pytest.mark.parametrize(("answer", "family"), [(_ok({"version": "0.5.23"}), "sglang"),
+                                                (UpstreamReply(status=404, json={"detail": "Not Found"}), "vllm")])
+def test_auto_reads_the_family_from_the_engine_at_start(answer: UpstreamReply, family: str) -> None:
+    inner = Scripted({"/server_info": answer})
+    engine = engine_for("auto", inner)
+    assert engine.family == "vllm"  # until started: vLLM's routes
+    asyncio.run(engine.start())
+    assert engine.family == family
+    assert engine_for("sglang", inner).family == "sglang" and engine_for("vllm", inner) is inner
+
+
+def test_a_recorder_on_auto_records_an_sglang_engines_evidence(tmp_path: Any) -> None:
+    import httpx
+
+    from openenv_harness.recorder import RecorderClient, RecorderConfig, RecorderServer
+    from openenv_harness.testing.engine import EngineConfig, EngineServer
+
+    with EngineServer(EngineConfig(family="sglang")) as engine, RecorderServer(RecorderConfig(
+            store_path=str(tmp_path / "r.db"), engine_url=engine.url, admin_token="a" * 32,
+            engine_family="auto")) as recorder, RecorderClient(recorder.url, "a" * 32) as admin:
+        session = admin.create_session()
+        reply = httpx.post(f"{session['base_url']}/chat/completions", timeout=60,
+                           headers={"authorization": f"Bearer {session['secret']}"},
+                           json={"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+        assert reply.status_code == 200, reply.text
+        record = admin.records(session["session_id"])[0]
+        sent = [e["body"] for e in engine.requests() if e["path"] == "/v1/chat/completions"]
+    assert record["metadata"]["status"] == "ok" and record["prompt_token_ids"] and record["completion_token_ids"]
+    assert sent and all(b["return_meta_info"] is True and "return_weight_versions" not in b for b in sent)
