@@ -85,9 +85,10 @@ def test_a_rollout_on_sglang_scores_and_chains_exactly(runs: Any, harness: str, 
 
 @pytest.mark.parametrize("harness", ["pi", "opencode"])
 def test_every_request_and_reply_is_sglangs_own(runs: Any, harness: str, cli_paths: Any) -> None:
-    """Checked by SGLang 0.5.23's classes: no error, and no key SGLang does not declare -- but in the
-    agent's own messages, which are forwarded as the agent wrote them (Pi's assistant turns carry a
-    ``reasoning`` field SGLang's message model does not name; it ignores it in every route alike)."""
+    """Checked by SGLang 0.5.23's classes: no error, and no key SGLang does not declare -- but in messages,
+    which are forwarded as written: the agent's (Pi's assistant turns carry a ``reasoning`` field SGLang's
+    message model does not name; it ignores it in every route alike) and the template certification's,
+    which probes which reasoning field name the engine renders."""
     items, where = [], []
     for mode in ("incremental", "full_history"):
         for exchange in runs[(harness, mode)][2]:

@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from openenv_harness.testing.engine import EngineConfig, Fault, Script, Turn
+from openenv_harness.testing.sglang_models import SGLANG_ROUTE_KINDS, check_sglang_payloads
 from openenv_harness.trainer.weight_sync import RESET_ATTEMPTS, DiskWeightSync, FenceLeftClosed, SyncRolledBack
 
 TIMEOUT_S = 5.0
@@ -82,6 +83,14 @@ def test_a_sync_loads_flushes_labels_reads_back_and_bumps(stack: Any, folders: d
     paths = [e["path"] for e in stack.engine.requests()]
     assert paths.index("/pause_generation") < paths.index("/update_weights_from_disk") < paths.index(
         "/flush_cache") < paths.index("/update_weight_version") < paths.index("/continue_generation")
+    control = [e for e in stack.engine.requests() if e["path"] in SGLANG_ROUTE_KINDS and e["path"] != "/v1/chat/completions"]
+    verdicts = check_sglang_payloads([{"kind": SGLANG_ROUTE_KINDS[e["path"]][0], "payload": e["body"]} for e in control])
+    assert {"/pause_generation", "/update_weights_from_disk", "/update_weight_version",
+            "/continue_generation"} <= {e["path"] for e in control}
+    # SGLang's own classes; a message's fields are the certification's as written (it probes which reasoning
+    # field name the engine renders: SGLang's message model names ``reasoning_content``, not ``reasoning``)
+    ours = [[k for k in v["unknown"] if not k.startswith("messages[")] for v in verdicts]
+    assert [(v["ok"], u) for v, u in zip(verdicts, ours)] == [(True, [])] * len(control), verdicts
     bodies = {e["path"]: e["body"] for e in stack.engine.requests()}
     assert bodies["/pause_generation"] == {"mode": "retract"}  # wait: drained at the recorder, then retracted
     assert bodies["/update_weight_version"]["abort_all_requests"] is False
