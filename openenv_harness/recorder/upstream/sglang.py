@@ -204,8 +204,11 @@ def chat_reply(reply: UpstreamReply) -> UpstreamReply:
             elif lp_ids != ids:
                 doubts.append("sglang_ids_disagree: meta_info.output_token_logprobs names other ids than "
                               "response_token_ids")
-            choice["logprobs"] = {"content": [{"token": f"token_id:{e[1]}", "logprob": e[0], "bytes": None,
-                                               "top_logprobs": []} for e in pairs]}
+            tops = meta.get("output_top_logprobs") if isinstance(meta, dict) else None
+            choice["logprobs"] = {"content": [
+                {"token": f"token_id:{e[1]}", "logprob": e[0], "bytes": None,
+                 "top_logprobs": _alternatives(tops[i] if isinstance(tops, list) and i < len(tops) else None)}
+                for i, e in enumerate(pairs)]}
         elif choice.get("logprobs") is not None:  # text tokens only: the ids come from response_token_ids
             choice["logprobs"] = None
         choice["token_ids"] = ids
@@ -219,6 +222,15 @@ def chat_reply(reply: UpstreamReply) -> UpstreamReply:
     out.pop("metadata", None)
     return UpstreamReply(status=200, json=out, headers=reply.headers, elapsed_ms=reply.elapsed_ms, doubts=doubts,
                          body=b"")
+
+
+def _alternatives(top: Any) -> list[dict[str, Any]]:
+    """One position's ``meta_info.output_top_logprobs`` entry (``[[logprob, id, text], ...]``) as
+    ``token_id:N`` alternatives, most likely first as SGLang lists them."""
+    if not isinstance(top, list):
+        return []
+    return [{"token": f"token_id:{e[1]}", "logprob": e[0], "bytes": None}
+            for e in top if isinstance(e, list | tuple) and len(e) >= 2]
 
 
 def one_step_reply(reply: UpstreamReply) -> UpstreamReply:

@@ -53,11 +53,11 @@ class SGLangRuntime:
         state = self.state
         room = state.config.max_model_len - len(prompt_ids)
         budget = room if max_new_tokens is None else min(max_new_tokens, room)
-        sample = as_reported(sample_turn(choice, script, key, state.tokenizer, state.template, budget),
-                             logprob_scale(state.config.logprobs_mode, temperature))
+        scale = logprob_scale(state.config.logprobs_mode, temperature)
+        sample = as_reported(sample_turn(choice, script, key, state.tokenizer, state.template, budget), scale)
         return Generation(rid=rid or uuid.uuid4().hex, key=key, turn_index=choice.index, prompt_ids=list(prompt_ids),
                           token_ids=list(sample.token_ids), logprobs=list(sample.logprobs),
-                          finish=sample.finish_reason, started=time.time())
+                          finish=sample.finish_reason, started=time.time(), scale=scale)
 
     async def run(self, gen: Generation) -> None:
         """Emit ``gen``'s tokens through the fence: held while paused, frozen or aborted by a pause."""

@@ -53,6 +53,8 @@ class Generation:
     retractions: int = 0
     #: (version, tokens emitted under it) each time the served weights changed mid-request
     version_events: list[tuple[str, int]] = field(default_factory=list)
+    #: the reported logprobs over the scripted ones (``policy.logprob_scale``): the alternatives scale alike
+    scale: float = 1.0
 
     @property
     def output_ids(self) -> list[int]:
@@ -94,7 +96,8 @@ def _alternatives(tokenizer: ReferenceTokenizer, gen: Generation, position: int,
         step += 1
         if other == sampled:
             continue
-        value = min(token_logprob(gen.key, gen.turn_index, position, other), gen.logprobs[position]) - 0.25
+        scripted = gen.logprobs[position] / gen.scale
+        value = (min(token_logprob(gen.key, gen.turn_index, position, other), scripted) - 0.25) * gen.scale
         out.append([value, other, tokenizer.token_texts[other] if text else None])
     return out
 

@@ -206,3 +206,31 @@ def test_a_recorder_on_auto_records_an_sglang_engines_evidence(tmp_path: Any) ->
         sent = [e["body"] for e in engine.requests() if e["path"] == "/v1/chat/completions"]
     assert record["metadata"]["status"] == "ok" and record["prompt_token_ids"] and record["completion_token_ids"]
     assert sent and all(b["return_meta_info"] is True and "return_weight_versions" not in b for b in sent)
+
+
+def test_top_logprobs_are_carried_as_token_id_alternatives() -> None:
+    raw = _sglang_chat([1], [(-0.5, 7)])
+    raw["choices"][0]["meta_info"]["output_top_logprobs"] = [[[-0.5, 7, "x"], [-1.5, 9, "y"]]]
+    content = chat_reply(_ok(raw)).json["choices"][0]["logprobs"]["content"]  # type: ignore[index]
+    assert content[0]["top_logprobs"] == [{"token": "token_id:7", "logprob": -0.5, "bytes": None},
+                                          {"token": "token_id:9", "logprob": -1.5, "bytes": None}]
+
+
+@pytest.mark.parametrize("mode", ["raw_logprobs", "processed_logprobs"])
+def test_the_logprobs_mode_is_measured_on_sglang(mode: str) -> None:
+    """The recorder's two-temperature probe reads SGLang's top-2 alternatives through the adapter."""
+    from openenv_harness.recorder.provenance import measure_logprobs_mode
+    from openenv_harness.recorder.upstream.h1_engine import H1Engine
+    from openenv_harness.testing.engine import EngineConfig, EngineServer
+
+    async def measure(url: str) -> tuple[str, str]:
+        engine = SGLangEngine(H1Engine(url))
+        await engine.start()
+        try:
+            return await measure_logprobs_mode(engine)
+        finally:
+            await engine.aclose()
+
+    with EngineServer(EngineConfig(family="sglang", logprobs_mode=mode)) as server:
+        measured, how = asyncio.run(measure(server.url))
+    assert measured == mode, how
