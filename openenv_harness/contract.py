@@ -127,7 +127,7 @@ class Provenance(BaseModel):
         "processed_logprobs (the distribution sampled from), as measured by the recorder; unknown when neither "
         "measured nor declared")
     logprobs_mode_source: Literal["measured", "configured", "unknown"] = Field(
-        "unknown", description="measured: probed on the engine (top-2 gap at two temperatures); configured: declared "
+        "unknown", description="measured: probed on the engine (top-5 gap at two temperatures); configured: declared "
         "by whoever started the recorder")
     sampling_policy: dict[str, Any] | None = Field(
         None, description="The session's training sampling policy (whole vocabulary at a temperature), when pinned")

@@ -191,26 +191,32 @@ def decoding_constraint(body: dict[str, Any]) -> dict[str, Any] | None:
     return found or None
 
 
-#: The logprobs-mode probe: one prompt's top-2 logprobs at the first sampled position, at two
-#: temperatures. Raw logprobs (vLLM's default, before temperature) keep the gap between the two most
-#: likely tokens; processed ones (the distribution sampled from) divide it by the temperature.
+#: The logprobs-mode probe: one prompt's top logprobs at the first sampled position, at two
+#: temperatures. Raw logprobs (vLLM's default, before temperature) keep the gap between the likeliest
+#: token and the least likely of the top ``LOGPROBS_PROBE_TOP``; processed ones (the distribution sampled
+#: from) divide it by the temperature. The widest gap of the five, not the top two's: an engine whose
+#: logits are bf16 reports gaps in steps of 1/16 nat or so, too coarse for a small top-2 gap (SGLang on
+#: this probe: 0.625 at temperature 1, 0.375 at 2, where its wider gaps halve exactly).
 LOGPROBS_PROBE_TEMPERATURES = (1.0, 2.0)
+LOGPROBS_PROBE_TOP = 5
 _LOGPROBS_PROBE_MESSAGES = [{"role": "user", "content": "Name one prime number."}]
 #: the gap ratio (second temperature over first) each mode gives, and how far a measurement may be from it
 _MODE_RATIOS = {"raw_logprobs": 1.0, "processed_logprobs": 1.0 / LOGPROBS_PROBE_TEMPERATURES[1]}
 _RATIO_TOLERANCE = 0.1
 
 
-def _top2_gap(reply_json: dict[str, Any] | None) -> float | None:
-    """The gap between the two most likely tokens at the first position, or None if the reply has none."""
+def _top_gap(reply_json: dict[str, Any] | None) -> float | None:
+    """The gap between the likeliest of the first position's top logprobs and the least likely finite one,
+    or None if the reply has fewer than two."""
     try:
         content = reply_json["choices"][0]["logprobs"]["content"]  # type: ignore[index]
         values = sorted((float(t["logprob"]) for t in content[0]["top_logprobs"]), reverse=True)
     except (KeyError, IndexError, TypeError, ValueError):
         return None
-    if len(values) < 2 or not all(v > -1e8 for v in values[:2]):
+    values = [v for v in values if v > -1e8]
+    if len(values) < 2:
         return None
-    return values[0] - values[1]
+    return values[0] - values[-1]
 
 
 async def measure_logprobs_mode(upstream: "Upstream", model: str | None = None) -> tuple[str, str]:
@@ -223,21 +229,21 @@ async def measure_logprobs_mode(upstream: "Upstream", model: str | None = None) 
     gaps: list[float] = []
     for temperature in LOGPROBS_PROBE_TEMPERATURES:
         body: dict[str, Any] = {"messages": _LOGPROBS_PROBE_MESSAGES, "max_tokens": 1, "logprobs": True,
-                                "top_logprobs": 2, "temperature": temperature, "top_p": 1.0, "seed": 0}
+                                "top_logprobs": LOGPROBS_PROBE_TOP, "temperature": temperature, "top_p": 1.0, "seed": 0}
         if model:
             body["model"] = model
         try:
             reply = await upstream.request("POST", "/v1/chat/completions", json=body)
         except UpstreamFailure as exc:
             return "unknown", f"not measured: the engine was unreachable ({exc.kind})"
-        gap = _top2_gap(reply.json) if reply.status == 200 else None
+        gap = _top_gap(reply.json) if reply.status == 200 else None
         if gap is None:
-            return "unknown", f"not measured: no top-2 logprobs at temperature {temperature:g} (HTTP {reply.status})"
+            return "unknown", f"not measured: no top logprobs at temperature {temperature:g} (HTTP {reply.status})"
         gaps.append(gap)
     if gaps[0] <= 1e-6:
         return "unknown", "not measured: the probe's two most likely tokens tie"
     ratio = gaps[1] / gaps[0]
-    how = (f"measured: top-2 gap {gaps[0]:.4f} at temperature {LOGPROBS_PROBE_TEMPERATURES[0]:g}, {gaps[1]:.4f} at "
+    how = (f"measured: top-{LOGPROBS_PROBE_TOP} gap {gaps[0]:.4f} at temperature {LOGPROBS_PROBE_TEMPERATURES[0]:g}, {gaps[1]:.4f} at "
            f"{LOGPROBS_PROBE_TEMPERATURES[1]:g}")
     for mode, expected in _MODE_RATIOS.items():
         if abs(ratio - expected) <= _RATIO_TOLERANCE * expected:

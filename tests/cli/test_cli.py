@@ -230,7 +230,7 @@ def test_doctor_measures_the_engines_logprobs_mode() -> None:
         with EngineServer(EngineConfig(logprobs_mode=mode)) as engine:
             done = cli("doctor", "--engine-url", engine.url)
         [line] = [ln for ln in done.stdout.splitlines() if "logprobs mode" in ln]
-        assert f"│ yes │ {mode} (measured: top-2 gap" in line, line
+        assert f"│ yes │ {mode} (measured: top-5 gap" in line, line
 
 
 def test_doctor_exits_non_zero_when_the_engine_gives_no_token_evidence() -> None:

@@ -48,7 +48,7 @@ def test_the_engines_logprobs_mode_is_measured_and_recorded(tmp_path: Path, mode
             RecorderClient(recorder.url, ADMIN) as admin:
         engine_info = admin.health()["engine"]
         assert engine_info["logprobs_mode"] == mode
-        assert engine_info["logprobs_mode_measure"].startswith("measured: top-2 gap")
+        assert engine_info["logprobs_mode_measure"].startswith("measured: top-5 gap")
         s = admin.create_session()
         mode_engine.set_script(s["session_id"], tool_script(0))
         assert _call(s, temperature=0.5).status_code == 200
