@@ -91,6 +91,8 @@ def test_records_are_what_sglang_rendered_and_sampled(rollout: dict[str, Any], s
         assert record["completion_token_ids"] == choice["response_token_ids"]
         assert record["per_token_logps"] == [lp for lp, _id, *_ in choice["meta_info"]["output_token_logprobs"]]
         assert record["metadata"]["provenance"]["sampling"]["temperature"] == 0
+        # measured on SGLang by the recorder: its logprobs are of the distribution it samples from
+        assert record["metadata"]["provenance"]["logprobs_mode"] == "processed_logprobs"
 
 
 def test_continued_calls_extend_the_exact_chain_with_sglangs_render_of_the_new_messages(
