@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import time
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import orjson
 from fastapi import FastAPI, Request
@@ -364,41 +364,46 @@ def _add_info_routes(app: FastAPI, state: EngineState, runtime: SGLangRuntime) -
         return _json({"object": "list", "data": [card]})
 
 
+_ControlBody = TypeVar("_ControlBody", bound=_Body)
+
+
+async def _control(state: EngineState, request: Request, model: type[_ControlBody],
+                   error_body: dict[str, Any] | None = None) -> _ControlBody | Response:
+    """A control route's body, logged and validated, unless a fault scripted for the route answers instead
+    (``error_body``: the route's own error body for an injected status)."""
+    parsed = await _parse(state, request, model)
+    if isinstance(parsed, Response):
+        return parsed
+    faulted = fault_answer(await take_route_fault(state, request.url.path), error_body)
+    if faulted is not None:
+        return faulted
+    assert isinstance(parsed[0], model)
+    return parsed[0]
+
+
 def _add_control_routes(app: FastAPI, state: EngineState, runtime: SGLangRuntime) -> None:
     @app.post("/pause_generation")
     async def _pause(request: Request) -> Response:
-        parsed = await _parse(state, request, PauseBody)
-        if isinstance(parsed, Response):
-            return parsed
-        assert isinstance(parsed[0], PauseBody)
-        faulted = fault_answer(await take_route_fault(state, "/pause_generation"))
-        if faulted is not None:
-            return faulted
-        await runtime.pause(parsed[0].mode)
+        pause = await _control(state, request, PauseBody)
+        if isinstance(pause, Response):
+            return pause
+        await runtime.pause(pause.mode)
         return _json({"message": "Generation paused successfully.", "status": "ok"})
 
     @app.post("/continue_generation")
     async def _continue(request: Request) -> Response:
-        parsed = await _parse(state, request, _Body)
-        if isinstance(parsed, Response):
-            return parsed
-        faulted = fault_answer(await take_route_fault(state, "/continue_generation"))
-        if faulted is not None:
-            return faulted
+        answered = await _control(state, request, _Body)
+        if isinstance(answered, Response):
+            return answered
         runtime.resume()
         return _json({"message": "Generation continued successfully.", "status": "ok"})
 
     @app.post("/update_weights_from_disk")
     async def _update_weights(request: Request) -> Response:
-        parsed = await _parse(state, request, WeightsFromDiskBody)
-        if isinstance(parsed, Response):
-            return parsed
-        obj = parsed[0]
-        assert isinstance(obj, WeightsFromDiskBody)
-        faulted = fault_answer(await take_route_fault(state, "/update_weights_from_disk"),
-                               {"success": False, "message": "injected failure", "num_paused_requests": 0})
-        if faulted is not None:
-            return faulted
+        obj = await _control(state, request, WeightsFromDiskBody,
+                             {"success": False, "message": "injected failure", "num_paused_requests": 0})
+        if isinstance(obj, Response):
+            return obj
         if obj.abort_all_requests:
             runtime.abort_all()
         async with state.weights.core:
@@ -416,15 +421,10 @@ def _add_control_routes(app: FastAPI, state: EngineState, runtime: SGLangRuntime
 
     @app.post("/update_weight_version")
     async def _update_weight_version(request: Request) -> Response:
-        parsed = await _parse(state, request, WeightVersionBody)
-        if isinstance(parsed, Response):
-            return parsed
-        obj = parsed[0]
-        assert isinstance(obj, WeightVersionBody)
-        faulted = fault_answer(await take_route_fault(state, "/update_weight_version"),
-                               {"success": False, "message": "Failed to update weight version: injected"})
-        if faulted is not None:
-            return faulted
+        obj = await _control(state, request, WeightVersionBody,
+                             {"success": False, "message": "Failed to update weight version: injected"})
+        if isinstance(obj, Response):
+            return obj
         if obj.abort_all_requests:
             runtime.abort_all()
         runtime.set_version(obj.new_version)
