@@ -24,14 +24,13 @@ from openenv_harness.recorder.dialects.anthropic import ANTHROPIC
 from openenv_harness.recorder.dialects.chat import CHAT
 from openenv_harness.recorder.dialects.gemini import COUNT, google_error, parse_target
 from openenv_harness.recorder.dialects.gemini_count import count_tokens as gemini_count_tokens
-from openenv_harness.recorder.dialects.routes import AGENT_ROUTES, agent_target
+from openenv_harness.recorder.dialects.routes import agent_target
 from openenv_harness.recorder.dialects.count_tokens import count_tokens_route
 from openenv_harness.recorder.engine_watch import EngineWatch
 from openenv_harness.recorder.error_handlers import install_error_handlers
-from openenv_harness.recorder.errors import AgentError, body_too_large
+from openenv_harness.recorder.errors import AgentError, body_too_large, error_response
 from openenv_harness.recorder.fence import Fence
 from openenv_harness.recorder.metrics import RecorderMetrics
-from openenv_harness.recorder.request_body import read_body
 from openenv_harness.recorder.request_limits import RequestLimits, check_scope
 from openenv_harness.recorder.sessions import SessionRegistry
 from openenv_harness.recorder.store.base import RecordStore
@@ -50,27 +49,14 @@ def _agent_headers(request: Request) -> dict[str, str]:
     return {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in request.scope["headers"]}
 
 
-async def chat_route(request: Request) -> Response:
-    """Every agent call route (chat, Responses, Messages): the dialect is read from the path."""
-    ctx: RecorderContext = request.app.state.ctx
-    target = agent_target(request.url.path)
-    dialect = target[1] if target is not None else CHAT
-    try:
-        raw = await read_body(request, ctx.config.max_body_bytes)
-    except AgentError as exc:
-        return dialect.error(exc)
-    return await handle_call(ctx, request.path_params.get("session_id"), _agent_headers(request), raw, dialect)
-
-
 async def google_models_route(request: Request) -> Response:
-    """Google's model-method paths (``.../models/<model>:<method>``): generation through the agent
-    flow, ``countTokens`` from the engine's tokenizer, anything else a 404 in Google's shape."""
+    """Google's model-method paths (``.../models/<model>:<method>``) that are not generation:
+    ``countTokens`` from the engine's tokenizer, anything else a 404 in Google's shape. Generation
+    never reaches a route: ``RecorderApp`` takes every agent call before routing."""
     target = parse_target(request.url.path)
-    if target is None:
+    if target is None or target.method != COUNT:
         return google_error(404, f"no such method: {request.url.path}")
-    if target.method == COUNT:
-        return await gemini_count_tokens(request, target)
-    return await chat_route(request)
+    return await gemini_count_tokens(request, target)
 
 
 async def models_route(request: Request) -> Response:
@@ -148,12 +134,16 @@ class RecorderApp:
             if refusal is not None:
                 await refusal.to_response()(scope, receive, send)
                 return
-        if scope["type"] == "http" and scope["method"] == "POST":
-            target = agent_target(scope["path"])
-            if target is not None:
+        target = agent_target(scope["path"]) if scope["type"] == "http" else None
+        if target is not None:
+            # every agent call is answered here, before routing: the routed app has no agent routes
+            if scope["method"] == "POST":
                 response = await self._chat(scope, receive, *target)
-                await response(scope, receive, send)
-                return
+            else:
+                response = error_response(405, f"method {scope['method']} not allowed on {scope['path']}",
+                                          code="method_not_allowed")
+            await response(scope, receive, send)
+            return
         await self.inner(scope, receive, send)
 
     async def _chat(self, scope: dict[str, Any], receive: Any, session_id: str | None, dialect: Dialect) -> Response:
@@ -247,9 +237,6 @@ def create_recorder_app(
     app.state.ctx = ctx
     app.add_route("/healthz", healthz, methods=["GET"])
     app.add_route("/readyz", readyz, methods=["GET"])
-    for suffix in AGENT_ROUTES:
-        app.add_route("/rollout/{session_id}" + suffix, chat_route, methods=["POST"])
-        app.add_route(suffix, chat_route, methods=["POST"])
     app.add_route("/rollout/{session_id}/{version}/models/{target:path}", google_models_route, methods=["POST"])
     app.add_route("/{version}/models/{target:path}", google_models_route, methods=["POST"])
     app.add_route("/rollout/{session_id}/v1/messages/count_tokens", count_tokens_route, methods=["POST"])

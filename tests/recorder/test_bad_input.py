@@ -29,6 +29,12 @@ def test_malformed_requests(small_recorder: RecorderServer, engine: EngineServer
         # unknown routes and methods: JSON errors
         assert httpx.get(small_recorder.url + "/nope").status_code == 404
         assert httpx.get(url, headers=auth).status_code == 405
+        # every dialect's call path refuses another method the same way, before any routing
+        for path in ("/v1/messages", "/v1/responses", "/v1beta/models/policy:generateContent"):
+            refused = httpx.put(small_recorder.url + path, headers=auth)
+            assert refused.status_code == 405, path
+            assert refused.json()["error"]["code"] == "method_not_allowed"
+        assert httpx.get(small_recorder.url + "/v1beta/models/policy:countTokens").status_code == 405
         # the engine rejects what it cannot serve (a 400 from the engine); recorded as a failed call
         r = httpx.post(url, json={"messages": [{"role": "user", "content": "x"}], "max_tokens": -5}, headers=auth)
         assert r.status_code == 400 and r.json()["error"]["message"].startswith("engine:")
