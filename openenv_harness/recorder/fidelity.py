@@ -103,7 +103,7 @@ class FidelityTracker:
     tips: list[_Tip] = field(default_factory=list)
     budget: "SpanBudget | None" = None
 
-    def observe(self, node_id: str, prompt: array, completion: array,
+    def observe(self, node_id: str, prompt: array[int], completion: array[int],
                 prompts: Mapping[str, bytes] | None = None) -> Transition:
         """Classify one agent call and make it the tip of its chain. ``prompts``: sketched tips'
         prompts read back (by node id) when ``prompts_needed`` asked for them."""
@@ -138,7 +138,7 @@ class FidelityTracker:
         finally:
             self._charge()
 
-    def prompts_needed(self, prompt: array) -> dict[str, int]:
+    def prompts_needed(self, prompt: array[int]) -> dict[str, int]:
         """Sketched tips whose whole prompt ``observe`` would need for this prompt (a break whose
         divergence lies inside one of their whole blocks), as ``{node_id: seq}``; usually empty."""
         if all(tip.prompt is not None for tip in self.tips):
@@ -148,7 +148,7 @@ class FidelityTracker:
             return {}
         shared = [(tip, *p.shared(tip)) for tip in self.tips]
         floor = max(lcp for _, lcp, _ in shared)
-        return {tip.node_id: tip.seq for tip, lcp, exact in shared  # type: ignore[misc]
+        return {tip.node_id: tip.seq for tip, lcp, exact in shared
                 if not exact and lcp + BLOCK_BYTES > floor and tip.seq is not None}
 
     def _best_prefix(self, p: _Prompt) -> _Tip | None:

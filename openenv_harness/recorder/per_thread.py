@@ -19,9 +19,9 @@ def per_thread(factory: Callable[[], T]) -> Callable[[], T]:
 
     def get() -> T:
         try:
-            return local.value
+            value: T = local.value
         except AttributeError:
-            local.value = factory()
-            return local.value
+            value = local.value = factory()
+        return value
 
     return get

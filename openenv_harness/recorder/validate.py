@@ -25,9 +25,9 @@ TOKEN_ID_PREFIX = "token_id:"
 class Evidence:
     """The tokens of one reply and whether they can be trained on."""
 
-    prompt_ids: array | None = None
-    completion_ids: array | None = None
-    logprobs: array | None = None
+    prompt_ids: array[int] | None = None
+    completion_ids: array[int] | None = None
+    logprobs: array[float] | None = None
     completion_tokens: list[str] | None = None
     finish_reason: str | None = None
     usage: dict[str, Any] | None = None
@@ -38,7 +38,7 @@ class Evidence:
         return not self.reasons
 
 
-def _ids(values: Any, what: str, reasons: list[str]) -> array | None:
+def _ids(values: Any, what: str, reasons: list[str]) -> array[int] | None:
     if values is None:
         return None
     if not isinstance(values, list):
@@ -57,7 +57,7 @@ def _ids(values: Any, what: str, reasons: list[str]) -> array | None:
     return out
 
 
-def _ids_from_tokens(tokens: list[str]) -> array | None:
+def _ids_from_tokens(tokens: list[str]) -> array[int] | None:
     """Recover ids from vLLM's ``--return-tokens-as-token-ids`` strings; None if any is not one."""
     out = array("I")
     plen = len(TOKEN_ID_PREFIX)
@@ -75,7 +75,7 @@ def _ids_from_tokens(tokens: list[str]) -> array | None:
     return out
 
 
-def extract_evidence(reply: dict[str, Any], prompt_ids: array | None = None) -> Evidence:
+def extract_evidence(reply: dict[str, Any], prompt_ids: array[int] | None = None) -> Evidence:
     """Pull prompt ids, sampled ids and logprobs from a vLLM-shaped chat reply and check them.
 
     ``prompt_ids``: the reply's prompt ids when the transport already read them into an array.
@@ -97,7 +97,7 @@ def extract_evidence(reply: dict[str, Any], prompt_ids: array | None = None) -> 
     elif ev.prompt_ids is not None and len(ev.prompt_ids) == 0:
         reasons.append("prompt_token_ids is empty")
 
-    content = None
+    content: Any = None  # logprobs.content as the engine sent it
     lp = choice.get("logprobs")
     if isinstance(lp, dict):
         content = lp.get("content")
@@ -194,7 +194,7 @@ def agent_view(reply: dict[str, Any], *, keep_logprobs: bool) -> dict[str, Any]:
     Also what is stored as the record's ``response``: the engine's extras are evidence, kept in the
     record's own fields (ids, logprobs, metadata), not in the reply a trainer may replay.
     """
-    out = _only(reply, _AGENT_TOP)
+    out: dict[str, Any] = _only(reply, _AGENT_TOP)  # reply is a dict: so is its view
     choices = []
     for choice in reply.get("choices") or []:
         if not isinstance(choice, dict):

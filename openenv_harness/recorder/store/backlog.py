@@ -31,7 +31,7 @@ MAX_BACKLOG_BYTES = 16 << 20
 class _Waiter:
     __slots__ = ("loop", "fut", "nbytes")
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, fut: asyncio.Future, nbytes: int) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, fut: asyncio.Future[None], nbytes: int) -> None:
         self.loop, self.fut, self.nbytes = loop, fut, nbytes
 
 
@@ -51,7 +51,7 @@ class AppendBacklog:
         self._lock = threading.Lock()
         self._bytes = 0
         self._byte_waiters: list[_Waiter] = []  # in arrival order
-        self._record_waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future]] = []
+        self._record_waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
 
     @property
     def bytes(self) -> int:
@@ -67,7 +67,7 @@ class AppendBacklog:
 
     # -- bytes: reserved before the journal write ------------------------------------------------
 
-    def reserve(self, nbytes: int) -> asyncio.Future | None:
+    def reserve(self, nbytes: int) -> asyncio.Future[None] | None:
         """Take ``nbytes`` of the bound for a frame about to be journalled: None when taken now, else
         a future resolved once they are (``release`` them if the frame is then not written)."""
         with self._lock:
@@ -107,7 +107,7 @@ class AppendBacklog:
     def _fits(self, nbytes: int) -> bool:
         return self._bytes == 0 or self._bytes + nbytes <= self.max_bytes  # a lone oversized frame goes in
 
-    def _admit_locked(self) -> list[tuple[asyncio.AbstractEventLoop, asyncio.Future]]:
+    def _admit_locked(self) -> list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]]:
         admitted = []
         while self._byte_waiters and self._fits(self._byte_waiters[0].nbytes):
             waiter = self._byte_waiters.pop(0)
@@ -117,7 +117,7 @@ class AppendBacklog:
 
     # -- records: checked after the journal write ------------------------------------------------
 
-    def hold(self) -> asyncio.Future | None:
+    def hold(self) -> asyncio.Future[None] | None:
         """A future resolved once the record backlog is within its bound again, or None if it is now."""
         with self._lock:
             if self._records() <= self.max_records:
@@ -131,7 +131,7 @@ class AppendBacklog:
         """After indexer progress: release the record waiters if within bounds. ``always`` (the store
         closes) releases every waiter, byte waiters too (their write then fails on the closed journal)."""
         with self._lock:
-            waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future]] = []
+            waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
             if self._record_waiters and (always or self._records() <= self.max_records):
                 waiters, self._record_waiters = self._record_waiters, []
             if always:
@@ -142,7 +142,7 @@ class AppendBacklog:
         _resolve_all(waiters)
 
 
-def _resolve_all(waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future]]) -> None:
+def _resolve_all(waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]]) -> None:
     for loop, fut in waiters:
         try:
             loop.call_soon_threadsafe(_release, fut)

@@ -32,9 +32,9 @@ class PendingRecord:
     status: str
     request: dict[str, Any]
     response: dict[str, Any]
-    prompt_ids: array | None
-    completion_ids: array | None
-    logprobs: array | None
+    prompt_ids: array[int] | None
+    completion_ids: array[int] | None
+    logprobs: array[float] | None
     completion_tokens: list[str] | None
     trainable: bool
     metadata: dict[str, Any]

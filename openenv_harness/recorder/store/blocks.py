@@ -13,7 +13,7 @@ import hashlib
 import sys
 import zlib
 from array import array
-from typing import Iterable
+from typing import Any, Iterable, Literal, overload
 
 import orjson
 import zstandard
@@ -84,7 +84,7 @@ class _Codec:
 _codec = per_thread(_Codec)
 
 
-def ids_to_bytes(ids: array) -> bytes:
+def ids_to_bytes(ids: array[int] | array[float]) -> bytes:
     """Little-endian uint32 bytes of a token array (the on-disk form)."""
     if _LITTLE:
         return ids.tobytes()
@@ -93,7 +93,13 @@ def ids_to_bytes(ids: array) -> bytes:
     return swapped.tobytes()
 
 
-def bytes_to_ids(data: bytes, typecode: str = "I") -> array:
+@overload
+def bytes_to_ids(data: bytes, typecode: Literal["I"] = ...) -> array[int]: ...
+@overload
+def bytes_to_ids(data: bytes, typecode: Literal["d"]) -> array[float]: ...
+
+
+def bytes_to_ids(data: bytes, typecode: str = "I") -> array[int] | array[float]:
     out = array(typecode)
     out.frombytes(data)
     if not _LITTLE:
@@ -109,7 +115,7 @@ def split_hashes(joined: bytes) -> list[bytes]:
     return [joined[i : i + HASH_BYTES] for i in range(0, len(joined), HASH_BYTES)]
 
 
-def message_blobs(messages: list) -> list[tuple[bytes, bytes]]:
+def message_blobs(messages: list[Any]) -> list[tuple[bytes, bytes]]:
     """``(hash, json_bytes)`` per message; the JSON keeps the agent's key order.
 
     Every message is hashed again on every call rather than compared with a cached copy of the

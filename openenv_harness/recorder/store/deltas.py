@@ -57,7 +57,7 @@ class DeltaLists:
         #: resolved values kept (the latest first in line to stay), None: all -- a base dropped
         #: early is only walked back to again
         self._keep = keep
-        self._rows: dict[int, tuple] = {}
+        self._rows: dict[int, tuple[Any, ...]] = {}
         self._prompts: dict[int, bytes | None] = {}
         self._msgs: dict[int, list[bytes] | None] = {}
 
@@ -68,7 +68,7 @@ class DeltaLists:
                 while len(memo) > self._keep:
                     del memo[next(iter(memo))]  # dicts keep insertion order: the oldest goes
 
-    def _row(self, seq: int) -> tuple:
+    def _row(self, seq: int) -> tuple[Any, ...]:
         row = self._rows.get(seq)
         if row is None:
             got = self._conn.execute(
@@ -103,7 +103,9 @@ class DeltaLists:
         return memo[seq]
 
     def prompt(self, seq: int) -> bytes | None:
-        return self._resolve(seq, 0, self._prompts)
+        prompt: bytes | None = self._resolve(seq, 0, self._prompts)
+        return prompt
 
     def messages(self, seq: int) -> list[bytes] | None:
-        return self._resolve(seq, 3, self._msgs)
+        messages: list[bytes] | None = self._resolve(seq, 3, self._msgs)
+        return messages

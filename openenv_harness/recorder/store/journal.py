@@ -27,7 +27,7 @@ import threading
 from array import array
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import orjson
 
@@ -240,7 +240,7 @@ def decode_record(payload: bytes) -> PendingRecord:
     offset += head_len
     request_json = payload[offset : offset + request_len]
     offset += request_len
-    arrays: list[array | None] = []
+    arrays: list[array[Any] | None] = []  # prompt ids, completion ids, logprobs
     for size, typecode in zip(sizes, ("I", "I", "d")):
         if size < 0:
             arrays.append(None)
@@ -272,6 +272,6 @@ def decode_session(payload: bytes) -> SessionRow | None:
     return SessionRow(**orjson.loads(payload[len(_SESSION_TAG):]))
 
 
-def _raw(values: array | None) -> bytes | None:
+def _raw(values: array[int] | array[float] | None) -> bytes | None:
     """Native-order bytes: a journal is read back by the machine that wrote it."""
     return values.tobytes() if values is not None else None

@@ -98,7 +98,7 @@ def fetch_blobs(conn: sqlite3.Connection, hashes: list[bytes], cache: dict[bytes
         raise RuntimeError(f"store is missing {len(lost)} blob(s), e.g. {lost[0]}")
 
 
-def decode_row(conn: sqlite3.Connection, row: tuple, cache: dict[bytes, bytes],
+def decode_row(conn: sqlite3.Connection, row: tuple[Any, ...], cache: dict[bytes, bytes],
                lists: DeltaLists) -> dict[str, Any]:
     """One row of ``COLUMNS`` as the record a reader gets; ``lists`` resolves its deltas (and keeps
     it as a base for the rows after it), ``cache`` holds the blobs already loaded."""

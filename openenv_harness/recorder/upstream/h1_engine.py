@@ -59,7 +59,7 @@ class _Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.closed = False
         self._parser = httptools.HttpResponseParser(self)
-        self._done: asyncio.Future | None = None
+        self._done: asyncio.Future[None] | None = None
         self._status = 0
         self._headers: list[tuple[bytes, bytes]] = []
         self._body: list[bytes] = []
@@ -112,7 +112,7 @@ class _Connection(asyncio.Protocol):
 
     # -- one exchange ----------------------------------------------------------------------------------
 
-    def send(self, head: bytes, body: bytes | None) -> asyncio.Future:
+    def send(self, head: bytes, body: bytes | None) -> asyncio.Future[None]:
         assert self.transport is not None
         self._done = asyncio.get_running_loop().create_future()
         self._status, self._headers, self._body = 0, [], []

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import json
 from array import array
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import orjson
@@ -136,7 +136,7 @@ def duplicated_token_keys(raw: bytes, span: tuple[int, int] | None = None) -> li
     return [f"the reply gives {key} more than once in one object" for key in repeated]
 
 
-def parse_chat_reply(raw: bytes) -> tuple[dict[str, Any] | None, array | None]:
+def parse_chat_reply(raw: bytes) -> tuple[dict[str, Any] | None, array[int] | None]:
     """``(reply, prompt_ids)``: ``split_chat_reply`` and ``read_ids`` in one, for a reply on its own.
     When the span is not a clean id list, ``reply`` is the full parse and ``prompt_ids`` None."""
     reply, span = split_chat_reply(raw)
@@ -148,7 +148,7 @@ def parse_chat_reply(raw: bytes) -> tuple[dict[str, Any] | None, array | None]:
     return reply, ids
 
 
-def read_ids(span: bytes) -> array | None:
+def read_ids(span: bytes) -> array[int] | None:
     """The ids of a span of comma-separated JSON integers, or None unless every field is one id < 2**32.
 
     simdjson parses the span as a JSON array straight into a native uint64 buffer (no Python int
@@ -160,7 +160,9 @@ def read_ids(span: bytes) -> array | None:
     if b"[" in span:
         return None  # simdjson flattens nested arrays in a buffer; a prompt's ids never nest
     try:
-        buffer = _parser().parse(b"[" + span + b"]").as_buffer(of_type="u")
+        # a document that opens with "[" parses to an Array or raises
+        document = cast(simdjson.Array, _parser().parse(b"[" + span + b"]"))
+        buffer = document.as_buffer(of_type="u")
     except (ValueError, TypeError, RuntimeError):  # not JSON, not integers, negative, beyond uint64
         return None
     values = np.frombuffer(buffer, dtype=np.uint64)
@@ -195,7 +197,7 @@ class PromptIdsReader:
     KEEP = 3
 
     def __init__(self, budget: "SpanBudget | None" = None) -> None:
-        self._recent: list[tuple[bytes, array]] = []
+        self._recent: list[tuple[bytes, array[int]]] = []
         self._budget = budget
 
     def drop_spans(self) -> None:
@@ -205,7 +207,7 @@ class PromptIdsReader:
     def held_bytes(self) -> int:
         return sum(len(span) + len(ids) * ids.itemsize for span, ids in self._recent)
 
-    def take(self, reply: "UpstreamReply") -> array | None:
+    def take(self, reply: "UpstreamReply") -> array[int] | None:
         """The prompt ids of a reply whose transport cut out their span (None when it did not).
         A span that is not a clean id list sends the reply through the full parse instead:
         validation then names the bad values, and a body that is not JSON at all stays the
@@ -218,7 +220,7 @@ class PromptIdsReader:
             reply.json = parse_json_object(reply.body)
         return ids
 
-    def read(self, span: bytes) -> array | None:
+    def read(self, span: bytes) -> array[int] | None:
         """The span's ids, or None unless it is a clean list of uint32 ids (see ``read_ids``)."""
         base = self._base(span)
         if base is None:
@@ -237,9 +239,9 @@ class PromptIdsReader:
             self._budget.charge(self, self.held_bytes())
         return ids
 
-    def _base(self, span: bytes) -> tuple[bytes, array] | None:
+    def _base(self, span: bytes) -> tuple[bytes, array[int]] | None:
         """The longest remembered span that ``span`` equals or extends by ``,<more ids>``."""
-        best: tuple[bytes, array] | None = None
+        best: tuple[bytes, array[int]] | None = None
         for entry in self._recent:
             known = entry[0]
             if best is not None and len(known) <= len(best[0]):

@@ -30,7 +30,7 @@ class SpanBudget:
 
     def __init__(self, limit_bytes: int = SPAN_BUDGET_BYTES) -> None:
         self.limit_bytes = limit_bytes
-        self._held: OrderedDict[int, tuple[weakref.ref, int]] = OrderedDict()
+        self._held: OrderedDict[int, tuple[weakref.ref[_Holder], int]] = OrderedDict()
         self._total = 0
 
     @property
@@ -48,7 +48,10 @@ class SpanBudget:
             self._total -= old[1]
             ref = old[0]
         else:
-            ref = weakref.ref(holder, lambda _, key=key: self._gone(key))
+            def gone(_: weakref.ref[_Holder], key: int = key) -> None:
+                self._gone(key)
+
+            ref = weakref.ref(holder, gone)
         self._held[key] = (ref, nbytes)
         self._total += nbytes
         while self._total > self.limit_bytes and len(self._held) > 1:
