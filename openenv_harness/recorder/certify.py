@@ -52,7 +52,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, Awaitable, Literal
+from typing import TYPE_CHECKING, Any, Awaitable, Literal, Sequence
 
 from openenv_harness.recorder.upstream.routes import RENDER, TOKENIZE
 
@@ -175,7 +175,7 @@ class Certification:
         return {**asdict(self), "exact_in": self.exact_in}
 
 
-def exact_in_words(exact_in: list[str] | None) -> str:
+def exact_in_words(exact_in: Sequence[str] | None) -> str:
     """The modes a template is exact in, as a run summary or the doctor says them."""
     if not exact_in:
         return "exact in no prompt mode"

@@ -118,7 +118,7 @@ class _ChatRequest:
 
 if HttpToolsProtocol is not None:
 
-    class ChatProtocol(HttpToolsProtocol):  # type: ignore[misc,valid-type]
+    class ChatProtocol(HttpToolsProtocol):
         """uvicorn's httptools protocol, with every request bounded and agent chat calls answered
         without ASGI."""
 
@@ -142,7 +142,7 @@ if HttpToolsProtocol is not None:
 
         # -- bounds: head size before parsing, count once parsed, time to arrive --------------------
 
-        def connection_made(self, transport: Any) -> None:  # type: ignore[override]
+        def connection_made(self, transport: Any) -> None:
             super().connection_made(transport)
             self._arm(self._limits.head_timeout_s)
 
@@ -155,21 +155,22 @@ if HttpToolsProtocol is not None:
                 self._discard(len(data))
                 return
             limit = self._limits.max_header_bytes
-            while data:
+            rest: bytes | memoryview = data
+            while rest:
                 piece: bytes | memoryview
                 if self._in_head:
                     room = limit - self._head_bytes
                     if room <= 0:
                         self._refuse(head_too_large(limit))
                         return
-                    if len(data) > room:  # feed only what the head may still take
-                        data = memoryview(data)
-                        piece, data = data[:room], data[room:]
+                    if len(rest) > room:  # feed only what the head may still take
+                        view = memoryview(rest)
+                        piece, rest = view[:room], view[room:]
                     else:
-                        piece, data = data, b""
+                        piece, rest = rest, b""
                     self._head_bytes += len(piece)
                 else:
-                    piece, data = data, b""
+                    piece, rest = rest, b""
                 super().data_received(piece)  # type: ignore[arg-type]  # the parser takes a memoryview too
                 if self._refused or self.parser is None or self.transport.is_closing():
                     return
@@ -342,7 +343,9 @@ if HttpToolsProtocol is not None:
 
         def _chat_request(self) -> _ChatRequest | None:
             recorder, parser = self._recorder, self.parser
-            target = fast_path(self) if recorder is not None else None
+            if recorder is None:
+                return None
+            target = fast_path(self)
             if target is None:
                 return None
             path = target[1]

@@ -114,6 +114,7 @@ class RecorderClient:
 
     @staticmethod
     def _answer(resp: httpx.Response) -> Any:
+        """The decoded JSON body (None when empty): each public method names the shape its route answers."""
         if resp.status_code >= 400:
             try:
                 detail = resp.json().get("error", {}).get("message") or resp.text
@@ -124,40 +125,49 @@ class RecorderClient:
 
     def create_session(self, **spec: Any) -> dict[str, Any]:
         """Returns ``{session_id, secret, base_url, template_status, ...}``."""
-        return self._lifecycle("POST", "/admin/sessions", json=spec)
+        answer: dict[str, Any] = self._lifecycle("POST", "/admin/sessions", json=spec)
+        return answer
 
     def session(self, session_id: str) -> dict[str, Any]:
-        return self._lifecycle("GET", f"/admin/sessions/{session_id}")
+        answer: dict[str, Any] = self._lifecycle("GET", f"/admin/sessions/{session_id}")
+        return answer
 
     def set_outcome(self, session_id: str, *, reward: float | None,
                     unscored_reason: str | None = None) -> dict[str, Any]:
         """Store how the rollout ended beside its records (exports carry the reward with every row)."""
-        return self._call("POST", f"/admin/sessions/{session_id}/outcome",
-                          json={"reward": reward, "unscored_reason": unscored_reason})
+        answer: dict[str, Any] = self._call("POST", f"/admin/sessions/{session_id}/outcome",
+                                            json={"reward": reward, "unscored_reason": unscored_reason})
+        return answer
 
     def sessions(self) -> list[dict[str, Any]]:
-        return self._call("GET", "/admin/sessions")
+        answer: list[dict[str, Any]] = self._call("GET", "/admin/sessions")
+        return answer
 
     def close_session(self, session_id: str, *, grace_s: float | None = None) -> dict[str, Any]:
         """Close a session; once this returns its records are final (``grace_s``: how long calls in
         flight may finish first, the recorder's ``close_grace_s`` by default)."""
         params = {"grace_s": grace_s} if grace_s is not None else None
-        return self._lifecycle("POST", f"/admin/sessions/{session_id}/close", params=params)
+        answer: dict[str, Any] = self._lifecycle("POST", f"/admin/sessions/{session_id}/close", params=params)
+        return answer
 
     def records(self, session_id: str, *, include: str = "all", after_seq: int = 0) -> list[dict[str, Any]]:
-        return self._call("GET", f"/admin/sessions/{session_id}/records",
-                          params={"include": include, "after_seq": after_seq})
+        answer: list[dict[str, Any]] = self._call("GET", f"/admin/sessions/{session_id}/records",
+                                                  params={"include": include, "after_seq": after_seq})
+        return answer
 
     def training_trace_json(self, session_id: str, *, non_policy: str = "mask") -> dict[str, Any]:
-        return self._call("GET", f"/admin/sessions/{session_id}/training_trace", params={"non_policy": non_policy})
+        answer: dict[str, Any] = self._call("GET", f"/admin/sessions/{session_id}/training_trace",
+                                            params={"non_policy": non_policy})
+        return answer
 
     def wait(self, session_id: str, *, timeout_s: float = 30.0, until: str = "closed",
              min_calls: int | None = None) -> dict[str, Any]:
         params: dict[str, Any] = {"timeout_s": timeout_s, "until": until}
         if min_calls is not None:
             params["min_calls"] = min_calls
-        return self._call("GET", f"/admin/sessions/{session_id}/wait", params=params,
-                          timeout=timeout_s + 30)
+        answer: dict[str, Any] = self._call("GET", f"/admin/sessions/{session_id}/wait", params=params,
+                                            timeout=timeout_s + 30)
+        return answer
 
     def pause_engine(self, mode: str = "keep", *, timeout_s: float | None = None) -> dict[str, Any]:
         """Pause the engine (every replica) through the recorder's fence. ``wait`` returns only once the
@@ -167,25 +177,31 @@ class RecorderClient:
         if timeout_s is None and mode == "wait":
             timeout_s = WAIT_PAUSE_TIMEOUT_S
         kw: dict[str, Any] = {} if timeout_s is None else {"timeout": timeout_s}
-        return self._call("POST", "/admin/engine/pause", params={"mode": mode}, **kw)
+        answer: dict[str, Any] = self._call("POST", "/admin/engine/pause", params={"mode": mode}, **kw)
+        return answer
 
     def resume_engine(self, *, bump: bool = True) -> dict[str, Any]:
         """Resume the engine and open the fence; ``bump`` advances the policy version first (a sync),
         ``bump=False`` keeps it (the engine serves the weights it served before the pause)."""
-        return self._call("POST", "/admin/engine/resume", params={"bump": str(bump).lower()})
+        answer: dict[str, Any] = self._call("POST", "/admin/engine/resume", params={"bump": str(bump).lower()})
+        return answer
 
     def fence_pause(self) -> dict[str, Any]:
         """Hold new calls at this recorder without touching the engine (another one pauses it)."""
-        return self._call("POST", "/admin/fence/pause")
+        answer: dict[str, Any] = self._call("POST", "/admin/fence/pause")
+        return answer
 
     def fence_resume(self, *, bump: bool = True) -> dict[str, Any]:
-        return self._call("POST", "/admin/fence/resume", params={"bump": str(bump).lower()})
+        answer: dict[str, Any] = self._call("POST", "/admin/fence/resume", params={"bump": str(bump).lower()})
+        return answer
 
     def set_policy_version(self, version: int) -> dict[str, Any]:
-        return self._call("POST", "/admin/policy_version", json={"version": version})
+        answer: dict[str, Any] = self._call("POST", "/admin/policy_version", json={"version": version})
+        return answer
 
     def health(self) -> dict[str, Any]:
-        return self._lifecycle("GET", "/admin/health")
+        answer: dict[str, Any] = self._lifecycle("GET", "/admin/health")
+        return answer
 
     def metrics_text(self) -> str:
         resp = self._http.get("/metrics")

@@ -77,12 +77,13 @@ def turn_view(messages: list[Any], reply: dict[str, Any] | None, completion: byt
     return TurnView(reply or {}, tuple(_crc(m) for m in messages), completion)
 
 
-def _reasoning(message: dict[str, Any]) -> tuple[str | None, str | None]:
+def _reasoning(message: dict[str, Any]) -> tuple[str, str] | None:
+    """``(field, text)`` of the message's first non-empty reasoning field, None when it has none."""
     for name in REASONING_FIELDS:
         value = message.get(name)
         if isinstance(value, str) and value:
             return name, value
-    return None, None
+    return None
 
 
 def _text(content: Any) -> str | None:
@@ -99,7 +100,8 @@ def _json_equal(a: Any, b: Any) -> bool:
         pb = orjson.loads(b) if isinstance(b, str) else b
     except orjson.JSONDecodeError:
         return False
-    return pa == pb
+    equal: bool = pa == pb  # JSON values: == gives a bool
+    return equal
 
 
 def _same_order_json(a: Any, b: Any) -> bool:
@@ -124,11 +126,13 @@ def _argument_texts(reply: dict[str, Any], replayed: dict[str, Any]) -> list[tup
 def _answer_cause(reply: dict[str, Any], replayed: dict[str, Any], rendered_fields: dict[str, bool],
                   respaces: bool = False) -> str | None:
     """A difference between the sampled answer and how it came back, or None when verbatim."""
-    name, text = _reasoning(reply)
-    if text:
-        back_name, back = _reasoning(replayed)
-        if not back:
+    sampled = _reasoning(reply)
+    if sampled is not None:
+        name = sampled[0]
+        back = _reasoning(replayed)
+        if back is None:
             return "reasoning_dropped"
+        back_name = back[0]
         if back_name != name and not rendered_fields:
             return "reasoning_renamed"  # no certification says how the new name renders
         if rendered_fields and rendered_fields.get(back_name) is False:

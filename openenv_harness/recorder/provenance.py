@@ -111,9 +111,8 @@ async def engine_version(upstream: "Upstream") -> str | None:
         reply = await upstream.request("GET", "/version")
     except UpstreamFailure:
         return None
-    if reply.status == 200 and reply.json and isinstance(reply.json.get("version"), str):
-        return reply.json["version"]
-    return None
+    version = reply.json.get("version") if reply.status == 200 and reply.json else None
+    return version if isinstance(version, str) else None
 
 
 async def engine_models(upstream: "Upstream") -> dict[str, Any]:

@@ -68,9 +68,11 @@ def _arguments_object(arguments: Any) -> tuple[dict[str, Any], str]:
 
 
 def _usage(reply: dict[str, Any]) -> dict[str, int]:
-    usage = reply.get("usage") if isinstance(reply.get("usage"), dict) else {}
+    raw_usage = reply.get("usage")
+    usage: dict[str, Any] = raw_usage if isinstance(raw_usage, dict) else {}
     prompt = usage.get("prompt_tokens") or 0
-    details = usage.get("prompt_tokens_details") if isinstance(usage.get("prompt_tokens_details"), dict) else {}
+    raw_details = usage.get("prompt_tokens_details")
+    details: dict[str, Any] = raw_details if isinstance(raw_details, dict) else {}
     cached = details.get("cached_tokens") or 0
     return {"input_tokens": max(0, prompt - cached), "output_tokens": usage.get("completion_tokens") or 0,
             "cache_creation_input_tokens": 0, "cache_read_input_tokens": cached}
@@ -151,6 +153,7 @@ class AnthropicDialect(Dialect):
         out = [sse("message_start", {"type": "message_start", "message": start})]
         for index, (block, text) in enumerate(blocks):
             kind = block["type"]
+            opening: dict[str, Any]
             if kind == "thinking":
                 opening = {"type": "thinking", "thinking": "", "signature": ""}
                 deltas = [{"type": "thinking_delta", "thinking": text},

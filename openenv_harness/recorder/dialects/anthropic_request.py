@@ -73,8 +73,9 @@ def image_url(block: dict[str, Any], where: str) -> str:
         if not isinstance(media, str) or not isinstance(data, str):
             raise invalid(f"{where}.source needs string 'media_type' and 'data'")
         return f"data:{media};base64,{data}"
-    if source.get("type") == "url" and isinstance(source.get("url"), str):
-        return source["url"]
+    url = source.get("url")
+    if source.get("type") == "url" and isinstance(url, str):
+        return url
     raise invalid(f"{where}.source.type must be 'base64' or 'url'")
 
 
@@ -99,7 +100,7 @@ def _tool_result(block: dict[str, Any], where: str) -> list[dict[str, Any]]:
                 raise invalid(f"{where}.content[{j}]: unsupported block type {kind!r} in a tool result")
     elif content is not None:
         raise invalid(f"{where}.content must be a string or an array of blocks")
-    out = [{"role": "tool", "tool_call_id": tool_use_id, "content": "\n".join(texts)}]
+    out: list[dict[str, Any]] = [{"role": "tool", "tool_call_id": tool_use_id, "content": "\n".join(texts)}]
     if images:
         out.append({"role": "user", "content": [{"type": "image_url", "image_url": {"url": u}} for u in images]})
     return out

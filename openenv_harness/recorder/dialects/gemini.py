@@ -81,11 +81,13 @@ def parse_target(path: str) -> GeminiTarget | None:
 
 
 def _usage(reply: dict[str, Any]) -> dict[str, int]:
-    usage = reply.get("usage") if isinstance(reply.get("usage"), dict) else {}
+    raw_usage = reply.get("usage")
+    usage: dict[str, Any] = raw_usage if isinstance(raw_usage, dict) else {}
     prompt = usage.get("prompt_tokens") or 0
     completion = usage.get("completion_tokens") or 0
     out = {"promptTokenCount": prompt, "candidatesTokenCount": completion, "totalTokenCount": prompt + completion}
-    details = usage.get("prompt_tokens_details") if isinstance(usage.get("prompt_tokens_details"), dict) else {}
+    raw_details = usage.get("prompt_tokens_details")
+    details: dict[str, Any] = raw_details if isinstance(raw_details, dict) else {}
     if details.get("cached_tokens"):
         out["cachedContentTokenCount"] = details["cached_tokens"]
     return out

@@ -170,7 +170,7 @@ def _json_schema(schema: Any) -> Any:
         return [_json_schema(s) for s in schema]
     if not isinstance(schema, dict):
         return schema
-    out = {}
+    out: dict[str, Any] = {}
     for key, value in schema.items():
         if key == "type" and isinstance(value, str):
             out[key] = value.lower()

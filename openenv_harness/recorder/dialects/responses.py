@@ -38,9 +38,11 @@ def _suffix(reply: dict[str, Any]) -> str:
 
 
 def _usage(reply: dict[str, Any]) -> dict[str, Any]:
-    usage = reply.get("usage") if isinstance(reply.get("usage"), dict) else {}
+    raw_usage = reply.get("usage")
+    usage: dict[str, Any] = raw_usage if isinstance(raw_usage, dict) else {}
     prompt, completion = usage.get("prompt_tokens") or 0, usage.get("completion_tokens") or 0
-    details = usage.get("prompt_tokens_details") if isinstance(usage.get("prompt_tokens_details"), dict) else {}
+    raw_details = usage.get("prompt_tokens_details")
+    details: dict[str, Any] = raw_details if isinstance(raw_details, dict) else {}
     return {"input_tokens": prompt, "input_tokens_details": {"cached_tokens": details.get("cached_tokens") or 0},
             "output_tokens": completion, "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": prompt + completion}

@@ -69,7 +69,8 @@ def _parts(content: Any, where: str) -> str | list[dict[str, Any]]:
 
 def _flat(parts: str | list[dict[str, Any]]) -> str | list[dict[str, Any]]:
     if isinstance(parts, list) and len(parts) == 1 and parts[0]["type"] == "text":
-        return parts[0]["text"]
+        text: str = parts[0]["text"]  # ``_parts`` made it, from a checked string
+        return text
     return parts
 
 
