@@ -134,7 +134,7 @@ class AdminListener:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{host}:{self.port}"
 
-    def start(self) -> "AdminListener":
+    def start(self) -> AdminListener:
         self._server.start()
         self.nice = raise_thread(self._server._thread, self._nice)
         return self

@@ -9,34 +9,35 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 from fastapi import FastAPI, Request
 from starlette.responses import Response
 
 from openenv_harness.recorder import admin
 from openenv_harness.recorder.auth import AdminAuth, new_admin_token
-from openenv_harness.recorder.context import RecorderConfig, RecorderContext
 from openenv_harness.recorder.call.authenticate import authenticate
 from openenv_harness.recorder.call.pipeline import handle_call
-from openenv_harness.recorder.dialects.base import Dialect
+from openenv_harness.recorder.context import RecorderConfig, RecorderContext
 from openenv_harness.recorder.dialects.anthropic import ANTHROPIC
+from openenv_harness.recorder.dialects.base import Dialect
 from openenv_harness.recorder.dialects.chat import CHAT
+from openenv_harness.recorder.dialects.count_tokens import count_tokens_route
 from openenv_harness.recorder.dialects.gemini import COUNT, google_error, parse_target
 from openenv_harness.recorder.dialects.gemini_count import count_tokens as gemini_count_tokens
 from openenv_harness.recorder.dialects.routes import agent_target
-from openenv_harness.recorder.dialects.count_tokens import count_tokens_route
 from openenv_harness.recorder.engine_watch import EngineWatch
 from openenv_harness.recorder.error_handlers import install_error_handlers
 from openenv_harness.recorder.errors import AgentError, body_too_large, error_response
 from openenv_harness.recorder.fence import Fence
 from openenv_harness.recorder.metrics import RecorderMetrics
+from openenv_harness.recorder.replicas import ReplicaFence
 from openenv_harness.recorder.request_limits import RequestLimits, check_scope
 from openenv_harness.recorder.sessions import SessionRegistry
 from openenv_harness.recorder.store.base import RecordStore
 from openenv_harness.recorder.store.sqlite import SQLiteStore
 from openenv_harness.recorder.upstream.base import Upstream, UpstreamFailure
-from openenv_harness.recorder.replicas import ReplicaFence
 from openenv_harness.recorder.upstream.h1_engine import H1Engine
 from openenv_harness.recorder.upstream.sglang import engine_for
 from openenv_harness.recorder.upstream.span_budget import SpanBudget

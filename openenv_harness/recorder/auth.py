@@ -12,7 +12,7 @@ import hashlib
 import hmac
 import secrets
 import time
-from typing import Mapping
+from collections.abc import Mapping
 
 SECRET_PREFIX = "oeh-"
 

@@ -51,8 +51,9 @@ silent pass.
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, Awaitable, Literal, Sequence
+from typing import TYPE_CHECKING, Any, Literal
 
 from openenv_harness.recorder.upstream.routes import RENDER, TOKENIZE
 
@@ -190,7 +191,7 @@ class _Renderer:
     The route is chosen on the first probe: a render route that answers is used for every probe of
     this certification; one the engine does not serve (``_NO_ROUTE``) falls back to /tokenize."""
 
-    def __init__(self, upstream: "Upstream", model: str | None) -> None:
+    def __init__(self, upstream: Upstream, model: str | None) -> None:
         self.upstream, self.model = upstream, model
         self.via: ProbedVia | None = None
         self.render_unavailable: str | None = None
@@ -256,7 +257,7 @@ def _engine_message(reply: Any) -> str:
 
 def _prefix_at(short: list[int], long: list[int]) -> int | None:
     """None when ``short`` is a prefix of ``long``, else the first differing position."""
-    for i, (a, b) in enumerate(zip(short, long)):
+    for i, (a, b) in enumerate(zip(short, long, strict=False)):
         if a != b:
             return i
     return None if len(short) <= len(long) else len(long)
@@ -279,7 +280,7 @@ async def _reasoning_rendered(r: _Renderer, name: str) -> bool:
     return _REASONING in await r.text(ids)
 
 
-async def certify_template(upstream: "Upstream", model: str | None = None, *,
+async def certify_template(upstream: Upstream, model: str | None = None, *,
                            engine_version: str | None = None) -> Certification:
     """Probe the served template; ``uncertified`` (with the reason) when the engine cannot render."""
     r = _Renderer(upstream, model)
@@ -392,7 +393,7 @@ async def _junction(r: _Renderer, ends: dict[str, list[int]]) -> PropertyResult:
     one = await r.render([_USER, {"role": "assistant", "content": "Alpha"}], generation=False)
     two = await r.render([_USER, {"role": "assistant", "content": "Beta 7"}], generation=False)
     tail = []
-    for a, b in zip(reversed(one), reversed(two)):
+    for a, b in zip(reversed(one), reversed(two), strict=False):
         if a != b:
             break
         tail.append(a)
@@ -403,7 +404,7 @@ async def _junction(r: _Renderer, ends: dict[str, list[int]]) -> PropertyResult:
     except ProbeRefused:  # a template that takes no tool calls as the engine passes them: no opening ids
         with_call = plain = []
     start = len(head) if with_call[:len(head)] == head else 0
-    diverge = next((i for i, (a, b) in enumerate(zip(with_call[start:], plain[start:])) if a != b), None)
+    diverge = next((i for i, (a, b) in enumerate(zip(with_call[start:], plain[start:], strict=False)) if a != b), None)
     # the first id where a tool call's rendering departs from an empty answer's: its opening tag
     ends["open"] = with_call[start + diverge:start + diverge + 1] if diverge is not None else []
     if not tail:

@@ -32,7 +32,6 @@ import asyncio
 import logging
 from typing import Any
 
-
 from openenv_harness.http1 import STATUS_LINES, chunk, fast_path, response_head, status_line
 from openenv_harness.recorder.call.pipeline import handle_call
 from openenv_harness.recorder.context import RecorderContext
@@ -80,7 +79,7 @@ class _Answering:
     these when the connection is lost (``disconnected``), on shutdown (``keep_alive``) and when a
     pipelined request arrives behind this one (``response_complete``: it is queued until then)."""
 
-    __slots__ = ("response_complete", "disconnected", "keep_alive", "message_event")
+    __slots__ = ("disconnected", "keep_alive", "message_event", "response_complete")
 
     def __init__(self, keep_alive: bool) -> None:
         self.response_complete = False
@@ -92,7 +91,7 @@ class _Answering:
 class _ChatRequest:
     """A chat request being read: its route, headers and body so far."""
 
-    __slots__ = ("session_id", "dialect", "headers", "keep_alive", "chunks", "size", "limit", "too_large", "answered")
+    __slots__ = ("answered", "chunks", "dialect", "headers", "keep_alive", "limit", "session_id", "size", "too_large")
 
     def __init__(self, session_id: str | None, dialect: Dialect, headers: list[tuple[bytes, bytes]],
                  keep_alive: bool, limit: int) -> None:
@@ -386,7 +385,7 @@ if HttpToolsProtocol is not None:
                     headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in request.headers}
                     response = await handle_call(ctx, request.session_id, headers, b"".join(request.chunks),
                                                  request.dialect)
-            except Exception:  # noqa: BLE001 -- what uvicorn does for an app that raises: log, 500
+            except Exception:
                 log.exception("recorder: a chat call failed unexpectedly")
                 response = AgentError(500, "internal error in the recorder", type="server_error").to_response()
                 cycle.keep_alive = False

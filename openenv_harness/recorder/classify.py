@@ -70,9 +70,7 @@ def _matches(rule: AuxRule, body: dict[str, Any], has_tools: bool, prompt: str) 
         rule.last_user_message_startswith
     ):
         return False
-    if rule.model is not None and body.get("model") != rule.model:
-        return False
-    return True
+    return not (rule.model is not None and body.get("model") != rule.model)
 
 
 def classify_call(body: dict[str, Any], rules: tuple[AuxRule, ...] | list[AuxRule] | None = None) -> tuple[str, str | None]:

@@ -86,7 +86,7 @@ class RecorderClient:
         if self._admin is not None:
             self._admin.close()
 
-    def __enter__(self) -> "RecorderClient":
+    def __enter__(self) -> RecorderClient:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -6,8 +6,9 @@ The ASGI app, the admin routes and every flow receive this context; tests build 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Literal, Protocol, TypeVar
+from typing import Any, Literal, Protocol, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -182,7 +183,7 @@ class RecorderContext:
     def upstream_for(self, name: str | None) -> Upstream | None:
         return self.upstreams.get(name or "default")
 
-    async def on_chat_loop(self, work: "Awaitable[T]") -> T:
+    async def on_chat_loop(self, work: Awaitable[T]) -> T:
         """Await ``work`` on the chat loop: directly when already there, else handed over and waited
         for (the engine's connections and the template probe's lock belong to that loop)."""
         home = self.sessions.loop

@@ -116,7 +116,7 @@ def _same_order_json(a: Any, b: Any) -> bool:
 
 def _argument_texts(reply: dict[str, Any], replayed: dict[str, Any]) -> list[tuple[Any, Any]]:
     pairs = []
-    for a, b in zip(reply.get("tool_calls") or [], replayed.get("tool_calls") or []):
+    for a, b in zip(reply.get("tool_calls") or [], replayed.get("tool_calls") or [], strict=False):
         fa = (a or {}).get("function") or {}
         fb = (b or {}).get("function") or {}
         pairs.append((fa.get("arguments"), fb.get("arguments")))
@@ -231,7 +231,7 @@ def _carries_summary(messages: list[Any], crcs: list[int], old: tuple[int, ...],
     if not texts:
         return False
     known = set(old)
-    for message, crc in zip(messages, crcs):
+    for message, crc in zip(messages, crcs, strict=False):
         if crc in known or not isinstance(message, dict):
             continue
         body = _text(message.get("content")) or ""
@@ -261,7 +261,7 @@ def break_cause(parent: TurnView, messages: list[Any], same_prompt: bool, summar
         return "history_rewritten"
     if old and crcs and old[0] != crcs[0] and _role(messages[0]) in ("system", "developer"):
         return "sub_agent"
-    first = next((i for i, (a, b) in enumerate(zip(old, crcs)) if a != b), None)
+    first = next((i for i, (a, b) in enumerate(zip(old, crcs, strict=False)) if a != b), None)
     if first is None:
         if len(crcs) < len(old):
             return "history_rewritten"
@@ -272,7 +272,7 @@ def break_cause(parent: TurnView, messages: list[Any], same_prompt: bool, summar
             getattr(certification, "version", 3) < 3 and _failed(certification, "junction"))
         return "junction_retokenized" if retokenized else "unknown"
     if len(crcs) < len(old) + 1:  # the conversation did not grow past the parent: it was rewritten
-        same_after = sum(1 for a, b in zip(old[first + 1:], crcs[first + 1:]) if a == b)
+        same_after = sum(1 for a, b in zip(old[first + 1:], crcs[first + 1:], strict=False) if a == b)
         if len(crcs) == len(old) and same_after == len(old) - first - 1:
             return "edited_message"
         return "history_rewritten"

@@ -18,7 +18,11 @@ from typing import TYPE_CHECKING, Any
 
 from openenv_harness.recorder.certify import Certification, certify_template, exact_in_words
 from openenv_harness.recorder.provenance import (
-    engine_models, engine_sampling_defaults, engine_version, measure_logprobs_mode, probe_template,
+    engine_models,
+    engine_sampling_defaults,
+    engine_version,
+    measure_logprobs_mode,
+    probe_template,
 )
 
 if TYPE_CHECKING:
@@ -52,7 +56,7 @@ class EngineWatch:
             return f"older than {self.ttl_s:g} s"
         return None
 
-    async def ensure_fresh(self, upstream: "Upstream | None", *, force: str | None = None) -> bool:
+    async def ensure_fresh(self, upstream: Upstream | None, *, force: str | None = None) -> bool:
         """Probe again when stale (or ``force`` gives a reason); True when a probe ran."""
         if upstream is None:
             return False
@@ -67,7 +71,7 @@ class EngineWatch:
             await self._probe(upstream, reason)
             return True
 
-    async def confirm_fingerprint(self, upstream: "Upstream") -> None:
+    async def confirm_fingerprint(self, upstream: Upstream) -> None:
         """Fingerprint the served template now (three /tokenize calls); a change re-probes everything.
         Run before a trainer's fingerprint is checked, so it is never checked against a stale probe."""
         if not self.probe_template:
@@ -76,7 +80,7 @@ class EngineWatch:
         if now != self.info.get("template_fingerprint"):
             await self.ensure_fresh(upstream, force="the served template changed")
 
-    async def _probe(self, upstream: "Upstream", reason: str) -> None:
+    async def _probe(self, upstream: Upstream, reason: str) -> None:
         before = (self.info.get("version"), self.info.get("served_models"), self.info.get("template_fingerprint"),
                   self.info.get("logprobs_mode"))
         self.info["name"] = upstream.name

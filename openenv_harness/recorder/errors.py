@@ -65,7 +65,7 @@ def body_too_large(limit: int) -> AgentError:
     return AgentError(413, f"request body exceeds {limit} bytes", code="body_too_large")
 
 
-def session_closed(session: "LiveSession", *, in_flight: bool = False) -> AgentError:
+def session_closed(session: LiveSession, *, in_flight: bool = False) -> AgentError:
     message = (f"session {session.id} was closed while this call was in flight; it was not answered" if in_flight
                else f"session {session.id} is closed")
     return AgentError(409, message, type="invalid_request_error", code="session_closed")

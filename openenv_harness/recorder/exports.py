@@ -14,7 +14,8 @@ is decided before the first byte: a store that fails half-way through a read end
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 import orjson
 from starlette.responses import StreamingResponse

@@ -80,7 +80,7 @@ class Fence:
             return True
         try:
             await asyncio.wait_for(self._resumed.wait(), timeout=self.wait_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return False
         return True
 

@@ -27,8 +27,9 @@ the store (``prompts_needed``, ``restore.read_tip_prompts``). The classes and po
 from __future__ import annotations
 
 from array import array
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING
 
 from openenv_harness.recorder.prefix import BLOCK_BYTES, PromptSketch, block_digests, common_prefix_len
 
@@ -72,7 +73,7 @@ class Transition:
 class _Prompt:
     """This call's prompt bytes, with its block digests computed only if a sketched tip asks."""
 
-    __slots__ = ("data", "_digests")
+    __slots__ = ("_digests", "data")
 
     def __init__(self, data: bytes) -> None:
         self.data = data
@@ -101,7 +102,7 @@ class _Prompt:
 @dataclass(eq=False)
 class FidelityTracker:
     tips: list[_Tip] = field(default_factory=list)
-    budget: "SpanBudget | None" = None
+    budget: SpanBudget | None = None
 
     def observe(self, node_id: str, prompt: array[int], completion: array[int],
                 prompts: Mapping[str, bytes] | None = None) -> Transition:

@@ -18,7 +18,7 @@ import ctypes.util
 import gc
 import logging
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ class HeapTrimmer:
     def available(self) -> bool:
         return self._trim is not None
 
-    def start(self) -> "HeapTrimmer":
+    def start(self) -> HeapTrimmer:
         if self._trim is None:
             log.info("heap trimming unavailable: the C library has no malloc_trim")
             return self

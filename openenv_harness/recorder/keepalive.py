@@ -33,14 +33,14 @@ class KeepaliveStream(StreamingResponse):
     keepalive_stream = True  # what the recorder's own HTTP protocol looks for to write it chunked
 
 
-async def answer(task: "asyncio.Future[Response]", *, streaming: Callable[[], bool], dialect: "Dialect",
+async def answer(task: asyncio.Future[Response], *, streaming: Callable[[], bool], dialect: Dialect,
                  grace_s: float, interval_s: float) -> Response:
     """``task``'s response, or -- for a streaming call still running after ``grace_s`` -- a stream
     that carries keepalives until it is done. ``streaming`` says whether the call asked to stream
     (known once its body is parsed, long before the grace ends)."""
     try:
         return await asyncio.wait_for(asyncio.shield(task), grace_s)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         pass
     except asyncio.CancelledError:
         task.cancel()
@@ -51,7 +51,7 @@ async def answer(task: "asyncio.Future[Response]", *, streaming: Callable[[], bo
                            headers={"cache-control": "no-cache"})
 
 
-async def _events(task: "asyncio.Future[Response]", dialect: "Dialect", interval_s: float) -> AsyncIterator[bytes]:
+async def _events(task: asyncio.Future[Response], dialect: Dialect, interval_s: float) -> AsyncIterator[bytes]:
     ping = dialect.keepalive_event
     while True:
         done, _ = await asyncio.wait({task}, timeout=interval_s)

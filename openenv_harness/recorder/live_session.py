@@ -8,6 +8,7 @@ from the records (``restore.py``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -72,9 +73,9 @@ class LiveSession:
     #: per chain tip: its reply and message digests, for the cause of the next call's drift or break
     turn_views: dict[str, Any] = field(default_factory=dict)
     #: the replies of the last few compaction calls: a break whose history carries one was compaction
-    compaction_summaries: "deque[str]" = field(default_factory=lambda: deque(maxlen=4))
+    compaction_summaries: deque[str] = field(default_factory=lambda: deque(maxlen=4))
     #: request digests of recent successful calls, for retry replay (bounded by the dedupe window)
-    recent_digests: "OrderedDict[str, int]" = field(default_factory=OrderedDict)
+    recent_digests: OrderedDict[str, int] = field(default_factory=OrderedDict)
     #: the prompt mode's per-session state (incremental: the chain tips' exact ids)
     prompt_mode_state: IncrementalState | None = None
     #: the session-constant part of each record's provenance, built on first use
@@ -117,10 +118,8 @@ class LiveSession:
         if not self.calls:
             return True
         self._calls_idle = asyncio.Event()
-        try:
+        with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._calls_idle.wait(), timeout_s)
-        except TimeoutError:
-            pass
         return not self.calls
 
     def take_call_index(self) -> int:

@@ -8,7 +8,8 @@ event loop, the index thread and test threads each get their own.
 from __future__ import annotations
 
 import threading
-from typing import Callable, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
 T = TypeVar("T")
 

@@ -52,7 +52,7 @@ def block_digests(prompt: bytes) -> bytes:
 class PromptSketch:
     """A prompt as its block digests and its partial last block (and its length)."""
 
-    __slots__ = ("seq", "digests", "tail", "length")
+    __slots__ = ("digests", "length", "seq", "tail")
 
     def __init__(self, seq: int | None, prompt: bytes, digests: bytes | None = None) -> None:
         self.seq = seq

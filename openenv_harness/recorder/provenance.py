@@ -82,7 +82,7 @@ def fingerprint_ids(id_lists: list[list[int]]) -> str:
     return "tpl1-" + hashlib.sha256(payload.encode()).hexdigest()
 
 
-async def probe_template(upstream: "Upstream", model: str | None = None) -> tuple[str | None, str]:
+async def probe_template(upstream: Upstream, model: str | None = None) -> tuple[str | None, str]:
     """``(fingerprint, "probed")`` from the engine's ``/tokenize``, or ``(None, reason)``."""
     from openenv_harness.recorder.upstream.base import UpstreamFailure
 
@@ -104,7 +104,7 @@ async def probe_template(upstream: "Upstream", model: str | None = None) -> tupl
     return fingerprint_ids(id_lists), "probed"
 
 
-async def engine_version(upstream: "Upstream") -> str | None:
+async def engine_version(upstream: Upstream) -> str | None:
     from openenv_harness.recorder.upstream.base import UpstreamFailure
 
     try:
@@ -115,7 +115,7 @@ async def engine_version(upstream: "Upstream") -> str | None:
     return version if isinstance(version, str) else None
 
 
-async def engine_models(upstream: "Upstream") -> dict[str, Any]:
+async def engine_models(upstream: Upstream) -> dict[str, Any]:
     """What ``GET /v1/models`` says: served names and the context length (vLLM's ``max_model_len``),
     so a session's context window follows the engine rather than a guess."""
     from openenv_harness.recorder.upstream.base import UpstreamFailure
@@ -135,7 +135,7 @@ async def engine_models(upstream: "Upstream") -> dict[str, Any]:
     return out
 
 
-async def engine_sampling_defaults(upstream: "Upstream", model: str | None) -> dict[str, Any] | None:
+async def engine_sampling_defaults(upstream: Upstream, model: str | None) -> dict[str, Any] | None:
     """The sampling values the engine fills in for fields a request leaves out, where it says so:
     vLLM's render route (``--enable-scale-out``) answers a request without sampling fields with the
     ``sampling_params`` it would use -- the model's generation-config defaults included. None where
@@ -218,7 +218,7 @@ def _top_gap(reply_json: dict[str, Any] | None) -> float | None:
     return values[0] - values[-1]
 
 
-async def measure_logprobs_mode(upstream: "Upstream", model: str | None = None) -> tuple[str, str]:
+async def measure_logprobs_mode(upstream: Upstream, model: str | None = None) -> tuple[str, str]:
     """``(mode, how)``: ``raw_logprobs`` or ``processed_logprobs`` as measured on the engine, or
     ``unknown`` with the reason. Two one-token calls, nothing recorded: what the engine's logprobs are
     decides whether a trainer's importance ratios at a temperature other than 1 mean anything, so it is

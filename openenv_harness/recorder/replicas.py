@@ -22,8 +22,8 @@ from typing import Any
 
 from openenv_harness.recorder.upstream.base import Upstream, UpstreamFailure
 from openenv_harness.recorder.upstream.h1_engine import H1Engine
-from openenv_harness.recorder.upstream.sglang import engine_for
 from openenv_harness.recorder.upstream.http import normalize_engine_url
+from openenv_harness.recorder.upstream.sglang import engine_for
 
 #: vllm-router's worker list route and the key holding the URLs
 ROUTER_WORKERS = "/list_workers"
@@ -98,7 +98,7 @@ class ReplicaFence:
         outcomes = await asyncio.gather(*(self._post(u, path, params) for u in urls), return_exceptions=True)
         done: dict[str, Any] = {}
         failed: dict[str, str] = {}
-        for url, outcome in zip(urls, outcomes):
+        for url, outcome in zip(urls, outcomes, strict=True):
             if isinstance(outcome, BaseException):
                 failed[url] = str(outcome) or type(outcome).__name__
             else:

@@ -19,8 +19,9 @@ Both come in the OpenAI error shape with ``connection: close``.
 from __future__ import annotations
 
 import http
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 
 import orjson
 

@@ -25,10 +25,11 @@ from __future__ import annotations
 import asyncio
 import logging
 from array import array
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
-from openenv_harness.recorder.dialects.memory import ReplayMemory
 from openenv_harness.recorder.dialects.chat import CHAT
+from openenv_harness.recorder.dialects.memory import ReplayMemory
 from openenv_harness.recorder.dialects.routes import BY_NAME
 from openenv_harness.recorder.fidelity import FidelityTracker
 from openenv_harness.recorder.live_session import LiveSession
@@ -75,7 +76,7 @@ async def _restore(store: RecordStore, session: LiveSession) -> None:
             tracker, memory = await asyncio.to_thread(_read, store, session.id)
         except NotImplementedError:  # a backend that cannot stream: read whole
             tracker, memory = await asyncio.to_thread(rebuild, await store.read_records(session.id))
-    except Exception:  # noqa: BLE001 -- the session still serves; its next transition shows the loss
+    except Exception:
         log.warning("recorder: could not rebuild session %s's chain state from its records", session.id,
                     exc_info=True)
     if session.fidelity is None:
@@ -106,7 +107,7 @@ async def read_tip_prompts(store: RecordStore, session_id: str, need: dict[str, 
             md = (record or {}).get("metadata") or {}
             if record is not None and md.get("node_id") == node_id:
                 out[node_id] = array("I", record.get("prompt_token_ids") or []).tobytes()
-    except Exception:  # noqa: BLE001 -- the call still serves; its divergence is then block-aligned
+    except Exception:
         log.warning("recorder: could not read session %s's chain tips back", session_id, exc_info=True)
     return out
 

@@ -10,7 +10,7 @@ which answers agent chat calls without an ASGI cycle and leaves every other requ
 from __future__ import annotations
 
 import logging
-from typing import Callable
+from collections.abc import Callable
 
 import uvicorn
 

@@ -76,7 +76,7 @@ class ThreadedServer:
         asyncio.set_event_loop(self._loop)
         self._loop.run_until_complete(self._server.serve())
 
-    def start(self, timeout_s: float = 30.0) -> "ThreadedServer":
+    def start(self, timeout_s: float = 30.0) -> ThreadedServer:
         self._thread = threading.Thread(target=self._run, name=f"uvicorn:{self.port}", daemon=True)
         self._thread.start()
         deadline = time.monotonic() + timeout_s
@@ -94,7 +94,7 @@ class ThreadedServer:
             self._thread.join(timeout=15)
             self._thread = None
 
-    def __enter__(self) -> "ThreadedServer":
+    def __enter__(self) -> ThreadedServer:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

@@ -13,6 +13,7 @@ import re
 import secrets
 import threading
 import time
+
 from openenv_harness.recorder.auth import new_secret, secret_digest
 from openenv_harness.recorder.live_session import LiveSession
 from openenv_harness.recorder.session_spec import SessionSpec

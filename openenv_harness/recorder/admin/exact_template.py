@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-
 #: what to do when a required property fails, by property
 _ADVICE = {
     "tool_prefix": "serve a prefix-preserving training template (vLLM --chat-template, e.g. TRL's "

@@ -4,6 +4,7 @@ and read its records back -- as OpenEnv ``TraceEntry`` dicts or as OpenEnv's own
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 
 from fastapi import APIRouter, HTTPException, Query, Request
@@ -204,8 +205,6 @@ async def wait_session(
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             return json_response({**session.summary(), "timed_out": True})
-        try:
+        with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(session.changed.wait(), timeout=remaining)
-        except asyncio.TimeoutError:
-            pass
     return json_response({**session.summary(), "timed_out": False})

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 from openenv_harness.recorder.auth import bearer_token, digests_match, secret_digest
 from openenv_harness.recorder.context import RecorderContext

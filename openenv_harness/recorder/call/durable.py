@@ -18,7 +18,7 @@ async def store_record(flow: Flow, pending: PendingRecord) -> int:
     except SessionSealed:
         flow.store_refused = True
         raise session_closed(flow.session, in_flight=True) from None
-    except Exception as exc:  # noqa: BLE001 -- any storage failure means "not durable"
+    except Exception as exc:
         flow.store_refused = True
         flow.ctx.metrics.errors.labels("store_unavailable").inc()
         _unnumber(flow, pending)

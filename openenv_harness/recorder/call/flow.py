@@ -10,13 +10,14 @@ from __future__ import annotations
 import asyncio
 import time
 from array import array
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from openenv_harness.recorder.context import RecorderContext
 from openenv_harness.recorder.dialects.base import Dialect, DialectCall
-from openenv_harness.recorder.prompt_modes.state import ContinuationCall
 from openenv_harness.recorder.live_session import LiveSession
+from openenv_harness.recorder.prompt_modes.state import ContinuationCall
 from openenv_harness.recorder.upstream.base import UpstreamReply
 from openenv_harness.recorder.validate import Evidence
 

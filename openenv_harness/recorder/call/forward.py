@@ -16,8 +16,8 @@ from openenv_harness.recorder.call.flow import Flow
 from openenv_harness.recorder.engine_paused import send_through_pause
 from openenv_harness.recorder.errors import AgentError, session_closed
 from openenv_harness.recorder.prompt_modes.registry import mode_for
-from openenv_harness.recorder.sampling_policy import apply_policy
 from openenv_harness.recorder.relay_errors import relay_upstream_error, relay_upstream_failure
+from openenv_harness.recorder.sampling_policy import apply_policy
 from openenv_harness.recorder.upstream.base import UpstreamFailure
 from openenv_harness.recorder.upstream.reply_parse import PromptIdsReader
 

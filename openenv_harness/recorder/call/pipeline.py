@@ -16,7 +16,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from starlette.responses import Response
 
@@ -92,7 +93,7 @@ async def serve(flow: Flow) -> Response:
         validate(flow)
         await apply_tool_caps(flow)
         await record(flow)
-    except BaseException as exc:  # noqa: BLE001 -- every failure leaves through the funnel
+    except BaseException as exc:
         try:
             error = await _funnel(flow, exc)
         except BaseException:

@@ -19,9 +19,10 @@ from starlette.responses import Response
 from openenv_harness.recorder.dialects.base import Dialect, DialectCall, Entered
 from openenv_harness.recorder.dialects.memory import ReplayMemory
 from openenv_harness.recorder.errors import AgentError, body_too_large
-from openenv_harness.recorder.request_body import not_json
 from openenv_harness.recorder.live_session import LiveSession
+from openenv_harness.recorder.request_body import not_json
 from openenv_harness.recorder.sse import synthesize_sse
+
 
 class ChatDialect(Dialect):
     name: ClassVar[str] = "chat"

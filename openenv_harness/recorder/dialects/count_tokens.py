@@ -18,13 +18,13 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
+from openenv_harness.recorder.call.authenticate import authenticate
 from openenv_harness.recorder.context import RecorderContext
 from openenv_harness.recorder.dialects import anthropic_request
 from openenv_harness.recorder.dialects.anthropic import anthropic_error
 from openenv_harness.recorder.dialects.base import decode_object, memory_for
 from openenv_harness.recorder.errors import AgentError
 from openenv_harness.recorder.live_session import LiveSession
-from openenv_harness.recorder.call.authenticate import authenticate
 from openenv_harness.recorder.relay_errors import relay_upstream_error
 from openenv_harness.recorder.request_body import read_body
 from openenv_harness.recorder.upstream.base import UpstreamFailure

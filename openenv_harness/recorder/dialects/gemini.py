@@ -145,7 +145,7 @@ class GeminiDialect(Dialect):
         self.model = model
         self.streams = stream
 
-    def bound(self, target: GeminiTarget) -> "GeminiDialect":
+    def bound(self, target: GeminiTarget) -> GeminiDialect:
         """This dialect for one call's URL: its model, and whether it streams."""
         return GeminiDialect(target.model, target.method == STREAM)
 

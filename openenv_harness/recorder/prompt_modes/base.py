@@ -33,11 +33,11 @@ class PromptMode(Protocol):
     #: the session spec's ``prompt_mode`` value
     name: str
 
-    async def sample(self, flow: "Flow", upstream: Upstream) -> Sampled:
+    async def sample(self, flow: Flow, upstream: Upstream) -> Sampled:
         """Ask the engine for this call's sample."""
 
-    def report(self, flow: "Flow") -> dict[str, Any] | None:
+    def report(self, flow: Flow) -> dict[str, Any] | None:
         """What an ``ok`` or ``invalid`` record says of the mode (``metadata.prompt_mode``); None: nothing."""
 
-    def committed(self, flow: "Flow") -> None:
+    def committed(self, flow: Flow) -> None:
         """After the call's record is durable (its number known)."""

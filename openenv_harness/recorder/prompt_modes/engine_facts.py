@@ -42,7 +42,7 @@ class EngineFacts:
 
     probe_prefixes: dict[bytes, list[int]] = field(default_factory=dict)
     probe_needs_tools: bool = False
-    sampler_probe: "asyncio.Future[IdSampler] | None" = None
+    sampler_probe: asyncio.Future[IdSampler] | None = None
     two_step_only: bool = False
 
     @staticmethod

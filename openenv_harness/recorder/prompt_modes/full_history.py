@@ -18,12 +18,12 @@ if TYPE_CHECKING:
 class FullHistory:
     name = "full_history"
 
-    async def sample(self, flow: "Flow", upstream: Upstream) -> Sampled:
+    async def sample(self, flow: Flow, upstream: Upstream) -> Sampled:
         reply = await upstream.chat(flow.upstream_body, session_id=flow.session.id, affinity=flow.session.affinity_key)
         return Sampled(reply)
 
-    def report(self, flow: "Flow") -> dict[str, Any] | None:
+    def report(self, flow: Flow) -> dict[str, Any] | None:
         return None
 
-    def committed(self, flow: "Flow") -> None:
+    def committed(self, flow: Flow) -> None:
         return None

@@ -22,8 +22,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from openenv_harness.recorder.prompt_modes.id_sampler import IdSampler
 from openenv_harness.recorder.prompt_modes.engine_facts import EngineFacts
+from openenv_harness.recorder.prompt_modes.id_sampler import IdSampler
 from openenv_harness.recorder.upstream.base import Upstream, UpstreamReply
 from openenv_harness.recorder.upstream.routes import COMPLETIONS, GENERATE
 
@@ -115,7 +115,7 @@ def as_generate_response(completion: dict[str, Any]) -> dict[str, Any] | None:
         values = list(lp.get("token_logprobs") or [])
         tops = list(lp.get("top_logprobs") or [])
         content = []
-        for i, (t, value) in enumerate(zip(ids, values)):
+        for i, (t, value) in enumerate(zip(ids, values, strict=False)):
             top = tops[i] if i < len(tops) and isinstance(tops[i], dict) else {}
             alts = [{"token_id": tid, "logprob": v} for n, v in top.items() if (tid := _token_id(n)) is not None]
             content.append({"token_id": t, "logprob": value, "top_logprobs": alts})

@@ -31,14 +31,19 @@ from typing import TYPE_CHECKING, Any
 
 from openenv_harness.recorder import history_match
 from openenv_harness.recorder.errors import AgentError
+from openenv_harness.recorder.live_session import LiveSession
 from openenv_harness.recorder.prompt_modes.base import Sampled
 from openenv_harness.recorder.prompt_modes.id_sampling import NotExpressible, completion_body, sampler_for
 from openenv_harness.recorder.prompt_modes.rendering import certified, render, render_diff, suffix_ids
 from openenv_harness.recorder.prompt_modes.sample_parse import sample_and_parse
 from openenv_harness.recorder.prompt_modes.state import (
-    MAX_CHECKPOINTS, NEW_CHAIN, Checkpoint, ContinuationCall, Fallback, IncrementalState,
+    MAX_CHECKPOINTS,
+    NEW_CHAIN,
+    Checkpoint,
+    ContinuationCall,
+    Fallback,
+    IncrementalState,
 )
-from openenv_harness.recorder.live_session import LiveSession
 from openenv_harness.recorder.upstream.base import Upstream, UpstreamReply
 from openenv_harness.recorder.upstream.routes import COMPLETIONS
 
@@ -49,7 +54,7 @@ if TYPE_CHECKING:
 class Incremental:
     name = "incremental"
 
-    async def sample(self, flow: "Flow", upstream: Upstream) -> Sampled:
+    async def sample(self, flow: Flow, upstream: Upstream) -> Sampled:
         state = session_state(flow.session)
         started = time.perf_counter()
         try:
@@ -64,10 +69,10 @@ class Incremental:
         reply.elapsed_ms = (time.perf_counter() - started) * 1000.0
         return Sampled(reply, prompt)
 
-    def report(self, flow: "Flow") -> dict[str, Any] | None:
+    def report(self, flow: Flow) -> dict[str, Any] | None:
         return flow.prompt_mode or {"mode": self.name, "continued": False, "reason": "not_attempted"}
 
-    def committed(self, flow: "Flow") -> None:
+    def committed(self, flow: Flow) -> None:
         """After the record is durable: this call's ids become its chain's checkpoint."""
         ev = flow.evidence
         if flow.call_kind != "agent" or ev is None or not ev.valid or flow.agent_reply is None:
@@ -92,7 +97,7 @@ class Incremental:
 
     # -- the continuation ------------------------------------------------------------------------
 
-    async def _continue(self, flow: "Flow", upstream: Upstream,
+    async def _continue(self, flow: Flow, upstream: Upstream,
                         state: IncrementalState) -> tuple[UpstreamReply, array[int] | None]:
         """The continued sample and the prompt it was sampled from (None with an engine error)."""
         if flow.call_kind != "agent":
@@ -186,13 +191,13 @@ def session_state(session: LiveSession) -> IncrementalState:
     return session.prompt_mode_state
 
 
-def _turn_end_ids(flow: "Flow") -> list[int]:
+def _turn_end_ids(flow: Flow) -> list[int]:
     """The certified turn ending (end-of-turn id, then the trailer), or nothing."""
     cert = flow.ctx.engine_watch.certification
     return cert.certified_turn_end if cert is not None else []
 
 
-def _find_parent(flow: "Flow", state: IncrementalState, messages: list[Any]) -> Checkpoint:
+def _find_parent(flow: Flow, state: IncrementalState, messages: list[Any]) -> Checkpoint:
     """The most recent chain tip whose history this call replays (named equivalences allowed)."""
     if not state.checkpoints:
         raise Fallback("chain_start", "no earlier sample in this session to continue")

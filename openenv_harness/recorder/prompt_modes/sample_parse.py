@@ -36,6 +36,7 @@ from openenv_harness.recorder.prompt_modes.engine_facts import EngineFacts
 from openenv_harness.recorder.prompt_modes.id_sampler import IdSampler
 from openenv_harness.recorder.upstream.base import Upstream, UpstreamReply
 from openenv_harness.recorder.upstream.routes import DERENDER, GENERATE
+
 #: Prompt ids sent to derender: vLLM reads only the prompt's last few ids there (to seed detokenizing
 #: the first sampled token) and takes the prompt's length as ``prompt_tokens``; the whole prompt cost
 #: both sides a serialization and a parse of every id (~0.5 MB of JSON at 64k ids).

@@ -3,4 +3,4 @@
 from openenv_harness.recorder.store.base import PendingRecord, RecordStore, SessionRow
 from openenv_harness.recorder.store.sqlite import SQLiteStore
 
-__all__ = ["PendingRecord", "RecordStore", "SessionRow", "SQLiteStore"]
+__all__ = ["PendingRecord", "RecordStore", "SQLiteStore", "SessionRow"]

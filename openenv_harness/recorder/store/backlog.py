@@ -18,8 +18,10 @@ record durable, only its reply waiting) -- since a record count costs no disk.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 #: Unindexed journal bytes past which appends wait for the indexer (``AppendBacklog``): about 25
 #: frames of 64k-id prompts (~0.6 MB each). Measured at 64 busy sessions of 8k-19k ids (frames of
@@ -29,7 +31,7 @@ MAX_BACKLOG_BYTES = 16 << 20
 
 
 class _Waiter:
-    __slots__ = ("loop", "fut", "nbytes")
+    __slots__ = ("fut", "loop", "nbytes")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, fut: asyncio.Future[None], nbytes: int) -> None:
         self.loop, self.fut, self.nbytes = loop, fut, nbytes
@@ -144,12 +146,10 @@ class AppendBacklog:
 
 def _resolve_all(waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]]) -> None:
     for loop, fut in waiters:
-        try:
+        with contextlib.suppress(RuntimeError):  # that event loop is closed: nobody is waiting any more
             loop.call_soon_threadsafe(_release, fut)
-        except RuntimeError:
-            pass  # that event loop is closed: nobody is waiting any more
 
 
-def _release(fut: "asyncio.Future[Any]") -> None:
+def _release(fut: asyncio.Future[Any]) -> None:
     if not fut.done():
         fut.set_result(None)

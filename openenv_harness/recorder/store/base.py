@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import abc
 from array import array
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 
 class SessionSealed(RuntimeError):

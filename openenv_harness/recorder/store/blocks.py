@@ -13,7 +13,8 @@ import hashlib
 import sys
 import zlib
 from array import array
-from typing import Any, Iterable, Literal, overload
+from collections.abc import Iterable
+from typing import Any, Literal, overload
 
 import orjson
 import zstandard

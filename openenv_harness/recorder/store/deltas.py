@@ -22,7 +22,7 @@ __all__ = ["DeltaLists", "SessionTail", "hash_delta"]
 class SessionTail:
     """What a session's latest record stored: the base of the next record's deltas."""
 
-    __slots__ = ("prompts", "msgs_seq", "msgs", "known")
+    __slots__ = ("known", "msgs", "msgs_seq", "prompts")
 
     def __init__(self) -> None:
         #: the session's latest records' prompts, as sketches (``prompt_sketch.py``): candidate bases, newest first

@@ -87,7 +87,7 @@ def serve(conn: Connection, ops: IndexOps, db: sqlite3.Connection, journal: Jour
             tokens.append(token)
         results = ops.run_batch(db, batch) if batch else []
         errors.update({token: f"{type(error).__name__}: {error}"
-                       for token, (_, error) in zip(tokens, results) if error is not None})
+                       for token, (_, error) in zip(tokens, results, strict=True) if error is not None})
         unacked += len(messages)
         if urgent or errors or stop or unacked >= ACK_EVERY or time.monotonic() - last_ack >= ACK_AFTER_S:
             conn.send((done_through, errors))

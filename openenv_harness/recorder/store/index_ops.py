@@ -11,6 +11,7 @@ own. Operations travel by name (to a child process too); ``_OPS`` maps each to i
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sqlite3
 from array import array
@@ -62,10 +63,8 @@ class IndexOps:
             results: list[Result] = [(getattr(self, _OPS[name])(conn, arg), None) for name, arg in batch]
             conn.execute("COMMIT")
         except Exception as exc:
-            try:
+            with contextlib.suppress(sqlite3.Error):
                 conn.execute("ROLLBACK")
-            except sqlite3.Error:
-                pass
             self._recent.clear()
             if len(batch) > 1:
                 return [result for item in batch for result in self.run_batch(conn, [item])]

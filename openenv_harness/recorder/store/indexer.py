@@ -21,6 +21,7 @@ is lost, and nothing is indexed twice. A child that keeps dying fails the store 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import os
@@ -121,7 +122,7 @@ class ThreadIndexer:
                     break
                 batch.append(nxt)
             results = self._ops.run_batch(conn, [(name, arg) for name, arg, _, _ in batch])
-            self._committed([(*item, *result) for item, result in zip(batch, results)])
+            self._committed([(*item, *result) for item, result in zip(batch, results, strict=True)])
             if stop:
                 return
 
@@ -288,10 +289,9 @@ class ProcessIndexer:
 
     def _send(self, messages: list[Message]) -> None:
         assert self._conn is not None
-        try:
+        # the child gone: the reader thread restarts it and sends everything pending again
+        with contextlib.suppress(OSError):
             self._conn.send(messages)
-        except OSError:
-            pass  # the child is gone: the reader thread restarts it and sends everything pending again
 
     def backlog(self) -> int:
         return self._appends_pending

@@ -19,15 +19,17 @@ acknowledged. Segments are named by their first sequence number and rotate past 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import fcntl
 import os
 import struct
 import threading
 from array import array
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import orjson
 
@@ -153,10 +155,8 @@ class Journal:
                 if self.fsync:
                     os.fsync(self._fd)
             except OSError as exc:
-                try:  # leave no partial frame for the next one to follow
+                with contextlib.suppress(OSError):  # leave no partial frame for the next one to follow
                     os.ftruncate(self._fd, start)
-                except OSError:
-                    pass
                 raise JournalError(f"cannot write the record journal: {exc}") from exc
             self._size = start + _HEAD.size + length + len(_TRAILER)
             self._current.last_seq = seq
@@ -241,7 +241,7 @@ def decode_record(payload: bytes) -> PendingRecord:
     request_json = payload[offset : offset + request_len]
     offset += request_len
     arrays: list[array[Any] | None] = []  # prompt ids, completion ids, logprobs
-    for size, typecode in zip(sizes, ("I", "I", "d")):
+    for size, typecode in zip(sizes, ("I", "I", "d"), strict=True):
         if size < 0:
             arrays.append(None)
             continue

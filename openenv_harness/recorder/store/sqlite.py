@@ -29,12 +29,14 @@ share; ``connection.py`` sets up every connection; ``schema.py`` holds the table
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import sqlite3
 import threading
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from openenv_harness.recorder.store import reads
 from openenv_harness.recorder.store.backlog import MAX_BACKLOG_BYTES
@@ -47,8 +49,13 @@ from openenv_harness.recorder.store.index_ops import IndexOps
 from openenv_harness.recorder.store.index_priority import PRIORITIES
 from openenv_harness.recorder.store.indexer import MAX_BACKLOG as _MAX_BACKLOG
 from openenv_harness.recorder.store.indexer import make_indexer
-from openenv_harness.recorder.store.journal import (SEGMENT_BYTES, Journal, decode_record, decode_session,
-                                                    journal_directory)
+from openenv_harness.recorder.store.journal import (
+    SEGMENT_BYTES,
+    Journal,
+    decode_record,
+    decode_session,
+    journal_directory,
+)
 from openenv_harness.recorder.store.journal_queue import JournalQueue
 from openenv_harness.recorder.store.read_gate import ReadGate
 from openenv_harness.recorder.store.schema import SCHEMA
@@ -180,10 +187,8 @@ class SQLiteStore(RecordStore):
         # every record reached SQLite unless the indexer failed one (or none ran): then the journal keeps it
         self.journal.close(remove=clean)
         if self._wconn is not None:
-            try:
+            with contextlib.suppress(sqlite3.Error):
                 self._wconn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-            except sqlite3.Error:
-                pass
             self._wconn.close()
 
     # -- writes: the journal queue's -------------------------------------------------------------
@@ -265,7 +270,7 @@ class SQLiteStore(RecordStore):
                 with self._read_gate.reading():  # a page at a time: the gate is never held across a yield
                     rows = conn.execute(sql, (session_id, last, _STREAM_PAGE)).fetchall()
                     page = [reads.decode_row(conn, row, cache, lists) for row in rows]
-                for row, record in zip(rows, page):
+                for row, record in zip(rows, page, strict=True):
                     yield record
                     last = row[0]
                 if len(rows) < _STREAM_PAGE:

@@ -101,7 +101,7 @@ def redact_key(raw: bytes, api_key: str | None) -> bytes:
 
 def check_engine_url(url: str) -> None:
     """An engine URL names a place, never a credential: it is shown in provenance, health and errors."""
-    from urllib.parse import urlsplit  # noqa: PLC0415 -- only at construction
+    from urllib.parse import urlsplit
 
     parts = urlsplit(url)
     if parts.username is not None or parts.password is not None or parts.query:

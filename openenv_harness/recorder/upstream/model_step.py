@@ -15,7 +15,8 @@ import asyncio
 import json
 import secrets
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from openenv_harness.recorder.upstream.base import Upstream, UpstreamFailure, UpstreamReply
 
@@ -58,9 +59,9 @@ def reply_from_step(result: Any, model: str) -> dict[str, Any]:
         message["tool_calls"] = tool_calls
     completion = list(result.completion_ids)
     logprobs = list(result.logprobs)
-    content = [{"token": f"token_id:{tid}", "logprob": lp} for tid, lp in zip(completion, logprobs)]
+    content = [{"token": f"token_id:{tid}", "logprob": lp} for tid, lp in zip(completion, logprobs, strict=False)]
     if len(logprobs) != len(completion):  # keep the mismatch visible to validation
-        content = [{"token": f"token_id:{tid}", "logprob": lp} for tid, lp in zip(completion, logprobs)] + [
+        content = [{"token": f"token_id:{tid}", "logprob": lp} for tid, lp in zip(completion, logprobs, strict=False)] + [
             {"token": "token_id:?", "logprob": lp} for lp in logprobs[len(completion):]
         ]
     return {

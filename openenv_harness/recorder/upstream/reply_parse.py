@@ -191,12 +191,12 @@ class PromptIdsReader:
     (``span_budget.py``) -- only speed depends on them, never the ids read.
     """
 
-    __slots__ = ("_recent", "_budget", "__weakref__")
+    __slots__ = ("__weakref__", "_budget", "_recent")
 
     #: prompts remembered: the main chain, plus room for an auxiliary call (a title, a sub-agent)
     KEEP = 3
 
-    def __init__(self, budget: "SpanBudget | None" = None) -> None:
+    def __init__(self, budget: SpanBudget | None = None) -> None:
         self._recent: list[tuple[bytes, array[int]]] = []
         self._budget = budget
 
@@ -207,7 +207,7 @@ class PromptIdsReader:
     def held_bytes(self) -> int:
         return sum(len(span) + len(ids) * ids.itemsize for span, ids in self._recent)
 
-    def take(self, reply: "UpstreamReply") -> array[int] | None:
+    def take(self, reply: UpstreamReply) -> array[int] | None:
         """The prompt ids of a reply whose transport cut out their span (None when it did not).
         A span that is not a clean id list sends the reply through the full parse instead:
         validation then names the bad values, and a body that is not JSON at all stays the
