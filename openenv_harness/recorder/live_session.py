@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections import OrderedDict, deque
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from openenv_harness.recorder.call_numbers import CallNumbers
 from openenv_harness.recorder.dialects.memory import ReplayMemory
 from openenv_harness.recorder.fidelity import FidelityTracker
 from openenv_harness.recorder.prompt_modes.state import IncrementalState
+from openenv_harness.recorder.replay_window import ReplayWindow
 from openenv_harness.recorder.session_spec import SessionSpec
 from openenv_harness.recorder.store.base import SessionRow
 from openenv_harness.recorder.upstream.reply_parse import PromptIdsReader
@@ -51,7 +53,8 @@ class LiveSession:
     status: str = "open"  # open | stopped | closed
     closed_at: float | None = None
     stop_reason: str | None = None
-    next_call_index: int = 0
+    #: the next call's number (``call_numbers.py``): taken when a record is built, given back when not stored
+    numbers: CallNumbers = field(default_factory=CallNumbers)
     counters: Counters = field(default_factory=Counters)
     last_error: dict[str, Any] | None = None
     errors: list[dict[str, Any]] = field(default_factory=list)
@@ -64,8 +67,8 @@ class LiveSession:
     #: how the rollout ended, once the trainer scored it: ``{"reward": float | None, "unscored_reason":
     #: str | None}`` (``POST /admin/sessions/{id}/outcome``); exports stamp the reward on every row
     outcome: dict[str, Any] | None = None
-    #: request digest -> future of the in-flight twin (retry de-duplication)
-    inflight: dict[str, asyncio.Future[Any]] = field(default_factory=dict)
+    #: retried calls' first attempts: twins in flight and recent records' digests (``replay_window.py``)
+    replay: ReplayWindow = field(default_factory=ReplayWindow)
     #: shared per-session state of the fidelity classifier (last prompt of each chain tip, bounded)
     fidelity: FidelityTracker | None = None
     #: the session's recent prompts as text and ids, so a prompt's shared history is not parsed again
@@ -74,8 +77,6 @@ class LiveSession:
     turn_views: dict[str, Any] = field(default_factory=dict)
     #: the replies of the last few compaction calls: a break whose history carries one was compaction
     compaction_summaries: deque[str] = field(default_factory=lambda: deque(maxlen=4))
-    #: request digests of recent successful calls, for retry replay (bounded by the dedupe window)
-    recent_digests: OrderedDict[str, int] = field(default_factory=OrderedDict)
     #: the prompt mode's per-session state (incremental: the chain tips' exact ids)
     prompt_mode_state: IncrementalState | None = None
     #: the session-constant part of each record's provenance, built on first use
@@ -121,11 +122,6 @@ class LiveSession:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._calls_idle.wait(), timeout_s)
         return not self.calls
-
-    def take_call_index(self) -> int:
-        index = self.next_call_index
-        self.next_call_index += 1
-        return index
 
     @property
     def changed(self) -> asyncio.Event:

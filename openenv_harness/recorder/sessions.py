@@ -15,6 +15,7 @@ import threading
 import time
 
 from openenv_harness.recorder.auth import new_secret, secret_digest
+from openenv_harness.recorder.call_numbers import CallNumbers
 from openenv_harness.recorder.live_session import LiveSession
 from openenv_harness.recorder.session_spec import SessionSpec
 from openenv_harness.recorder.store.base import RecordStore
@@ -66,7 +67,7 @@ class SessionRegistry:
                 status=row.status,
                 closed_at=row.closed_at,
                 stop_reason=row.stop_reason,
-                next_call_index=row.next_call_index,
+                numbers=CallNumbers(row.next_call_index),
                 restore_pending=row.next_call_index > 0 and row.status != "closed",
             )
             state = row.state or {}
@@ -225,7 +226,7 @@ class SessionRegistry:
         # a closed session serves no more calls: its bounded caches go (memory follows live sessions)
         session.fidelity = None
         session.prompt_ids = None
-        session.recent_digests.clear()
+        session.replay.forget_recent()
         session.provenance_cache = None
         session.dialect_memory = None
         session.turn_views.clear()

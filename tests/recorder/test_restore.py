@@ -9,6 +9,7 @@ from typing import Any, Iterator
 
 from openenv_harness.recorder.dialects.memory import reasoning_handle
 from openenv_harness.recorder.restore import rebuild, restore
+from openenv_harness.recorder.call_numbers import CallNumbers
 from openenv_harness.recorder.live_session import LiveSession
 from openenv_harness.recorder.session_spec import SessionSpec
 from openenv_harness.recorder.store.base import RecordStore
@@ -61,7 +62,7 @@ def _record(i: int, *, dialect: str = "anthropic", status: str = "ok") -> dict[s
 
 
 def _session() -> LiveSession:
-    return LiveSession(id="s", secret_digest="d", spec=SessionSpec(), created_at=time.time(), next_call_index=2,
+    return LiveSession(id="s", secret_digest="d", spec=SessionSpec(), created_at=time.time(), numbers=CallNumbers(2),
                        restore_pending=True)
 
 

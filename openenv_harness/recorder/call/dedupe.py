@@ -17,7 +17,7 @@ from openenv_harness.recorder.call.flow import Flow
 async def dedupe(flow: Flow) -> bool:
     """Whether the call was answered from its twin or its record (``flow.agent_reply``)."""
     session = flow.session
-    twin = session.inflight.get(flow.digest)
+    twin = session.replay.twin(flow.digest)
     if twin is not None:
         try:
             flow.agent_reply = await asyncio.shield(twin)
@@ -25,7 +25,7 @@ async def dedupe(flow: Flow) -> bool:
             return False  # the twin failed: this retry gets a fresh attempt
         flow.replayed = flow.agent_reply is not None
         return flow.replayed
-    if flow.ctx.config.dedupe_window and flow.digest in session.recent_digests:
+    if flow.ctx.config.dedupe_window and session.replay.is_recent(flow.digest):
         entry = await flow.ctx.store.find_by_digest(session.id, flow.digest)
         if entry is not None:
             flow.agent_reply = entry["response"]

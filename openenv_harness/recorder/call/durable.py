@@ -37,8 +37,7 @@ def _unnumber(flow: Flow, pending: PendingRecord) -> None:
     ``sqlite_synchronous=FULL`` the write waits for an fsync) and where the store fails the first
     and takes the second. Everything else is synchronous from numbering to journalling."""
     session = flow.session
-    if session.next_call_index == flow.call_index + 1:
-        session.next_call_index = flow.call_index
+    session.numbers.give_back(flow.call_index)
     flow.call_index = -1
     served = pending.status != "failed"
     budget.refund(session, flow.call_kind, flow.evidence if served else None, served=served)

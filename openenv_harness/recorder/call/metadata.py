@@ -16,7 +16,7 @@ def base_metadata(flow: Flow, status: str, trainable: bool) -> dict[str, Any]:
     uses none, so a session's call numbers are its records' positions, with no gap."""
     session = flow.session
     if flow.call_index < 0:
-        flow.call_index = session.take_call_index()
+        flow.call_index = session.numbers.take()
     md = {
         "schema_version": SCHEMA_VERSION,
         "node_id": f"{session.id}/{flow.call_index}",

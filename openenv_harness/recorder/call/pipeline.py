@@ -88,7 +88,7 @@ async def serve(flow: Flow) -> Response:
             ctx.metrics.replays.inc()
             session.counters.replayed_calls += 1
             return reply(flow)
-        twin = session.inflight[flow.digest] = asyncio.get_running_loop().create_future()
+        twin = session.replay.open_twin(flow.digest)
         await forward(flow)
         validate(flow)
         await apply_tool_caps(flow)
@@ -105,8 +105,8 @@ async def serve(flow: Flow) -> Response:
         assert twin is not None
         twin.set_result(flow.agent_reply)
     finally:
-        if twin is not None and session.inflight.get(flow.digest) is twin:
-            del session.inflight[flow.digest]
+        if twin is not None:
+            session.replay.close_twin(flow.digest, twin)
     session.notify()
     response = reply(flow)
     elapsed = time.perf_counter() - flow.started

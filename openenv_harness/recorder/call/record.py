@@ -99,10 +99,7 @@ async def record(flow: Flow) -> None:
     flow.ctx.metrics.calls.labels(flow.call_kind, status).inc()
     if not ev.valid:
         session.counters.invalid_calls += 1
-    recent = session.recent_digests
-    recent[flow.digest] = flow.call_index
-    while len(recent) > flow.ctx.config.dedupe_window:
-        recent.popitem(last=False)
+    session.replay.remember(flow.digest, flow.call_index, flow.ctx.config.dedupe_window)
     flow.agent_reply = response
     mode.committed(flow)
 

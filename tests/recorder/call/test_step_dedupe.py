@@ -39,7 +39,7 @@ def _untouched(flow: Flow) -> bool:
 async def _store(ctx: RecorderContext, flow: Flow, *, status: str = "ok", response: dict[str, Any] = REPLY,
                  recent: bool = True) -> None:
     """A record of the flow's call as the record step makes it durable (and, with ``recent``, notes its digest)."""
-    index = flow.session.take_call_index()
+    index = flow.session.numbers.take()
     await ctx.store.append(PendingRecord(
         session_id=flow.session.id, call_index=index, call_kind="agent", status=status,
         request=flow.body, request_json=flow.raw, response=response,
@@ -50,7 +50,7 @@ async def _store(ctx: RecorderContext, flow: Flow, *, status: str = "ok", respon
         created_at=time.time()))
     await ctx.store.caught_up()
     if recent:
-        flow.session.recent_digests[flow.digest] = index
+        flow.session.replay.remember(flow.digest, index, window=8)
 
 
 async def test_a_call_with_no_twin_and_no_record_goes_on_untouched(ctx: RecorderContext, make_flow: MakeFlow) -> None:
@@ -58,7 +58,7 @@ async def test_a_call_with_no_twin_and_no_record_goes_on_untouched(ctx: Recorder
     flow = _flow(ctx, session, make_flow)
     assert await dedupe(flow) is False
     assert _untouched(flow)
-    session.inflight["another digest"] = asyncio.get_running_loop().create_future()  # another call's twin
+    session.replay.open_twin("another digest")  # another call's twin
     assert await dedupe(flow) is False and _untouched(flow)
 
 
@@ -66,7 +66,7 @@ async def test_a_retry_waits_on_its_in_flight_twin_and_is_answered_with_its_repl
         ctx: RecorderContext, make_flow: MakeFlow) -> None:
     session = await open_session(ctx)
     flow = _flow(ctx, session, make_flow)
-    twin = session.inflight[flow.digest] = asyncio.get_running_loop().create_future()
+    twin = session.replay.open_twin(flow.digest)
     retry = asyncio.create_task(dedupe(flow))
     await asyncio.sleep(0)
     assert not retry.done()  # waiting on the first attempt
@@ -78,7 +78,7 @@ async def test_a_retry_waits_on_its_in_flight_twin_and_is_answered_with_its_repl
 async def test_a_retry_of_a_twin_already_answered_replays_at_once(ctx: RecorderContext, make_flow: MakeFlow) -> None:
     session = await open_session(ctx)
     flow = _flow(ctx, session, make_flow)
-    twin = session.inflight[flow.digest] = asyncio.get_running_loop().create_future()
+    twin = session.replay.open_twin(flow.digest)
     twin.set_result(REPLY)
     assert await dedupe(flow) is True and flow.agent_reply is REPLY and flow.replayed
 
@@ -86,7 +86,7 @@ async def test_a_retry_of_a_twin_already_answered_replays_at_once(ctx: RecorderC
 async def test_a_retry_whose_twin_failed_gets_a_fresh_attempt(ctx: RecorderContext, make_flow: MakeFlow) -> None:
     session = await open_session(ctx)
     flow = _flow(ctx, session, make_flow)
-    twin = session.inflight[flow.digest] = asyncio.get_running_loop().create_future()
+    twin = session.replay.open_twin(flow.digest)
     retry = asyncio.create_task(dedupe(flow))
     await asyncio.sleep(0)
     twin.set_exception(AgentError(503, "engine down", type="server_error"))  # how the pipeline fails a twin
@@ -97,7 +97,7 @@ async def test_a_retry_whose_twin_failed_gets_a_fresh_attempt(ctx: RecorderConte
 async def test_a_twin_that_resolves_to_nothing_is_not_a_replay(ctx: RecorderContext, make_flow: MakeFlow) -> None:
     session = await open_session(ctx)
     flow = _flow(ctx, session, make_flow)
-    twin = session.inflight[flow.digest] = asyncio.get_running_loop().create_future()
+    twin = session.replay.open_twin(flow.digest)
     twin.set_result(None)
     assert await dedupe(flow) is False
     assert _untouched(flow)
@@ -107,7 +107,7 @@ async def test_a_retry_cancelled_while_waiting_leaves_its_twin_running(ctx: Reco
                                                                       make_flow: MakeFlow) -> None:
     session = await open_session(ctx)
     flow = _flow(ctx, session, make_flow)
-    twin = session.inflight[flow.digest] = asyncio.get_running_loop().create_future()
+    twin = session.replay.open_twin(flow.digest)
     retry = asyncio.create_task(dedupe(flow))
     await asyncio.sleep(0)
     retry.cancel()  # e.g. a close cancelling the waiting retry
@@ -145,7 +145,7 @@ async def test_only_the_latest_ok_record_of_a_recent_digest_is_replayed(ctx: Rec
 async def test_a_recent_digest_with_no_ok_record_is_not_a_replay(ctx: RecorderContext, make_flow: MakeFlow) -> None:
     session = await open_session(ctx)
     flow = _flow(ctx, session, make_flow)
-    session.recent_digests[flow.digest] = 0  # noted, but no record holds it
+    session.replay.remember(flow.digest, 0, window=8)  # noted, but no record holds it
     assert await dedupe(flow) is False and _untouched(flow)
     await _store(ctx, flow, status="invalid")
     assert await dedupe(flow) is False and _untouched(flow)
@@ -156,7 +156,7 @@ async def test_an_in_flight_twin_is_preferred_to_the_stored_record(ctx: Recorder
     flow = _flow(ctx, session, make_flow)
     await _store(ctx, flow)
     fresh = {**REPLY, "id": "in-flight"}
-    twin = session.inflight[flow.digest] = asyncio.get_running_loop().create_future()
+    twin = session.replay.open_twin(flow.digest)
     twin.set_result(fresh)
     assert await dedupe(flow) is True and flow.agent_reply is fresh
 
@@ -173,7 +173,7 @@ async def test_with_the_dedupe_window_off_a_recorded_call_is_sampled_again(tmp_p
         retry = _flow(ctx, session, make_flow)
         assert await dedupe(retry) is False and _untouched(retry)
         # an in-flight twin still answers its retry: the window is about stored records only
-        twin = session.inflight[retry.digest] = asyncio.get_running_loop().create_future()
+        twin = session.replay.open_twin(retry.digest)
         twin.set_result(REPLY)
         assert await dedupe(retry) is True and retry.agent_reply is REPLY
     finally:
