@@ -1,7 +1,8 @@
 """Budgets: what a session may spend (D13), what it has spent, and tool-call caps on each reply.
 
 The steps that apply them are ``call/enforce_budget.py`` (before a call) and ``call/tool_caps.py``
-(on its reply); this module is the session's ledger they share with the record step.
+(on its reply); this module's ``BudgetLedger`` is the session's ledger they share with the record
+step, and the one place its counters change.
 
 A black-box agent never stops on its own, so the recorder does: max agent calls, max calls, max
 tokens (prompt and completion counted separately, plus a total), max wall-clock. The cap that
@@ -25,7 +26,7 @@ The record keeps the policy's sample untouched (its completion ids hold every sa
 ``response`` is what the agent received, and ``metadata.tool_limit`` names the cap, the counts and
 the dropped calls verbatim, so nothing is lost and a retried call is replayed exactly as cut.
 
-What each cap counts (``account``):
+What each cap counts (``BudgetLedger.account``):
 
 * ``max_calls``: records -- every call the engine was asked, whether it served it or not (a failed
   record counts: an agent that loops on calls the engine rejects must still end, and ``limits.calls``
@@ -33,79 +34,127 @@ What each cap counts (``account``):
 * ``max_agent_calls``: agent calls the engine served (``ok`` and ``invalid`` records of kind agent);
 * the token caps: the prompt and completion ids of served calls;
 * nothing: calls refused before the engine (bad input, authentication, a paused engine, a cap),
-  replayed retries (no new sample), and calls whose record could not be stored (``refund``).
+  replayed retries (no new sample), and calls whose record could not be stored (``BudgetLedger.refund``).
 
 ``n`` must be the integer 1 (``call/parse.py``): a budget counts calls, and one call is one sample.
 """
 
 from __future__ import annotations
 
-import time
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
 from typing import Any
 
-from openenv_harness.recorder.live_session import LiveSession
+from openenv_harness.recorder.session_spec import Budgets
 from openenv_harness.recorder.validate import Evidence
 
 
-def exceeded(session: LiveSession, call_kind: str, now: float | None = None) -> str | None:
-    """The name of the first cap this call would exceed, or None."""
-    b = session.spec.budgets
-    c = session.counters
-    now = time.time() if now is None else now
-    if b.max_wall_clock_s is not None and now - session.created_at >= b.max_wall_clock_s:
-        return "max_wall_clock_s"
-    if b.max_calls is not None and c.calls >= b.max_calls:
-        return "max_calls"
-    if call_kind == "agent" and b.max_agent_calls is not None and c.agent_calls >= b.max_agent_calls:
-        return "max_agent_calls"
-    if b.max_prompt_tokens is not None and c.prompt_tokens >= b.max_prompt_tokens:
-        return "max_prompt_tokens"
-    if b.max_completion_tokens is not None and c.completion_tokens >= b.max_completion_tokens:
-        return "max_completion_tokens"
-    if b.max_total_tokens is not None and c.prompt_tokens + c.completion_tokens >= b.max_total_tokens:
-        return "max_total_tokens"
-    return None
+@dataclass
+class Counters:
+    calls: int = 0
+    agent_calls: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    failed_calls: int = 0
+    invalid_calls: int = 0
+    replayed_calls: int = 0
+    #: tool calls handed to the agent (after any cut), the count ``max_total_tool_calls`` caps
+    tool_calls: int = 0
 
 
-def account(session: LiveSession, call_kind: str, evidence: Evidence | None, *, served: bool) -> None:
-    c = session.counters
-    c.calls += 1
-    if not served or evidence is None:
-        return
-    if call_kind == "agent":
-        c.agent_calls += 1
-    if evidence.prompt_ids is not None:
-        c.prompt_tokens += len(evidence.prompt_ids)
-    if evidence.completion_ids is not None:
-        c.completion_tokens += len(evidence.completion_ids)
+_COUNTER_NAMES = frozenset(f.name for f in fields(Counters))
 
 
-def refund(session: LiveSession, call_kind: str, evidence: Evidence | None, *, served: bool) -> None:
-    """Undo ``account`` for a call whose record could not be stored: a budget counts records."""
-    c = session.counters
-    c.calls -= 1
-    if not served or evidence is None:
-        return
-    if call_kind == "agent":
-        c.agent_calls -= 1
-    if evidence.prompt_ids is not None:
-        c.prompt_tokens -= len(evidence.prompt_ids)
-    if evidence.completion_ids is not None:
-        c.completion_tokens -= len(evidence.completion_ids)
+class BudgetLedger:
+    """One session's spending against its caps. ``counters`` is read by summaries and exports; it
+    changes only through these methods (``tests/recorder/test_session_parts.py`` reads the sources)."""
 
+    __slots__ = ("_budgets", "_caps", "counters")
 
-def limits_state(session: LiveSession) -> dict[str, Any]:
-    c = session.counters
-    caps = session.caps_cache
-    if caps is None:  # a pydantic dump per call cost more than the rest of this function
-        caps = session.caps_cache = session.spec.budgets.model_dump(exclude_none=True)
-    return {
-        "agent_calls": c.agent_calls,
-        "calls": c.calls,
-        "prompt_tokens": c.prompt_tokens,
-        "completion_tokens": c.completion_tokens,
-        "tool_calls": c.tool_calls,
-        "elapsed_s": round(time.time() - session.created_at, 3),
-        **caps,
-        "stop": session.stop_reason,
-    }
+    def __init__(self, budgets: Budgets) -> None:
+        self._budgets = budgets
+        self._caps: dict[str, Any] | None = None
+        self.counters = Counters()
+
+    def exceeded(self, call_kind: str, elapsed_s: float) -> str | None:
+        """The name of the first cap a call of ``call_kind`` would exceed, ``elapsed_s`` into the session."""
+        b = self._budgets
+        c = self.counters
+        if b.max_wall_clock_s is not None and elapsed_s >= b.max_wall_clock_s:
+            return "max_wall_clock_s"
+        if b.max_calls is not None and c.calls >= b.max_calls:
+            return "max_calls"
+        if call_kind == "agent" and b.max_agent_calls is not None and c.agent_calls >= b.max_agent_calls:
+            return "max_agent_calls"
+        if b.max_prompt_tokens is not None and c.prompt_tokens >= b.max_prompt_tokens:
+            return "max_prompt_tokens"
+        if b.max_completion_tokens is not None and c.completion_tokens >= b.max_completion_tokens:
+            return "max_completion_tokens"
+        if b.max_total_tokens is not None and c.prompt_tokens + c.completion_tokens >= b.max_total_tokens:
+            return "max_total_tokens"
+        return None
+
+    def account(self, call_kind: str, evidence: Evidence | None, *, served: bool) -> None:
+        """A record of this call is being stored: it counts."""
+        self._add(call_kind, evidence, served, 1)
+
+    def refund(self, call_kind: str, evidence: Evidence | None, *, served: bool) -> None:
+        """Undo ``account`` for a call whose record could not be stored: a budget counts records."""
+        self._add(call_kind, evidence, served, -1)
+
+    def _add(self, call_kind: str, evidence: Evidence | None, served: bool, sign: int) -> None:
+        c = self.counters
+        c.calls += sign
+        if not served or evidence is None:
+            return
+        if call_kind == "agent":
+            c.agent_calls += sign
+        if evidence.prompt_ids is not None:
+            c.prompt_tokens += sign * len(evidence.prompt_ids)
+        if evidence.completion_ids is not None:
+            c.completion_tokens += sign * len(evidence.completion_ids)
+
+    def allow_tool_calls(self, requested: int) -> tuple[int, str | None]:
+        """How many of a reply's ``requested`` tool calls the agent may receive, and the cap that cut
+        them (None: all of them); the allowed ones count against ``max_total_tool_calls``."""
+        b = self._budgets
+        left = None if b.max_total_tool_calls is None else max(0, b.max_total_tool_calls - self.counters.tool_calls)
+        allowed, cap = requested, None
+        if b.max_tool_calls_per_turn is not None and allowed > b.max_tool_calls_per_turn:
+            allowed, cap = b.max_tool_calls_per_turn, "max_tool_calls_per_turn"
+        if left is not None and allowed > left:
+            allowed, cap = left, "max_total_tool_calls"
+        self.counters.tool_calls += allowed
+        return allowed, cap
+
+    def note_replayed(self) -> None:
+        self.counters.replayed_calls += 1
+
+    def note_invalid(self) -> None:
+        self.counters.invalid_calls += 1
+
+    def note_failed(self) -> None:
+        self.counters.failed_calls += 1
+
+    def restore(self, totals: Mapping[str, Any]) -> None:
+        """The counters a stored session row carries (a restarted recorder); unknown names are skipped."""
+        for key, value in totals.items():
+            if key in _COUNTER_NAMES:
+                setattr(self.counters, key, int(value))
+
+    def limits(self, elapsed_s: float, stop_reason: str | None) -> dict[str, Any]:
+        """What each record's ``limits`` shows: the counts so far, the caps, and the stop condition."""
+        c = self.counters
+        caps = self._caps
+        if caps is None:  # a pydantic dump per call cost more than the rest of this method
+            caps = self._caps = self._budgets.model_dump(exclude_none=True)
+        return {
+            "agent_calls": c.agent_calls,
+            "calls": c.calls,
+            "prompt_tokens": c.prompt_tokens,
+            "completion_tokens": c.completion_tokens,
+            "tool_calls": c.tool_calls,
+            "elapsed_s": round(elapsed_s, 3),
+            **caps,
+            "stop": stop_reason,
+        }

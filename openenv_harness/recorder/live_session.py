@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from openenv_harness.recorder.budget import BudgetLedger, Counters
 from openenv_harness.recorder.call_numbers import CallNumbers
 from openenv_harness.recorder.dialects.memory import ReplayMemory
 from openenv_harness.recorder.fidelity import FidelityTracker
@@ -21,19 +23,6 @@ from openenv_harness.recorder.replay_window import ReplayWindow
 from openenv_harness.recorder.session_spec import SessionSpec
 from openenv_harness.recorder.store.base import SessionRow
 from openenv_harness.recorder.upstream.reply_parse import PromptIdsReader
-
-
-@dataclass
-class Counters:
-    calls: int = 0
-    agent_calls: int = 0
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    failed_calls: int = 0
-    invalid_calls: int = 0
-    replayed_calls: int = 0
-    #: tool calls handed to the agent (after any cut), the count ``max_total_tool_calls`` caps
-    tool_calls: int = 0
 
 
 class CallInFlight(Protocol):
@@ -55,7 +44,6 @@ class LiveSession:
     stop_reason: str | None = None
     #: the next call's number (``call_numbers.py``): taken when a record is built, given back when not stored
     numbers: CallNumbers = field(default_factory=CallNumbers)
-    counters: Counters = field(default_factory=Counters)
     last_error: dict[str, Any] | None = None
     errors: list[dict[str, Any]] = field(default_factory=list)
     template_status: str | None = None
@@ -81,8 +69,6 @@ class LiveSession:
     prompt_mode_state: IncrementalState | None = None
     #: the session-constant part of each record's provenance, built on first use
     provenance_cache: dict[str, Any] | None = None
-    #: the session's caps as each record's ``limits`` shows them (the spec does not change), built on first use
-    caps_cache: dict[str, Any] | None = None
     #: what dialect replies sent back (sampled tool arguments, reasoning), to recognise their replay
     dialect_memory: ReplayMemory | None = None
     #: recovered with records: its chain state (fidelity tips, dialect memory) is still to be rebuilt
@@ -91,10 +77,24 @@ class LiveSession:
     restoring: asyncio.Future[None] | None = None
     #: the calls being served now, from authentication to reply (``call.flow.Flow`` by id): close waits for them
     calls: dict[int, CallInFlight] = field(default_factory=dict)
+    #: what the session has spent against its caps (``budget.py``), built from the spec with the session
+    ledger: BudgetLedger = field(init=False)
     _changed: asyncio.Event | None = None
     _calls_idle: asyncio.Event | None = None
     #: set once a close has begun; resolved when it is done
     _close_done: asyncio.Future[None] | None = None
+
+    def __post_init__(self) -> None:
+        self.ledger = BudgetLedger(self.spec.budgets)
+
+    @property
+    def counters(self) -> Counters:
+        """The ledger's counts, for reading (they change only through ``ledger``'s methods)."""
+        return self.ledger.counters
+
+    def limits(self) -> dict[str, Any]:
+        """What this call's record shows as ``limits``: spent, caps and the stop condition."""
+        return self.ledger.limits(time.time() - self.created_at, self.stop_reason)
 
     @property
     def affinity_key(self) -> str | None:

@@ -78,10 +78,7 @@ class SessionRegistry:
             session.engine_version = state.get("engine_version")
             session.logprobs_mode = state.get("logprobs_mode")
             session.outcome = state.get("outcome")
-            totals = state.get("totals") or {}
-            for key, value in totals.items():
-                if hasattr(session.counters, key):
-                    setattr(session.counters, key, int(value))
+            session.ledger.restore(state.get("totals") or {})
             if session.status == "closed":
                 self._store.seal(session.id)
             self._index(session)

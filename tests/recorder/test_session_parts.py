@@ -1,8 +1,8 @@
 """A session's parts each have one owner: their state changes only through the owner's methods.
 
-``LiveSession.replay`` (retry twins and recent digests) and ``LiveSession.numbers`` (call numbers) are
-objects of their own modules; the pipeline, the record step, the store's refusal and a close use their
-methods. The source check below reads every module of the package, so a step that reaches into a
+``LiveSession.replay`` (retry twins and recent digests), ``LiveSession.numbers`` (call numbers) and
+``LiveSession.ledger`` (what the session spent against its caps) are objects of their own modules; the
+pipeline, the steps, the store's refusal, a close and a restart use their methods. The source check below reads every module of the package, so a step that reaches into a
 part's private state, or swaps the part, fails here rather than in a race."""
 
 from __future__ import annotations
@@ -15,51 +15,99 @@ from pathlib import Path
 import pytest
 
 import openenv_harness
+from openenv_harness.recorder.budget import BudgetLedger, Counters
 from openenv_harness.recorder.call_numbers import CallNumbers
 from openenv_harness.recorder.live_session import LiveSession
 from openenv_harness.recorder.replay_window import ReplayWindow
 
 PACKAGE = Path(openenv_harness.__file__).parent
 #: the session's attribute -> the module that owns its state
-PARTS = {"replay": "recorder/replay_window.py", "numbers": "recorder/call_numbers.py"}
+PARTS = {"replay": "recorder/replay_window.py", "numbers": "recorder/call_numbers.py", "ledger": "recorder/budget.py"}
+#: state a part lets others read, but which only its owner changes: attribute -> owner
+READ_ONLY = {"counters": "recorder/budget.py"}
+
+
+def _written(node: ast.AST) -> list[ast.expr]:
+    """What a statement assigns to, and what a ``setattr`` call's first argument is."""
+    if isinstance(node, ast.Assign):
+        return list(node.targets)
+    if isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+        return [node.target]
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "setattr" and node.args:
+        return [ast.Attribute(value=node.args[0], attr="?", ctx=ast.Store())]
+    return []
 
 
 def _sources() -> list[tuple[str, ast.Module]]:
     return [(str(p.relative_to(PACKAGE)), ast.parse(p.read_text(), str(p))) for p in sorted(PACKAGE.rglob("*.py"))]
 
 
+def _breaches(name: str, tree: ast.AST) -> list[str]:
+    """Where module ``name`` reaches into a part's private state, replaces a part, or changes read-only state."""
+    found = []
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and node.attr.startswith("_")
+                and isinstance(node.value, ast.Attribute) and node.value.attr in PARTS):
+            found.append(f"{name}:{node.lineno} reads .{node.value.attr}.{node.attr}")
+        for target in _written(node):
+            if not isinstance(target, ast.Attribute):
+                continue
+            if target.attr in PARTS and name != "recorder/live_session.py":
+                found.append(f"{name}:{getattr(node, 'lineno', 0)} replaces .{target.attr}")
+            inner = target.value
+            for attr, owner in READ_ONLY.items():
+                if name != owner and (target.attr == attr or (isinstance(inner, ast.Attribute) and inner.attr == attr)):
+                    found.append(f"{name}:{getattr(node, 'lineno', 0)} changes .{attr}")
+    return found
+
+
 def test_no_module_reaches_into_a_parts_private_state_or_replaces_the_part() -> None:
-    breaches = []
-    for name, tree in _sources():
-        for node in ast.walk(tree):
-            if (isinstance(node, ast.Attribute) and node.attr.startswith("_")
-                    and isinstance(node.value, ast.Attribute) and node.value.attr in PARTS):
-                breaches.append(f"{name}:{node.lineno} reads .{node.value.attr}.{node.attr}")
-            targets = node.targets if isinstance(node, ast.Assign) else (
-                [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else [])
-            for target in targets:
-                if isinstance(target, ast.Attribute) and target.attr in PARTS and name != "recorder/live_session.py":
-                    breaches.append(f"{name}:{node.lineno} replaces .{target.attr}")
-    assert breaches == []
+    assert [b for name, tree in _sources() for b in _breaches(name, tree)] == []
 
 
 def test_the_parts_state_lives_only_in_their_owners() -> None:
     fields = {f.name for f in dataclasses.fields(LiveSession)}
-    assert {"replay", "numbers"} <= fields
-    assert not fields & {"inflight", "recent_digests", "next_call_index"}, "part state back on the session"
+    assert {"replay", "numbers", "ledger"} <= fields
+    assert not fields & {"inflight", "recent_digests", "next_call_index", "counters", "caps_cache"}, \
+        "part state back on the session"
     assert ReplayWindow.__slots__ == ("_recent", "_twins") and CallNumbers.__slots__ == ("_next",)
+    assert BudgetLedger.__slots__ == ("_budgets", "_caps", "counters")
     owners = {name for name, _ in _sources()}
     assert set(PARTS.values()) <= owners
 
 
 def test_the_source_check_finds_a_breach() -> None:
-    """The check above can fail: the same walk over a module that reaches in and one that swaps a part."""
-    tree = ast.parse("def f(s):\n    s.replay._recent.clear()\n    s.numbers = None\n")
-    reached = [n for n in ast.walk(tree) if isinstance(n, ast.Attribute) and n.attr.startswith("_")
-               and isinstance(n.value, ast.Attribute) and n.value.attr in PARTS]
-    swapped = [t for n in ast.walk(tree) if isinstance(n, ast.Assign) for t in n.targets
-               if isinstance(t, ast.Attribute) and t.attr in PARTS]
-    assert len(reached) == 1 and len(swapped) == 1
+    """The check above can fail: each kind of breach, in a module that does not own the part."""
+    tree = ast.parse("def f(s):\n    s.replay._recent.clear()\n    s.numbers = None\n"
+                     "    s.counters.calls += 1\n    setattr(s.counters, 'calls', 0)\n")
+    assert sorted(b.split(" ", 1)[1] for b in _breaches("recorder/call/x.py", tree)) == [
+        "changes .counters", "changes .counters", "reads .replay._recent", "replaces .numbers"]
+    assert _breaches("recorder/budget.py", ast.parse("def f(s):\n    s.counters.calls += 1\n")) == []
+
+
+def test_the_ledger_counts_records_refunds_and_cuts_tool_calls() -> None:
+    from array import array
+
+    from openenv_harness.recorder.session_spec import Budgets
+    from openenv_harness.recorder.validate import Evidence
+
+    ledger = BudgetLedger(Budgets(max_agent_calls=2, max_total_tool_calls=3, max_tool_calls_per_turn=2))
+    ev = Evidence(prompt_ids=array("I", [1, 2, 3]), completion_ids=array("I", [4]))
+    ledger.account("agent", ev, served=True)
+    ledger.account("aux", None, served=False)  # a failed aux call: a record, nothing served
+    assert ledger.counters == Counters(calls=2, agent_calls=1, prompt_tokens=3, completion_tokens=1)
+    assert ledger.exceeded("agent", 0.0) is None
+    ledger.account("agent", ev, served=True)
+    assert ledger.exceeded("agent", 0.0) == "max_agent_calls" and ledger.exceeded("aux", 0.0) is None
+    ledger.refund("agent", ev, served=True)  # its record could not be stored
+    assert ledger.counters == Counters(calls=2, agent_calls=1, prompt_tokens=3, completion_tokens=1)
+    assert ledger.allow_tool_calls(5) == (2, "max_tool_calls_per_turn")
+    assert ledger.allow_tool_calls(2) == (1, "max_total_tool_calls")
+    assert ledger.allow_tool_calls(1) == (0, "max_total_tool_calls") and ledger.counters.tool_calls == 3
+    limits = ledger.limits(1.23456, "max_total_tool_calls")
+    assert limits["elapsed_s"] == 1.235 and limits["stop"] == "max_total_tool_calls" and limits["max_agent_calls"] == 2
+    ledger.restore({"calls": "7", "not_a_counter": 1, "__class__": 0})
+    assert ledger.counters.calls == 7
 
 
 def test_call_numbers_are_taken_in_order_and_only_the_latest_goes_back() -> None:

@@ -3,7 +3,6 @@ error and gives back what it took (its number, its budget)."""
 
 from __future__ import annotations
 
-from openenv_harness.recorder import budget
 from openenv_harness.recorder.call.flow import Flow
 from openenv_harness.recorder.errors import AgentError, session_closed
 from openenv_harness.recorder.store.base import PendingRecord, SessionSealed
@@ -40,4 +39,4 @@ def _unnumber(flow: Flow, pending: PendingRecord) -> None:
     session.numbers.give_back(flow.call_index)
     flow.call_index = -1
     served = pending.status != "failed"
-    budget.refund(session, flow.call_kind, flow.evidence if served else None, served=served)
+    session.ledger.refund(flow.call_kind, flow.evidence if served else None, served=served)

@@ -6,7 +6,8 @@ and nothing synthetic is recorded as a policy sample.
 
 from __future__ import annotations
 
-from openenv_harness.recorder.budget import exceeded
+import time
+
 from openenv_harness.recorder.call.flow import Flow
 from openenv_harness.recorder.errors import AgentError
 
@@ -17,7 +18,7 @@ async def enforce_budget(flow: Flow) -> None:
     if session.status == "stopped":
         flow.ctx.metrics.rejected.labels("stopped").inc()
         raise AgentError(400, f"rollout budget exhausted ({session.stop_reason}); stop now", code="budget_exhausted")
-    cap = exceeded(session, flow.call_kind)
+    cap = session.ledger.exceeded(flow.call_kind, time.time() - session.created_at)
     if cap is not None:
         await flow.ctx.sessions.stop(session, cap)
         flow.ctx.metrics.budget_stops.labels(cap).inc()

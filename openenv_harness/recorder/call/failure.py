@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import time
 
-from openenv_harness.recorder import budget
 from openenv_harness.recorder.call.durable import store_record
 from openenv_harness.recorder.call.flow import Flow
 from openenv_harness.recorder.call.metadata import base_metadata
@@ -26,15 +25,15 @@ async def record_failure(flow: Flow, error: AgentError, *, kind: str | None = No
     }
     if flow.prompt_mode is not None:  # incremental: which step of the continuation failed
         md["prompt_mode"] = flow.prompt_mode
-    budget.account(session, flow.call_kind, None, served=False)
-    md["limits"] = budget.limits_state(session)
+    session.ledger.account(flow.call_kind, None, served=False)
+    md["limits"] = session.limits()
     pending = PendingRecord(
         session_id=session.id, call_index=flow.call_index, call_kind=flow.call_kind, status="failed",
         request=flow.body, response={}, prompt_ids=None, completion_ids=None, logprobs=None,
         completion_tokens=None, trainable=False, metadata=md, created_at=time.time(),
     )
     await store_record(flow, pending)
-    session.counters.failed_calls += 1
+    session.ledger.note_failed()
     if kind != "cancelled":  # ``last_error`` is what failed a call; a close cancelling one is no failure
         session.note_error({**md["error"], "call_index": flow.call_index, "at": time.time()})
     flow.ctx.metrics.records.inc()

@@ -86,7 +86,7 @@ async def serve(flow: Flow) -> Response:
         await enforce_budget(flow)
         if await dedupe(flow):
             ctx.metrics.replays.inc()
-            session.counters.replayed_calls += 1
+            session.ledger.note_replayed()
             return reply(flow)
         twin = session.replay.open_twin(flow.digest)
         await forward(flow)

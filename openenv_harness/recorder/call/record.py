@@ -10,7 +10,6 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from openenv_harness.recorder import budget
 from openenv_harness.recorder.call.durable import store_record
 from openenv_harness.recorder.call.flow import Flow
 from openenv_harness.recorder.call.metadata import base_metadata
@@ -69,8 +68,8 @@ async def record(flow: Flow) -> None:
         summary = _reply_text(flow.reply.json)
         if summary:
             session.compaction_summaries.append(summary)
-    budget.account(session, flow.call_kind, ev, served=True)
-    md["limits"] = budget.limits_state(session)
+    session.ledger.account(flow.call_kind, ev, served=True)
+    md["limits"] = session.limits()
     flow.metadata = md
     # what the agent is sent, logprobs included when it asked: a replayed retry is answered with it
     response = agent_view(flow.reply.json, keep_logprobs=flow.keep_logprobs)
@@ -98,7 +97,7 @@ async def record(flow: Flow) -> None:
     flow.ctx.metrics.records.inc()
     flow.ctx.metrics.calls.labels(flow.call_kind, status).inc()
     if not ev.valid:
-        session.counters.invalid_calls += 1
+        session.ledger.note_invalid()
     session.replay.remember(flow.digest, flow.call_index, flow.ctx.config.dedupe_window)
     flow.agent_reply = response
     mode.committed(flow)
@@ -145,8 +144,8 @@ async def _record_aborted(flow: Flow, ev: Evidence, md: dict[str, Any], status: 
     history -- a turn the policy never finished. A retryable 503 makes the harness send the call
     again; that retry is not answered from this record (dedupe skips calls that raised)."""
     session = flow.session
-    budget.account(session, flow.call_kind, None, served=False)
-    md["limits"] = budget.limits_state(session)
+    session.ledger.account(flow.call_kind, None, served=False)
+    md["limits"] = session.limits()
     md["error"] = {"kind": "engine_aborted", "status": 503, "upstream_status": flow.reply.status if flow.reply else None,
                    "message": "the engine aborted the call part-way (finish_reason=abort)", "upstream_body": None}
     flow.metadata = md
@@ -158,7 +157,7 @@ async def _record_aborted(flow: Flow, ev: Evidence, md: dict[str, Any], status: 
         completion_tokens=ev.completion_tokens, trainable=False, metadata=md, created_at=time.time(),
     )
     await store_record(flow, pending)
-    session.counters.invalid_calls += 1
+    session.ledger.note_invalid()
     session.note_error({**md["error"], "call_index": flow.call_index, "at": time.time()})
     flow.ctx.metrics.records.inc()
     flow.ctx.metrics.calls.labels(flow.call_kind, status).inc()

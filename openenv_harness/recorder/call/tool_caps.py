@@ -30,14 +30,7 @@ def cut_tool_calls(flow: Flow) -> str | None:
     calls = message.get("tool_calls") if isinstance(message, dict) else None
     if not isinstance(calls, list) or not calls or not isinstance(message, dict):
         return None
-    b = flow.session.spec.budgets
-    c = flow.session.counters
-    allowed, cap = len(calls), None
-    if b.max_tool_calls_per_turn is not None and allowed > b.max_tool_calls_per_turn:
-        allowed, cap = b.max_tool_calls_per_turn, "max_tool_calls_per_turn"
-    if b.max_total_tool_calls is not None and allowed > max(0, b.max_total_tool_calls - c.tool_calls):
-        allowed, cap = max(0, b.max_total_tool_calls - c.tool_calls), "max_total_tool_calls"
-    c.tool_calls += allowed
+    allowed, cap = flow.session.ledger.allow_tool_calls(len(calls))
     if cap is None:
         return None
     delivered = {k: v for k, v in message.items() if k != "tool_calls"}

@@ -11,7 +11,7 @@ from openenv_harness.recorder.call.enforce_budget import enforce_budget
 from openenv_harness.recorder.call.flow import Flow
 from openenv_harness.recorder.context import RecorderContext
 from openenv_harness.recorder.errors import AgentError
-from openenv_harness.recorder.live_session import Counters
+from openenv_harness.recorder.budget import Counters
 from openenv_harness.recorder.session_spec import Budgets, SessionSpec
 
 from step_flows import MakeFlow, open_session
@@ -62,7 +62,7 @@ async def test_a_stopped_session_is_refused_naming_its_stop_reason(ctx: Recorder
 async def test_a_call_that_would_pass_a_cap_is_refused_and_stops_the_session_with_it(
         ctx: RecorderContext, make_flow: MakeFlow, budgets: Budgets, spent: Counters, cap: str) -> None:
     session = await open_session(ctx, SessionSpec(budgets=budgets))
-    session.counters = spent  # what ``budget.account`` leaves after the calls the session made
+    session.ledger.counters = spent  # what ``budget.account`` leaves after the calls the session made
     error = await _refused(make_flow(ctx, session, BODY))
     assert (error.status, error.code) == (400, "budget_exhausted")
     assert error.message == f"rollout budget exhausted ({cap}); stop now"
@@ -87,7 +87,7 @@ async def test_a_call_within_its_budgets_passes_and_changes_nothing(ctx: Recorde
     budgets = Budgets(max_calls=3, max_agent_calls=2, max_prompt_tokens=100, max_completion_tokens=50,
                       max_total_tokens=140, max_wall_clock_s=3600.0)
     session = await open_session(ctx, SessionSpec(budgets=budgets))
-    session.counters = Counters(calls=2, agent_calls=1, prompt_tokens=99, completion_tokens=40)
+    session.ledger.counters = Counters(calls=2, agent_calls=1, prompt_tokens=99, completion_tokens=40)
     flow = make_flow(ctx, session, BODY)
     await enforce_budget(flow)
     assert (session.status, session.stop_reason) == ("open", None)
@@ -100,7 +100,7 @@ async def test_a_call_within_its_budgets_passes_and_changes_nothing(ctx: Recorde
 async def test_max_agent_calls_refuses_an_agent_call_but_lets_an_aux_call_through(
         ctx: RecorderContext, make_flow: MakeFlow) -> None:
     session = await open_session(ctx, SessionSpec(budgets=Budgets(max_agent_calls=1, max_calls=5)))
-    session.counters = Counters(calls=1, agent_calls=1)
+    session.ledger.counters = Counters(calls=1, agent_calls=1)
     aux = make_flow(ctx, session, BODY)
     aux.call_kind = "aux"  # what ``classify`` sets for a call an aux rule matches
     await enforce_budget(aux)
@@ -117,7 +117,7 @@ async def test_max_agent_calls_refuses_an_agent_call_but_lets_an_aux_call_throug
 
 async def test_max_calls_counts_aux_calls_too(ctx: RecorderContext, make_flow: MakeFlow) -> None:
     session = await open_session(ctx, SessionSpec(budgets=Budgets(max_calls=2, max_agent_calls=5)))
-    session.counters = Counters(calls=2, agent_calls=0)  # two aux calls were recorded
+    session.ledger.counters = Counters(calls=2, agent_calls=0)  # two aux calls were recorded
     aux = make_flow(ctx, session, BODY)
     aux.call_kind = "aux"
     assert (await _refused(aux)).code == "budget_exhausted"
