@@ -21,7 +21,7 @@ import urllib.request
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, Self
 
 
 #: the tool-parser plugin vLLM loads from its own venv (it needs nothing of this package installed there)
@@ -95,31 +95,49 @@ class VLLMSettings:
         return env
 
 
-class VLLMServer:
-    """One vLLM API server process: ``start()`` waits until it serves, ``stop()`` ends its group."""
+class ManagedServer:
+    """An engine's server as a process of its own: ``start()`` waits until it serves, or fails with its
+    log's tail; ``stop()`` ends its process group. An engine says how it is started (``_command``,
+    ``_environment``), when it serves (``_ready``) and how its group ends (``stop``)."""
 
-    def __init__(self, settings: VLLMSettings, *, log_path: Path | None = None) -> None:
-        self.settings = settings
+    #: the engine's name in errors and in its default log's file name
+    engine = "engine"
+
+    def __init__(self, log_path: Path | None = None) -> None:
         self.log_path = log_path
         self.process: subprocess.Popen[bytes] | None = None
-        self._log_file: Any = None
+        self._log_file: IO[bytes] | None = None
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.settings.port}"
+        raise NotImplementedError
 
-    def start(self, timeout_s: float = 600.0) -> "VLLMServer":
+    def _command(self) -> list[str]:
+        raise NotImplementedError
+
+    def _environment(self) -> dict[str, str]:
+        raise NotImplementedError
+
+    def _log_dir(self) -> Path:
+        raise NotImplementedError
+
+    def _port(self) -> int:
+        """The port it serves on (chosen here where the settings leave it open)."""
+        raise NotImplementedError
+
+    def _ready(self, deadline: float) -> bool:
+        raise NotImplementedError
+
+    def start(self, timeout_s: float = 600.0) -> Self:
         if self.process is not None:
             raise RuntimeError("already started")
-        if not self.settings.port:
-            self.settings.port = free_port()
+        port = self._port()
         if self.log_path is None:
-            self.log_path = self.settings.model_dir.parent / f"vllm-{self.settings.port}.log"
+            self.log_path = self._log_dir() / f"{self.engine.lower()}-{port}.log"
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log_file = self.log_path.open("wb")
-        self.process = subprocess.Popen(self.settings.command(), env=self.settings.environment(),
-                                        stdout=self._log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                        start_new_session=True)
+        self.process = subprocess.Popen(self._command(), env=self._environment(), stdout=self._log_file,
+                                        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
         try:
             self._wait_ready(timeout_s)
         except BaseException:
@@ -133,19 +151,11 @@ class VLLMServer:
         while time.monotonic() < deadline:
             code = self.process.poll()
             if code is not None:
-                raise EngineStartError(f"vLLM exited with code {code} before it was ready: {self.log_tail()}")
-            if self._ready():
+                raise EngineStartError(f"{self.engine} exited with code {code} before it was ready: {self.log_tail()}")
+            if self._ready(deadline):
                 return
             time.sleep(0.5)
-        raise EngineStartError(f"vLLM was not ready after {timeout_s:.0f} s: {self.log_tail()}")
-
-    def _ready(self) -> bool:
-        try:
-            with urllib.request.urlopen(self.url + "/v1/models", timeout=5) as resp:
-                data = json.loads(resp.read())
-            return any(m.get("id") == self.settings.served_name for m in data.get("data", []))
-        except (OSError, ValueError, urllib.error.URLError):
-            return False
+        raise EngineStartError(f"{self.engine} was not ready after {timeout_s:.0f} s: {self.log_tail()}")
 
     def log_tail(self, lines: int = 15) -> str:
         if self.log_path is None or not self.log_path.exists():
@@ -153,6 +163,56 @@ class VLLMServer:
         with self.log_path.open("rb") as f:
             tail = deque(f, maxlen=lines)
         return " | ".join(line.decode(errors="replace").strip() for line in tail if line.strip())
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        raise NotImplementedError
+
+    def _close_log(self) -> None:
+        if self._log_file is not None:
+            self._log_file.close()
+            self._log_file = None
+
+    def __enter__(self) -> Self:
+        return self.start() if self.process is None else self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class VLLMServer(ManagedServer):
+    """One vLLM API server process: ``start()`` waits until it serves, ``stop()`` ends its group."""
+
+    engine = "vLLM"
+
+    def __init__(self, settings: VLLMSettings, *, log_path: Path | None = None) -> None:
+        super().__init__(log_path)
+        self.settings = settings
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.settings.port}"
+
+    def _command(self) -> list[str]:
+        return self.settings.command()
+
+    def _environment(self) -> dict[str, str]:
+        return self.settings.environment()
+
+    def _log_dir(self) -> Path:
+        return self.settings.model_dir.parent
+
+    def _port(self) -> int:
+        if not self.settings.port:
+            self.settings.port = free_port()
+        return self.settings.port
+
+    def _ready(self, deadline: float) -> bool:
+        try:
+            with urllib.request.urlopen(self.url + "/v1/models", timeout=5) as resp:
+                data = json.loads(resp.read())
+            return any(m.get("id") == self.settings.served_name for m in data.get("data", []))
+        except (OSError, ValueError, urllib.error.URLError):
+            return False
 
     def stop(self, timeout_s: float = 30.0) -> None:
         """SIGTERM the server's process group, then SIGKILL what is left; idempotent."""
@@ -172,15 +232,7 @@ class VLLMServer:
                 except subprocess.TimeoutExpired:
                     continue
                 break
-        if self._log_file is not None:
-            self._log_file.close()
-            self._log_file = None
-
-    def __enter__(self) -> "VLLMServer":
-        return self.start() if self.process is None else self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+        self._close_log()
 
 
 #: generation_config.json keys vLLM applies as request defaults (its ``--generation-config auto``)

@@ -16,6 +16,7 @@ detokenizer processes never outlive it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -24,12 +25,10 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
 
-from openenv_harness.engine.launcher import EngineStartError, free_port
+from openenv_harness.engine.launcher import ManagedServer, free_port
 from openenv_harness.engine.model import QWEN25_CODER_05B, ModelSpec, prepared_model_dir
 from openenv_harness.engine.setup import (
     PIP_INSTALL,
@@ -206,61 +205,40 @@ class SGLangSettings:
         return env
 
 
-class SGLangServer:
+class SGLangServer(ManagedServer):
     """One SGLang server (HTTP process, scheduler, detokenizer): ``start()`` waits until it generates,
     ``stop()`` ends its whole process group."""
 
+    engine = "SGLang"
+
     def __init__(self, settings: SGLangSettings, log_path: Path | None = None) -> None:
+        super().__init__(log_path)
         self.settings = settings
-        self.log_path = log_path
-        self.process: subprocess.Popen[bytes] | None = None
-        self._log_file: IO[bytes] | None = None
 
     @property
     def url(self) -> str:
         return f"http://{self.settings.host}:{self.settings.port}"
 
-    def start(self, timeout_s: float = 600.0) -> SGLangServer:
-        if self.process is not None:
-            raise RuntimeError("already started")
-        if self.log_path is None:
-            self.log_path = self.settings.model_dir.parent / f"sglang-{self.settings.port}.log"
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log_file = self.log_path.open("wb")
-        self.process = subprocess.Popen(self.settings.command(), env=self.settings.environment(),
-                                        stdout=self._log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                        start_new_session=True)
+    def _command(self) -> list[str]:
+        return self.settings.command()
+
+    def _environment(self) -> dict[str, str]:
+        return self.settings.environment()
+
+    def _log_dir(self) -> Path:
+        return self.settings.model_dir.parent
+
+    def _port(self) -> int:
+        return self.settings.port
+
+    def _ready(self, deadline: float) -> bool:
+        # /health_generate runs one real generation: 200 means the scheduler serves, not only HTTP
         try:
-            self._wait_ready(timeout_s)
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def _wait_ready(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        assert self.process is not None
-        while time.monotonic() < deadline:
-            code = self.process.poll()
-            if code is not None:
-                raise EngineStartError(f"SGLang exited with code {code} before it was ready: {self.log_tail()}")
-            # /health_generate runs one real generation: 200 means the scheduler serves, not only HTTP
-            try:
-                with urllib.request.urlopen(self.url + "/health_generate",
-                                            timeout=max(1.0, min(60.0, deadline - time.monotonic()))) as resp:
-                    if resp.status == 200:
-                        return
-            except (OSError, urllib.error.URLError):
-                pass
-            time.sleep(0.5)
-        raise EngineStartError(f"SGLang was not ready after {timeout_s:.0f} s: {self.log_tail()}")
-
-    def log_tail(self, lines: int = 15) -> str:
-        if self.log_path is None or not self.log_path.exists():
-            return "(no log)"
-        with self.log_path.open("rb") as f:
-            tail = deque(f, maxlen=lines)
-        return " | ".join(line.decode(errors="replace").strip() for line in tail if line.strip())
+            with urllib.request.urlopen(self.url + "/health_generate",
+                                        timeout=max(1.0, min(60.0, deadline - time.monotonic()))) as resp:
+                return bool(resp.status == 200)
+        except (OSError, urllib.error.URLError):
+            return False
 
     def stop(self, timeout_s: float = 30.0) -> None:
         """SIGTERM the group (SGLang then ends its children itself), SIGKILL whatever is left, and wait
@@ -269,10 +247,8 @@ class SGLangServer:
         if proc is not None:
             group = proc.pid
             _signal_group(group, signal.SIGTERM)
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                pass
             deadline = time.monotonic() + 5.0
             while _group_alive(group) and time.monotonic() < deadline:
                 time.sleep(0.2)  # children finishing their own shutdown
@@ -281,15 +257,7 @@ class SGLangServer:
             deadline = time.monotonic() + 10.0
             while _group_alive(group) and time.monotonic() < deadline:
                 time.sleep(0.1)
-        if self._log_file is not None:
-            self._log_file.close()
-            self._log_file = None
-
-    def __enter__(self) -> SGLangServer:
-        return self.start() if self.process is None else self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+        self._close_log()
 
 
 def _signal_group(group: int, sig: signal.Signals) -> None:
