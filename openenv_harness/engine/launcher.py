@@ -21,7 +21,7 @@ import urllib.request
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Self
+from typing import IO, Any, Generic, Protocol, Self, TypeVar
 
 
 #: the tool-parser plugin vLLM loads from its own venv (it needs nothing of this package installed there)
@@ -95,15 +95,30 @@ class VLLMSettings:
         return env
 
 
-class ManagedServer:
+class ServerSettings(Protocol):
+    """What an engine's server is started with: its command line, its environment, its model and port."""
+
+    model_dir: Path
+    port: int
+
+    def command(self) -> list[str]: ...
+
+    def environment(self) -> dict[str, str]: ...
+
+
+SettingsT = TypeVar("SettingsT", bound=ServerSettings)
+
+
+class ManagedServer(Generic[SettingsT]):
     """An engine's server as a process of its own: ``start()`` waits until it serves, or fails with its
-    log's tail; ``stop()`` ends its process group. An engine says how it is started (``_command``,
-    ``_environment``), when it serves (``_ready``) and how its group ends (``stop``)."""
+    log's tail; ``stop()`` ends its process group. The settings say how it is started; an engine says
+    where it answers (``url``), when it serves (``_ready``) and how its group ends (``stop``)."""
 
     #: the engine's name in errors and in its default log's file name
     engine = "engine"
 
-    def __init__(self, log_path: Path | None = None) -> None:
+    def __init__(self, settings: SettingsT, log_path: Path | None = None) -> None:
+        self.settings = settings
         self.log_path = log_path
         self.process: subprocess.Popen[bytes] | None = None
         self._log_file: IO[bytes] | None = None
@@ -112,18 +127,11 @@ class ManagedServer:
     def url(self) -> str:
         raise NotImplementedError
 
-    def _command(self) -> list[str]:
-        raise NotImplementedError
-
-    def _environment(self) -> dict[str, str]:
-        raise NotImplementedError
-
-    def _log_dir(self) -> Path:
-        raise NotImplementedError
-
     def _port(self) -> int:
-        """The port it serves on (chosen here where the settings leave it open)."""
-        raise NotImplementedError
+        """The port it serves on, chosen here where the settings leave it open (0)."""
+        if not self.settings.port:
+            self.settings.port = free_port()
+        return self.settings.port
 
     def _ready(self, deadline: float) -> bool:
         raise NotImplementedError
@@ -133,11 +141,12 @@ class ManagedServer:
             raise RuntimeError("already started")
         port = self._port()
         if self.log_path is None:
-            self.log_path = self._log_dir() / f"{self.engine.lower()}-{port}.log"
+            self.log_path = self.settings.model_dir.parent / f"{self.engine.lower()}-{port}.log"
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log_file = self.log_path.open("wb")
-        self.process = subprocess.Popen(self._command(), env=self._environment(), stdout=self._log_file,
-                                        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        self.process = subprocess.Popen(self.settings.command(), env=self.settings.environment(),
+                                        stdout=self._log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                        start_new_session=True)
         try:
             self._wait_ready(timeout_s)
         except BaseException:
@@ -179,32 +188,14 @@ class ManagedServer:
         self.stop()
 
 
-class VLLMServer(ManagedServer):
+class VLLMServer(ManagedServer[VLLMSettings]):
     """One vLLM API server process: ``start()`` waits until it serves, ``stop()`` ends its group."""
 
     engine = "vLLM"
 
-    def __init__(self, settings: VLLMSettings, *, log_path: Path | None = None) -> None:
-        super().__init__(log_path)
-        self.settings = settings
-
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.settings.port}"
-
-    def _command(self) -> list[str]:
-        return self.settings.command()
-
-    def _environment(self) -> dict[str, str]:
-        return self.settings.environment()
-
-    def _log_dir(self) -> Path:
-        return self.settings.model_dir.parent
-
-    def _port(self) -> int:
-        if not self.settings.port:
-            self.settings.port = free_port()
-        return self.settings.port
 
     def _ready(self, deadline: float) -> bool:
         try:

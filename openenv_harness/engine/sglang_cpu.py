@@ -205,31 +205,15 @@ class SGLangSettings:
         return env
 
 
-class SGLangServer(ManagedServer):
+class SGLangServer(ManagedServer["SGLangSettings"]):
     """One SGLang server (HTTP process, scheduler, detokenizer): ``start()`` waits until it generates,
     ``stop()`` ends its whole process group."""
 
     engine = "SGLang"
 
-    def __init__(self, settings: SGLangSettings, log_path: Path | None = None) -> None:
-        super().__init__(log_path)
-        self.settings = settings
-
     @property
     def url(self) -> str:
         return f"http://{self.settings.host}:{self.settings.port}"
-
-    def _command(self) -> list[str]:
-        return self.settings.command()
-
-    def _environment(self) -> dict[str, str]:
-        return self.settings.environment()
-
-    def _log_dir(self) -> Path:
-        return self.settings.model_dir.parent
-
-    def _port(self) -> int:
-        return self.settings.port
 
     def _ready(self, deadline: float) -> bool:
         # /health_generate runs one real generation: 200 means the scheduler serves, not only HTTP

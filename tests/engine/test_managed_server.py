@@ -6,6 +6,7 @@ dies before it is ready, one that never becomes ready, and one that serves, then
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 import urllib.request
 from pathlib import Path
 
@@ -14,28 +15,30 @@ import pytest
 from openenv_harness.engine.launcher import EngineStartError, ManagedServer, free_port
 
 
-class _Python(ManagedServer):
+@dataclass
+class _ToySettings:
+    """A plain Python program as an engine: what ``ManagedServer`` starts from its settings."""
+
+    code: str
+    model_dir: Path
+    port: int = 0
+
+    def command(self) -> list[str]:
+        return [sys.executable, "-c", self.code]
+
+    def environment(self) -> dict[str, str]:
+        return {}
+
+
+class _Python(ManagedServer[_ToySettings]):
     engine = "Toy"
 
     def __init__(self, code: str, log_dir: Path, port: int = 0) -> None:
-        super().__init__()
-        self.code, self.log_dir, self.port = code, log_dir, port
+        super().__init__(_ToySettings(code, log_dir / "model", port))
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def _command(self) -> list[str]:
-        return [sys.executable, "-c", self.code]
-
-    def _environment(self) -> dict[str, str]:
-        return {}
-
-    def _log_dir(self) -> Path:
-        return self.log_dir
-
-    def _port(self) -> int:
-        return self.port
+        return f"http://127.0.0.1:{self.settings.port}"
 
     def _ready(self, deadline: float) -> bool:
         try:
@@ -56,7 +59,8 @@ def test_a_server_that_dies_before_it_is_ready_fails_with_its_log(tmp_path: Path
     server = _Python("print('loading weights'); print('bad flag: --nope'); raise SystemExit(3)", tmp_path)
     with pytest.raises(EngineStartError, match=r"Toy exited with code 3 before it was ready: .*bad flag: --nope"):
         server.start(timeout_s=60)
-    assert server.process is None and server.log_path == tmp_path / "toy-0.log"
+    assert server.process is None and server.log_path == tmp_path / f"toy-{server.settings.port}.log"
+    assert server.settings.port > 0  # an open port was chosen for it
 
 
 def test_a_server_that_never_serves_times_out_with_its_log(tmp_path: Path) -> None:
