@@ -189,10 +189,11 @@ def create_recorder_app(
     the_store = store or SQLiteStore(config.store_path, synchronous=config.sqlite_synchronous,
                                      indexer=config.store_indexer, index_priority=config.index_priority,
                                      max_backlog_bytes=int(config.store_backlog_mb * (1 << 20)))
+    span_budget = SpanBudget(int(config.prompt_cache_mb * (1 << 20)))
     ctx = RecorderContext(
         config=config,
         store=the_store,
-        sessions=SessionRegistry(the_store),
+        sessions=SessionRegistry(the_store, span_budget),
         fence=Fence(wait_s=config.pause_wait_s),
         upstreams=ups,
         metrics=RecorderMetrics(),
@@ -200,7 +201,7 @@ def create_recorder_app(
         admin_auth=AdminAuth(admin_token),
         engine_watch=EngineWatch({}, ttl_s=config.template_reprobe_s, probe_template=config.probe_template,
                                  probe_logprobs_mode=config.probe_logprobs_mode),
-        span_budget=SpanBudget(int(config.prompt_cache_mb * (1 << 20))),
+        span_budget=span_budget,
     )
     if config.engine_replicas or config.engine_replicas_from_router:
         ctx.replicas = ReplicaFence(config.engine_replicas, api_key=config.engine_api_key, family=config.engine_family,

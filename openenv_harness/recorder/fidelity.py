@@ -182,6 +182,20 @@ class FidelityTracker:
             if tip.prompt is None and data is not None and tip.sketch is not None and len(data) == tip.sketch.length:
                 tip.prompt, tip.sketch = data, None
 
+    def adopt(self, rebuilt: FidelityTracker) -> None:
+        """Take the tips a restart rebuilt from the records, where this tracker has none yet; they are
+        charged to this tracker's budget (``rebuilt`` has none)."""
+        if not self.tips:
+            self.tips = rebuilt.tips
+            rebuilt.tips = []
+            self._charge()
+
+    def release(self) -> None:
+        """Drop every tip and what they held against the budget."""
+        self.tips = []
+        if self.budget is not None:
+            self.budget.release(self)
+
     def _charge(self) -> None:
         if self.budget is not None:
             self.budget.charge(self, self.held_bytes())

@@ -10,19 +10,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections import deque
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from dataclasses import InitVar, dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
 
 from openenv_harness.recorder.budget import BudgetLedger, Counters
 from openenv_harness.recorder.call_numbers import CallNumbers
+from openenv_harness.recorder.chain_observer import ChainObserver
 from openenv_harness.recorder.dialects.memory import ReplayMemory
-from openenv_harness.recorder.fidelity import FidelityTracker
 from openenv_harness.recorder.prompt_modes.state import IncrementalState
 from openenv_harness.recorder.replay_window import ReplayWindow
 from openenv_harness.recorder.session_spec import SessionSpec
 from openenv_harness.recorder.store.base import SessionRow
 from openenv_harness.recorder.upstream.reply_parse import PromptIdsReader
+
+if TYPE_CHECKING:
+    from openenv_harness.recorder.upstream.span_budget import SpanBudget
 
 
 class CallInFlight(Protocol):
@@ -57,35 +59,45 @@ class LiveSession:
     outcome: dict[str, Any] | None = None
     #: retried calls' first attempts: twins in flight and recent records' digests (``replay_window.py``)
     replay: ReplayWindow = field(default_factory=ReplayWindow)
-    #: shared per-session state of the fidelity classifier (last prompt of each chain tip, bounded)
-    fidelity: FidelityTracker | None = None
-    #: the session's recent prompts as text and ids, so a prompt's shared history is not parsed again
-    prompt_ids: PromptIdsReader | None = None
-    #: per chain tip: its reply and message digests, for the cause of the next call's drift or break
-    turn_views: dict[str, Any] = field(default_factory=dict)
-    #: the replies of the last few compaction calls: a break whose history carries one was compaction
-    compaction_summaries: deque[str] = field(default_factory=lambda: deque(maxlen=4))
     #: the prompt mode's per-session state (incremental: the chain tips' exact ids)
-    prompt_mode_state: IncrementalState | None = None
+    prompt_mode_state: IncrementalState = field(default_factory=IncrementalState)
     #: the session-constant part of each record's provenance, built on first use
     provenance_cache: dict[str, Any] | None = None
     #: what dialect replies sent back (sampled tool arguments, reasoning), to recognise their replay
-    dialect_memory: ReplayMemory | None = None
+    dialect_memory: ReplayMemory = field(default_factory=ReplayMemory)
     #: recovered with records: its chain state (fidelity tips, dialect memory) is still to be rebuilt
     #: from them before its next call (``restore.py``); ``restoring`` is that one rebuild
     restore_pending: bool = False
     restoring: asyncio.Future[None] | None = None
     #: the calls being served now, from authentication to reply (``call.flow.Flow`` by id): close waits for them
     calls: dict[int, CallInFlight] = field(default_factory=dict)
+    #: the recorder's bound on the prompt bytes sessions keep (``span_budget.py``): the chain observer's
+    #: tips and the prompt-id reader's spans are charged to it
+    span_budget: InitVar[SpanBudget | None] = None
     #: what the session has spent against its caps (``budget.py``), built from the spec with the session
     ledger: BudgetLedger = field(init=False)
+    #: the chains its agent calls form: fidelity tips, turn views, compaction summaries (``chain_observer.py``)
+    chain: ChainObserver = field(init=False)
+    #: the session's recent prompts as text and ids, so a prompt's shared history is not parsed again
+    prompt_reader: PromptIdsReader = field(init=False)
     _changed: asyncio.Event | None = None
     _calls_idle: asyncio.Event | None = None
     #: set once a close has begun; resolved when it is done
     _close_done: asyncio.Future[None] | None = None
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, span_budget: SpanBudget | None) -> None:
         self.ledger = BudgetLedger(self.spec.budgets)
+        self.chain = ChainObserver(span_budget)
+        self.prompt_reader = PromptIdsReader(span_budget)
+
+    def release_caches(self) -> None:
+        """The session is closed and serves no more calls: its bounded chain state goes (memory
+        follows live sessions); what a restart needs is in the store."""
+        self.chain.release()
+        self.prompt_reader.release()
+        self.replay.forget_recent()
+        self.dialect_memory.clear()
+        self.provenance_cache = None
 
     @property
     def counters(self) -> Counters:

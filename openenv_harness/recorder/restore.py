@@ -79,10 +79,10 @@ async def _restore(store: RecordStore, session: LiveSession) -> None:
     except Exception:
         log.warning("recorder: could not rebuild session %s's chain state from its records", session.id,
                     exc_info=True)
-    if session.fidelity is None:
-        session.fidelity = tracker
-    if session.dialect_memory is None:
-        session.dialect_memory = memory
+    if tracker is not None:
+        session.chain.adopt(tracker)
+    if memory is not None:
+        session.dialect_memory.absorb(memory)
     session.restore_pending = False
 
 

@@ -19,6 +19,7 @@ from openenv_harness.recorder.call_numbers import CallNumbers
 from openenv_harness.recorder.live_session import LiveSession
 from openenv_harness.recorder.session_spec import SessionSpec
 from openenv_harness.recorder.store.base import RecordStore
+from openenv_harness.recorder.upstream.span_budget import SpanBudget
 
 _SESSION_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,95}$")
 #: How long a close lets calls in flight finish before cancelling them (seconds; per close: ``grace_s``).
@@ -44,8 +45,10 @@ class SessionRegistry:
     ``by_digest``) are single dict reads, atomic in CPython, and stay lock-free on the chat path.
     """
 
-    def __init__(self, store: RecordStore) -> None:
+    def __init__(self, store: RecordStore, span_budget: SpanBudget | None = None) -> None:
         self._store = store
+        #: the recorder's bound on the prompt bytes its sessions keep, handed to each session it makes
+        self._span_budget = span_budget
         self._by_id: dict[str, LiveSession] = {}
         self._by_digest: dict[str, LiveSession] = {}
         #: ids handed out by ``new`` and not yet added (or abandoned): a second create of one gets 409
@@ -69,6 +72,7 @@ class SessionRegistry:
                 stop_reason=row.stop_reason,
                 numbers=CallNumbers(row.next_call_index),
                 restore_pending=row.next_call_index > 0 and row.status != "closed",
+                span_budget=self._span_budget,
             )
             state = row.state or {}
             session.last_error = state.get("last_error")
@@ -114,7 +118,8 @@ class SessionRegistry:
             # opaque and fresh: not the session id, which a trainer may reuse across runs
             spec = spec.model_copy(update={"affinity_key": "t-" + secrets.token_hex(12)})
         secret = new_secret()
-        session = LiveSession(id=session_id, secret_digest=secret_digest(secret), spec=spec, created_at=time.time())
+        session = LiveSession(id=session_id, secret_digest=secret_digest(secret), spec=spec, created_at=time.time(),
+                              span_budget=self._span_budget)
         return session, secret
 
     def abandon(self, session: LiveSession) -> None:
@@ -221,13 +226,7 @@ class SessionRegistry:
         session.status = "closed"
         session.closed_at = time.time()
         # a closed session serves no more calls: its bounded caches go (memory follows live sessions)
-        session.fidelity = None
-        session.prompt_ids = None
-        session.replay.forget_recent()
-        session.provenance_cache = None
-        session.dialect_memory = None
-        session.turn_views.clear()
-        session.compaction_summaries.clear()
+        session.release_caches()
         await self.persist(session)
         await self._store.forget(session.id)
 

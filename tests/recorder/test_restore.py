@@ -96,11 +96,22 @@ def test_concurrent_calls_share_one_rebuild() -> None:
     asyncio.run(main())
     assert store.reads == 1 and not session.restore_pending
     assert session.dialect_memory.sampled("toolu_1") == '{"command":"ls"}'
-    assert [t.node_id for t in session.fidelity.tips] == ["s/1"]
+    assert session.chain.tip_ids == ["s/1"]
 
 
 def test_an_unreadable_store_leaves_the_state_empty_and_the_session_serving() -> None:
     store, session = _ListStore([], fail=True), _session()
     asyncio.run(restore(store, session))
     assert store.reads == 1 and not session.restore_pending
-    assert session.dialect_memory is None and session.fidelity is None
+    assert len(session.dialect_memory) == 0 and session.chain.tip_ids == []
+
+
+def test_a_rebuild_comes_under_the_memory_a_count_tokens_call_used_meanwhile() -> None:
+    """A count-tokens route may use the dialect memory before the first call waits for the rebuild:
+    the rebuilt entries are older, the session's own newer, and neither is lost."""
+    store, session = _ListStore([_record(0), _record(1)]), _session()
+    session.dialect_memory.remember_call("toolu_live", '{"x":1}', {"x": 1})
+    asyncio.run(restore(store, session))
+    assert session.dialect_memory.sampled("toolu_live") == '{"x":1}'
+    assert session.dialect_memory.sampled("toolu_0") == '{"command":"ls"}'
+    assert list(session.dialect_memory._entries)[-1] == ("call", "toolu_live")

@@ -1,8 +1,9 @@
 """A session's parts each have one owner: their state changes only through the owner's methods.
 
-``LiveSession.replay`` (retry twins and recent digests), ``LiveSession.numbers`` (call numbers) and
-``LiveSession.ledger`` (what the session spent against its caps) are objects of their own modules; the
-pipeline, the steps, the store's refusal, a close and a restart use their methods. The source check below reads every module of the package, so a step that reaches into a
+``LiveSession.replay`` (retry twins and recent digests), ``numbers`` (call numbers), ``ledger`` (what the
+session spent against its caps), ``chain`` (fidelity tips, turn views, compaction summaries),
+``dialect_memory``, ``prompt_reader`` and ``prompt_mode_state`` are objects of their own modules, built
+with the session; the pipeline, the steps, the store's refusal, a close and a restart use their methods. The source check below reads every module of the package, so a step that reaches into a
 part's private state, or swaps the part, fails here rather than in a race."""
 
 from __future__ import annotations
@@ -17,12 +18,15 @@ import pytest
 import openenv_harness
 from openenv_harness.recorder.budget import BudgetLedger, Counters
 from openenv_harness.recorder.call_numbers import CallNumbers
+from openenv_harness.recorder.chain_observer import ChainObserver
 from openenv_harness.recorder.live_session import LiveSession
 from openenv_harness.recorder.replay_window import ReplayWindow
 
 PACKAGE = Path(openenv_harness.__file__).parent
 #: the session's attribute -> the module that owns its state
-PARTS = {"replay": "recorder/replay_window.py", "numbers": "recorder/call_numbers.py", "ledger": "recorder/budget.py"}
+PARTS = {"replay": "recorder/replay_window.py", "numbers": "recorder/call_numbers.py", "ledger": "recorder/budget.py",
+         "chain": "recorder/chain_observer.py", "dialect_memory": "recorder/dialects/memory.py",
+         "prompt_reader": "recorder/upstream/reply_parse.py", "prompt_mode_state": "recorder/prompt_modes/state.py"}
 #: state a part lets others read, but which only its owner changes: attribute -> owner
 READ_ONLY = {"counters": "recorder/budget.py"}
 
@@ -39,7 +43,9 @@ def _written(node: ast.AST) -> list[ast.expr]:
 
 
 def _sources() -> list[tuple[str, ast.Module]]:
-    return [(str(p.relative_to(PACKAGE)), ast.parse(p.read_text(), str(p))) for p in sorted(PACKAGE.rglob("*.py"))]
+    """The recorder's modules: live sessions exist only there (elsewhere the names mean other things)."""
+    return [(str(p.relative_to(PACKAGE)), ast.parse(p.read_text(), str(p)))
+            for p in sorted((PACKAGE / "recorder").rglob("*.py"))]
 
 
 def _breaches(name: str, tree: ast.AST) -> list[str]:
@@ -67,11 +73,12 @@ def test_no_module_reaches_into_a_parts_private_state_or_replaces_the_part() -> 
 
 def test_the_parts_state_lives_only_in_their_owners() -> None:
     fields = {f.name for f in dataclasses.fields(LiveSession)}
-    assert {"replay", "numbers", "ledger"} <= fields
-    assert not fields & {"inflight", "recent_digests", "next_call_index", "counters", "caps_cache"}, \
-        "part state back on the session"
+    assert set(PARTS) <= fields
+    assert not fields & {"inflight", "recent_digests", "next_call_index", "counters", "caps_cache", "fidelity",
+                         "turn_views", "compaction_summaries"}, "part state back on the session"
     assert ReplayWindow.__slots__ == ("_recent", "_twins") and CallNumbers.__slots__ == ("_next",)
     assert BudgetLedger.__slots__ == ("_budgets", "_caps", "counters")
+    assert ChainObserver.__slots__ == ("_summaries", "_tracker", "_views")
     owners = {name for name, _ in _sources()}
     assert set(PARTS.values()) <= owners
 
@@ -142,3 +149,24 @@ def test_recent_digests_keep_the_window_latest(window_size: int) -> None:
     assert kept == [f"d{i}" for i in range(5 - window_size, 5)] and len(window) == window_size
     window.forget_recent()
     assert len(window) == 0 and not window.is_recent("d4")
+
+
+def test_every_part_is_built_with_the_session_and_a_close_empties_it() -> None:
+    """No part is made on first use (a lazy ``is None`` construction is a replacement, caught above):
+    a fresh session has them all, and a closed one keeps none of their contents."""
+    from array import array
+
+    from openenv_harness.recorder.session_spec import SessionSpec
+    from openenv_harness.recorder.upstream.span_budget import SpanBudget
+
+    budget = SpanBudget(1 << 20)
+    session = LiveSession(id="s", secret_digest="d", spec=SessionSpec(), created_at=0.0, span_budget=budget)
+    assert all(getattr(session, part) is not None for part in PARTS)
+    session.chain.observe("s/0", array("I", [1, 2, 3]), array("I", [4]))
+    session.chain.note_compaction("summary")
+    session.dialect_memory.remember_call("c", "{}", {})
+    session.replay.remember("d", 0, 4)
+    assert budget.total_bytes > 0 and session.chain.tip_ids == ["s/0"]
+    session.release_caches()
+    assert session.chain.tip_ids == [] and session.chain.summaries == () and len(session.dialect_memory) == 0
+    assert len(session.replay) == 0 and budget.total_bytes == 0

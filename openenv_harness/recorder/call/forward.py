@@ -19,7 +19,6 @@ from openenv_harness.recorder.prompt_modes.registry import mode_for
 from openenv_harness.recorder.relay_errors import relay_upstream_error, relay_upstream_failure
 from openenv_harness.recorder.sampling_policy import apply_policy
 from openenv_harness.recorder.upstream.base import UpstreamFailure
-from openenv_harness.recorder.upstream.reply_parse import PromptIdsReader
 
 #: What the recorder adds to every upstream body -- and nothing else (D3). ``return_weight_versions``: from
 #: vLLM 0.33 the chat route answers which weights sampled which tokens (spans per choice, recorded as
@@ -106,6 +105,4 @@ def read_prompt_ids(flow: Flow) -> array[int] | None:
     assert flow.reply is not None
     if flow.reply.prompt_span is None:
         return None
-    if flow.session.prompt_ids is None:
-        flow.session.prompt_ids = PromptIdsReader(flow.ctx.span_budget)
-    return flow.session.prompt_ids.take(flow.reply)
+    return flow.session.prompt_reader.take(flow.reply)

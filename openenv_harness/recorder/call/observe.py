@@ -8,52 +8,56 @@ from typing import Any
 
 from openenv_harness.recorder.call.flow import Flow
 from openenv_harness.recorder.drift_cause import break_cause, drift_cause, turn_view
-from openenv_harness.recorder.fidelity import FidelityTracker, Transition
+from openenv_harness.recorder.fidelity import Transition
 from openenv_harness.recorder.restore import read_tip_prompts
 from openenv_harness.recorder.validate import Evidence
+
+
+async def observe_chain(flow: Flow, md: dict[str, Any], ev: Evidence) -> None:
+    """An agent call with its ids: its transition (``metadata.fidelity``) and, where it departs, why."""
+    if flow.call_kind != "agent" or ev.prompt_ids is None or ev.completion_ids is None:
+        return
+    transition = await observe_fidelity(flow, md["node_id"], ev.prompt_ids, ev.completion_ids)
+    md["fidelity"] = transition.as_dict()
+    if transition.fidelity != "root":
+        flow.ctx.metrics.transitions.labels(transition.fidelity).inc()
+    observe_cause(flow, md, transition, ev)
 
 
 async def observe_fidelity(flow: Flow, node_id: str, prompt: array[int], completion: array[int]) -> Transition:
     """The session's tracker (under the recorder's budget) classifies the call; a break against tips
     it sketched while the session was idle first reads those tips' prompts back (``fidelity.py``)."""
     session = flow.session
-    if session.fidelity is None:
-        session.fidelity = FidelityTracker(budget=flow.ctx.span_budget)
-    elif session.fidelity.budget is None:  # rebuilt after a restart
-        session.fidelity.budget = flow.ctx.span_budget
+    chain = session.chain
     prompts: dict[str, bytes] = {}
     for _ in range(3):  # a concurrent call of the session may sketch or replace tips meanwhile
-        need = {n: s for n, s in session.fidelity.prompts_needed(prompt).items() if n not in prompts}
+        need = {n: s for n, s in chain.prompts_needed(prompt).items() if n not in prompts}
         if not need:
             break
         prompts.update(await read_tip_prompts(flow.ctx.store, session.id, need))
-    return session.fidelity.observe(node_id, prompt, completion, prompts)
+    return chain.observe(node_id, prompt, completion, prompts)
 
 
 def observe_cause(flow: Flow, md: dict[str, Any], transition: Any, ev: Evidence) -> None:
     """Name why a drifting or breaking call departs from its parent, and keep this call's view."""
-    session = flow.session
-    views = session.turn_views
+    chain = flow.session.chain
     messages = flow.body.get("messages") or []
     assert ev.prompt_ids is not None and ev.completion_ids is not None  # an agent call with its ids (``record``)
     if transition.fidelity in ("replay_drift", "break"):
-        parent = views.get(transition.parent)
+        parent = chain.view(transition.parent)
         prompt = ev.prompt_ids.tobytes()
         certification = flow.ctx.engine_watch.certification
         if parent is None:
             cause = "unknown"
         elif transition.fidelity == "replay_drift":
             cause = "resample" if transition.drift_tokens == 0 else drift_cause(
-                parent, messages, prompt, certification, transition.divergence_at, session.compaction_summaries)
+                parent, messages, prompt, certification, transition.divergence_at, chain.summaries)
         else:
-            cause = break_cause(parent, messages, same_prompt=False, summaries=session.compaction_summaries,
+            cause = break_cause(parent, messages, same_prompt=False, summaries=chain.summaries,
                                 certification=certification)
         md["fidelity"]["cause"] = cause
         flow.ctx.metrics.transition_causes.labels(transition.fidelity, cause).inc()
     choices = flow.reply.json.get("choices") if flow.reply is not None and flow.reply.json else None
     message = choices[0].get("message") if choices and isinstance(choices[0], dict) else None
-    views[md["node_id"]] = turn_view(messages, message if isinstance(message, dict) else None,
-                                          ev.completion_ids.tobytes())
-    tips = {t.node_id for t in session.fidelity.tips} if session.fidelity is not None else set()
-    for node in [n for n in views if n not in tips]:
-        del views[node]
+    chain.keep_view(md["node_id"], turn_view(messages, message if isinstance(message, dict) else None,
+                                             ev.completion_ids.tobytes()))

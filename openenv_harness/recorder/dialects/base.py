@@ -86,12 +86,6 @@ def decode_object(raw: bytes, limit: int) -> dict[str, Any]:
     return body
 
 
-def memory_for(session: LiveSession) -> ReplayMemory:
-    if session.dialect_memory is None:
-        session.dialect_memory = ReplayMemory()
-    return session.dialect_memory
-
-
 def sse(event: str, payload: dict[str, Any]) -> bytes:
     """One server-sent event in the ``event:`` + ``data:`` form both dialects use."""
     return b"event: " + event.encode() + b"\ndata: " + orjson.dumps(payload) + b"\n\n"
@@ -134,7 +128,7 @@ class Dialect(abc.ABC):
         """The agent's request as the chat request the steps run on; ``AgentError`` (400/413) on what
         cannot be read."""
         body = decode_object(raw, limit)
-        chat, call = self.to_chat(body, memory_for(session))
+        chat, call = self.to_chat(body, session.dialect_memory)
         return Entered(chat, orjson.dumps(chat), call)
 
     def remember(self, record: dict[str, Any], memory: ReplayMemory) -> None:
@@ -151,7 +145,7 @@ class Dialect(abc.ABC):
                include_usage: bool) -> Response:
         """The recorded chat completion in the dialect's own shape (a replayed retry has no engine
         reply: the memory holds what its first sending handed out)."""
-        memory = memory_for(session)
+        memory = session.dialect_memory
         if stream:
             return Response(self.stream(reply, call, memory), media_type="text/event-stream",
                             headers={"cache-control": "no-cache"})

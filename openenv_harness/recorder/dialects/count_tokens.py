@@ -22,7 +22,7 @@ from openenv_harness.recorder.call.authenticate import authenticate
 from openenv_harness.recorder.context import RecorderContext
 from openenv_harness.recorder.dialects import anthropic_request
 from openenv_harness.recorder.dialects.anthropic import anthropic_error
-from openenv_harness.recorder.dialects.base import decode_object, memory_for
+from openenv_harness.recorder.dialects.base import decode_object
 from openenv_harness.recorder.errors import AgentError
 from openenv_harness.recorder.live_session import LiveSession
 from openenv_harness.recorder.relay_errors import relay_upstream_error
@@ -38,7 +38,7 @@ async def count_tokens_route(request: Request) -> Response:
         session = authenticate(ctx, request.path_params.get("session_id"), headers)
         raw = await read_body(request, ctx.config.max_body_bytes)
         body = decode_object(raw, ctx.config.max_body_bytes)
-        chat, _ = anthropic_request.to_chat(body, memory_for(session), count_only=True)
+        chat, _ = anthropic_request.to_chat(body, session.dialect_memory, count_only=True)
     except AgentError as exc:
         return anthropic_error(exc.status, exc.message, exc.headers)
     count = await prompt_length(ctx, session, chat, anthropic_error, "count_tokens")

@@ -16,7 +16,7 @@ from starlette.responses import Response
 from openenv_harness.recorder.call.authenticate import authenticate
 from openenv_harness.recorder.context import RecorderContext
 from openenv_harness.recorder.dialects import gemini_request
-from openenv_harness.recorder.dialects.base import decode_object, memory_for
+from openenv_harness.recorder.dialects.base import decode_object
 from openenv_harness.recorder.dialects.count_tokens import prompt_length
 from openenv_harness.recorder.dialects.gemini import COUNT, GeminiTarget, google_error
 from openenv_harness.recorder.errors import AgentError
@@ -31,7 +31,7 @@ async def count_tokens(request: Request, target: GeminiTarget) -> Response:
         session = authenticate(ctx, target.session_id, headers)
         raw = await read_body(request, ctx.config.max_body_bytes)
         body = decode_object(raw, ctx.config.max_body_bytes)
-        chat, _ = gemini_request.to_chat(body, memory_for(session), model=target.model, stream=False,
+        chat, _ = gemini_request.to_chat(body, session.dialect_memory, model=target.model, stream=False,
                                          count_only=True)
     except AgentError as exc:
         return google_error(exc.status, exc.message, exc.headers)

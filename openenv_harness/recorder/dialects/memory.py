@@ -61,6 +61,19 @@ class ReplayMemory:
             _, (dropped, _) = self._entries.popitem(last=False)
             self._bytes -= len(dropped)
 
+    def absorb(self, older: ReplayMemory) -> None:
+        """Take the entries a restart rebuilt from the records (``restore.py``) as older than this
+        memory's own (a count-tokens call may have used it meanwhile), within the same bounds."""
+        mine = list(self._entries.items())
+        self.clear()
+        for key, (text, sent) in [*older._entries.items(), *mine]:
+            self._put(key, text, sent)
+
+    def clear(self) -> None:
+        """The session is closed: forget everything (memory follows live sessions)."""
+        self._entries.clear()
+        self._bytes = 0
+
     def _get(self, key: tuple[str, str]) -> tuple[str, Any] | None:
         entry = self._entries.get(key)
         if entry is not None:

@@ -31,7 +31,6 @@ from typing import TYPE_CHECKING, Any
 
 from openenv_harness.recorder import history_match
 from openenv_harness.recorder.errors import AgentError
-from openenv_harness.recorder.live_session import LiveSession
 from openenv_harness.recorder.prompt_modes.base import Sampled
 from openenv_harness.recorder.prompt_modes.id_sampling import NotExpressible, completion_body, sampler_for
 from openenv_harness.recorder.prompt_modes.rendering import certified, render, render_diff, suffix_ids
@@ -55,7 +54,7 @@ class Incremental:
     name = "incremental"
 
     async def sample(self, flow: Flow, upstream: Upstream) -> Sampled:
-        state = session_state(flow.session)
+        state = flow.session.prompt_mode_state
         started = time.perf_counter()
         try:
             reply, prompt = await self._continue(flow, upstream, state)
@@ -80,7 +79,7 @@ class Incremental:
         choices = flow.agent_reply.get("choices") or [{}]
         message = choices[0].get("message") or {}
         completion = list(ev.completion_ids or [])
-        state = session_state(flow.session)
+        state = flow.session.prompt_mode_state
         call = flow.prompt_mode_call
         if call is None:  # not worked out while in flight (a chain's start, an engine without the routes)
             call = ContinuationCall(state.digests(flow.body.get("messages") or []), history_match.tools_digest(flow.body))
@@ -183,12 +182,6 @@ class Incremental:
         # the prompt's ids are already checked ints (the checkpoint's, the certified trailer's, the
         # suffix's): the evidence takes them as they are, as from a transport that read them
         return reply, prompt_array
-
-
-def session_state(session: LiveSession) -> IncrementalState:
-    if session.prompt_mode_state is None:
-        session.prompt_mode_state = IncrementalState()
-    return session.prompt_mode_state
 
 
 def _turn_end_ids(flow: Flow) -> list[int]:

@@ -207,6 +207,12 @@ class PromptIdsReader:
     def held_bytes(self) -> int:
         return sum(len(span) + len(ids) * ids.itemsize for span, ids in self._recent)
 
+    def release(self) -> None:
+        """The session is closed: forget the spans and what they held against the budget."""
+        self._recent = []
+        if self._budget is not None:
+            self._budget.release(self)
+
     def take(self, reply: UpstreamReply) -> array[int] | None:
         """The prompt ids of a reply whose transport cut out their span (None when it did not).
         A span that is not a clean id list sends the reply through the full parse instead:
