@@ -1,8 +1,8 @@
-"""Step tests: a recorder's context without its server, a session in its store, a flow built by hand.
+"""Step tests: a recorder's parts in memory, a session in its store, a flow built by hand.
 
 Each step is a function of the flow (``recorder/call/``): a test builds the flow a step expects and
-runs that step alone, against the real store on a temporary file and, where a step asks the engine,
-the reference engine over loopback HTTP.
+runs that step alone, on the in-memory store (``testing/tflow.py``) and, where a step asks the
+engine over HTTP, the reference engine over loopback (``engine_ctx``).
 """
 
 from __future__ import annotations
@@ -13,8 +13,9 @@ from typing import Any, AsyncIterator
 import orjson
 import pytest
 
+from openenv_harness.recorder.app import create_recorder_app
 from openenv_harness.recorder.call.flow import Flow
-from openenv_harness.recorder.context import RecorderContext
+from openenv_harness.recorder.context import RecorderConfig, RecorderContext
 from openenv_harness.recorder.dialects.base import Dialect
 from openenv_harness.recorder.dialects.routes import CHAT
 from openenv_harness.recorder.live_session import LiveSession
@@ -23,13 +24,8 @@ from openenv_harness.testing.engine import EngineServer
 from step_flows import MakeFlow, build_context
 
 @pytest.fixture
-async def ctx(tmp_path: Path) -> AsyncIterator[RecorderContext]:
-    context = build_context(tmp_path)
-    context.store.open()
-    try:
-        yield context
-    finally:
-        context.store.close()
+def ctx() -> RecorderContext:
+    return build_context()
 
 
 @pytest.fixture
@@ -44,7 +40,9 @@ def make_flow() -> MakeFlow:
 @pytest.fixture
 async def engine_ctx(tmp_path: Path, engine: EngineServer) -> AsyncIterator[RecorderContext]:
     """A recorder's context on the reference engine (the tier's module-scoped ``engine``)."""
-    context = build_context(tmp_path, engine_url=engine.url, pause_wait_s=0)
+    context = create_recorder_app(RecorderConfig(store_path=str(tmp_path / "records.db"), store_indexer="thread",
+                                                 probe_template=False, engine_url=engine.url,
+                                                 pause_wait_s=0)).recorder_context
     context.store.open()
     upstream = context.upstream_for(None)
     assert upstream is not None

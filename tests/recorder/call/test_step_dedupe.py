@@ -163,7 +163,7 @@ async def test_an_in_flight_twin_is_preferred_to_the_stored_record(ctx: Recorder
 
 async def test_with_the_dedupe_window_off_a_recorded_call_is_sampled_again(tmp_path: Path,
                                                                           make_flow: MakeFlow) -> None:
-    ctx = build_context(tmp_path, dedupe_window=0)
+    ctx = build_context(dedupe_window=0)
     ctx.store.open()
     try:
         session = await open_session(ctx)

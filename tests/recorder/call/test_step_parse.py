@@ -62,7 +62,7 @@ async def test_a_dialect_body_becomes_the_chat_body_it_is_stored_as(ctx: Recorde
 @pytest.mark.parametrize(("raw", "status", "code"), REFUSED)
 async def test_a_body_the_recorder_cannot_forward_unchanged_is_refused(
         tmp_path: Path, raw: bytes, status: int, code: str, make_flow: MakeFlow) -> None:
-    small = build_context(tmp_path, max_body_bytes=LIMIT)
+    small = build_context(max_body_bytes=LIMIT)
     small.store.open()
     try:
         session = await open_session(small)
