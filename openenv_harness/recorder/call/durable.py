@@ -4,6 +4,7 @@ error and gives back what it took (its number, its budget)."""
 from __future__ import annotations
 
 from openenv_harness.recorder.call.flow import Flow
+from openenv_harness.recorder.call.pending import was_served
 from openenv_harness.recorder.errors import AgentError, session_closed
 from openenv_harness.recorder.store.base import PendingRecord, SessionSealed
 
@@ -38,5 +39,5 @@ def _unnumber(flow: Flow, pending: PendingRecord) -> None:
     session = flow.session
     session.numbers.give_back(flow.call_index)
     flow.call_index = -1
-    served = pending.status != "failed"
+    served = was_served(pending)  # counted as ``pending.py`` counted it
     session.ledger.refund(flow.call_kind, flow.evidence if served else None, served=served)

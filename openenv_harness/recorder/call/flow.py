@@ -71,7 +71,6 @@ class Flow:
 
     # -- record
     call_index: int = -1
-    metadata: dict[str, Any] = field(default_factory=dict)
     stored: bool = False
     #: the store refused the record (it is not durable): the call's number was given back
     store_refused: bool = False

@@ -20,8 +20,6 @@ def cut_tool_calls(flow: Flow) -> str | None:
     agent may receive and sets ``flow.tool_limit``; counts the tool calls handed over either way.
     """
     assert flow.reply is not None and flow.reply.json is not None
-    if flow.evidence is not None and flow.evidence.finish_reason == "abort":
-        return None  # an aborted call never reaches the agent (it is told to retry): nothing to cut or count
     choices = flow.reply.json.get("choices")
     if not isinstance(choices, list) or len(choices) != 1 or not isinstance(choices[0], dict):
         return None
