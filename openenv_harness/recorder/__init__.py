@@ -15,7 +15,7 @@ _WHERE = {
     "create_recorder_app": "openenv_harness.recorder.app",
     "RecorderAPIError": "openenv_harness.recorder.client",
     "RecorderClient": "openenv_harness.recorder.client",
-    "RecorderConfig": "openenv_harness.recorder.context",
+    "RecorderConfig": "openenv_harness.recorder.config",
     "RecorderContext": "openenv_harness.recorder.context",
     "RecorderServer": "openenv_harness.recorder.server",
     "ThreadedServer": "openenv_harness.recorder.serving",

@@ -70,7 +70,7 @@ async def models_route(request: Request) -> Response:
     headers = _agent_headers(request)
     dialect: Dialect = ANTHROPIC if "anthropic-version" in headers else CHAT
     try:
-        session = authenticate(ctx, request.path_params.get("session_id"), headers)
+        session = authenticate(ctx.sessions, request.path_params.get("session_id"), headers)
         upstream = ctx.upstream_for(session.spec.upstream)
         if upstream is None:
             raise AgentError(503, "no engine configured", type="server_error")

@@ -109,3 +109,25 @@ def test_every_recorder_module_imports_on_its_own() -> None:
     result = subprocess.run([sys.executable, "-c", script, *names], capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == ""
+
+
+def test_no_step_imports_the_recorders_context() -> None:
+    """The steps see the recorder through ``call/services.py``; the context (and its session registry)
+    is not theirs to import, not even for a type."""
+    graph = _graph()
+    steps = {n for n in graph if n.startswith(f"{RECORDER}.call.")}
+    assert len(steps) > 15
+    assert sorted(n for n in steps if f"{RECORDER}.context" in graph[n]) == []
+    assert f"{RECORDER}.context" in graph[f"{RECORDER}.app"]  # the graph sees such an import where there is one
+
+
+def test_the_flow_loads_only_data_modules() -> None:
+    """Importing the call as data loads no step, no store and no server: a step test or a reader of
+    ``flow.py`` meets plain data (what its fields hold is imported for type checking only)."""
+    script = ("import sys, openenv_harness.recorder.call.flow\n"
+              "print('\\n'.join(sorted(m for m in sys.modules if m.startswith('openenv_harness'))))\n")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    loaded = set(result.stdout.split())
+    assert loaded == {"openenv_harness", "openenv_harness.version", RECORDER, f"{RECORDER}.call",
+                      f"{RECORDER}.call.flow", f"{RECORDER}.dialects", f"{RECORDER}.dialects.dialect_call"}

@@ -6,5 +6,7 @@ and turns every failure into the agent's answer in one place:
     authenticate → enter → parse → classify → enforce_budget → dedupe → forward → validate
     → tool_caps → record → reply
 
-The package's ``__init__`` imports nothing: the steps import the flow, never each other's callers.
+Steps see the recorder through ``services.py`` (never its session registry: a step that stops the
+session sets ``Flow.stop``, and the pipeline applies it). The package's ``__init__`` imports nothing:
+the steps import the flow, never each other's callers.
 """

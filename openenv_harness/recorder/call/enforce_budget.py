@@ -12,7 +12,7 @@ from openenv_harness.recorder.call.flow import Flow
 from openenv_harness.recorder.errors import AgentError
 
 
-async def enforce_budget(flow: Flow) -> None:
+def enforce_budget(flow: Flow) -> None:
     """A stopped session, or a call that would pass one of its caps, is refused (and the cap stops it)."""
     session = flow.session
     if session.status == "stopped":
@@ -20,7 +20,7 @@ async def enforce_budget(flow: Flow) -> None:
         raise AgentError(400, f"rollout budget exhausted ({session.stop_reason}); stop now", code="budget_exhausted")
     cap = session.ledger.exceeded(flow.call_kind, time.time() - session.created_at)
     if cap is not None:
-        await flow.ctx.sessions.stop(session, cap)
+        flow.stop = cap  # the pipeline stops the session before the refusal is answered
         flow.ctx.metrics.budget_stops.labels(cap).inc()
         flow.ctx.metrics.rejected.labels("budget").inc()
         raise AgentError(400, f"rollout budget exhausted ({cap}); stop now", code="budget_exhausted")

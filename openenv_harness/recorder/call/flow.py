@@ -12,19 +12,23 @@ import time
 from array import array
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from openenv_harness.recorder.context import RecorderContext
-from openenv_harness.recorder.dialects.base import Dialect, DialectCall
-from openenv_harness.recorder.live_session import LiveSession
-from openenv_harness.recorder.prompt_modes.state import ContinuationCall
-from openenv_harness.recorder.upstream.base import UpstreamReply
-from openenv_harness.recorder.validate import Evidence
+from openenv_harness.recorder.dialects.dialect_call import DialectCall
+
+if TYPE_CHECKING:  # what the fields hold; the flow runs none of it
+    from openenv_harness.recorder.call.services import CallServices
+    from openenv_harness.recorder.dialects.base import Dialect
+    from openenv_harness.recorder.live_session import LiveSession
+    from openenv_harness.recorder.prompt_modes.state import ContinuationCall
+    from openenv_harness.recorder.upstream.base import UpstreamReply
+    from openenv_harness.recorder.validate import Evidence
 
 
 @dataclass
 class Flow:
-    ctx: RecorderContext
+    #: what the steps may use of the recorder (``services.py``): never the session registry
+    ctx: CallServices
     session: LiveSession
     headers: Mapping[str, str]
     #: the agent's API: it turns the request into the chat body at entry and the reply back at the end
@@ -76,6 +80,11 @@ class Flow:
     store_refused: bool = False
     #: what the agent is sent (the recorded response; a replayed retry's, from its first sending)
     agent_reply: dict[str, Any] | None = None
+
+    # -- an outcome a step sets and the pipeline applies
+    #: the cap that stops the session (``enforce_budget``, ``tool_caps``): the pipeline stops it before
+    #: the record is made or the refusal answered, so the record's ``limits.stop`` already names it
+    stop: str | None = None
 
     # -- a close of the session while the call is served
     #: the task serving this call; a close may cancel it while ``cancellable`` (until the engine answered)

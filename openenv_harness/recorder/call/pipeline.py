@@ -33,22 +33,23 @@ from openenv_harness.recorder.call.forward import forward
 from openenv_harness.recorder.call.parse import parse
 from openenv_harness.recorder.call.record import record
 from openenv_harness.recorder.call.reply import reply
+from openenv_harness.recorder.call.services import CallEntry
 from openenv_harness.recorder.call.tool_caps import apply_tool_caps
 from openenv_harness.recorder.call.validate import validate
-from openenv_harness.recorder.context import RecorderContext
 from openenv_harness.recorder.dialects.base import Dialect
 from openenv_harness.recorder.errors import AgentError, session_closed
 from openenv_harness.recorder.restore import restore
+from openenv_harness.recorder.sessions import SessionRegistry
 
 log = logging.getLogger(__name__)
 
 
-async def handle_call(ctx: RecorderContext, path_session: str | None, headers: Mapping[str, str], raw: bytes,
+async def handle_call(ctx: CallEntry, path_session: str | None, headers: Mapping[str, str], raw: bytes,
                       dialect: Dialect) -> Response:
     """An agent call's answer. A streaming call still running after the keepalive grace is answered
     with a stream that carries keepalives until its reply (``keepalive.py``)."""
     try:
-        session = authenticate(ctx, path_session, headers)
+        session = authenticate(ctx.sessions, path_session, headers)
     except AgentError as exc:
         return dialect.error(exc)
     flow = Flow(ctx=ctx, session=session, headers=headers, dialect=dialect, raw=raw)
@@ -59,20 +60,20 @@ async def handle_call(ctx: RecorderContext, path_session: str | None, headers: M
     grace = ctx.config.stream_keepalive_s
     if grace <= 0 or b'"stream"' not in raw:  # only a call that may stream can carry keepalives
         flow.task = asyncio.current_task()
-        return await _serve_to_end(flow)
-    flow.task = asyncio.ensure_future(_serve_to_end(flow))
+        return await _serve_to_end(flow, ctx.sessions)
+    flow.task = asyncio.ensure_future(_serve_to_end(flow, ctx.sessions))
     return await keepalive.answer(flow.task, streaming=lambda: flow.wants_stream, dialect=dialect,
                                   grace_s=grace, interval_s=grace)
 
 
-async def _serve_to_end(flow: Flow) -> Response:
+async def _serve_to_end(flow: Flow, sessions: SessionRegistry) -> Response:
     try:
-        return await serve(flow)
+        return await serve(flow, sessions)
     finally:
         flow.session.call_ended(flow)
 
 
-async def serve(flow: Flow) -> Response:
+async def serve(flow: Flow, sessions: SessionRegistry) -> Response:
     """The steps after authentication. A retry of this call arriving meanwhile waits on its twin (a
     future holding this call's reply) instead of sampling again (``dedupe.py``)."""
     ctx, session = flow.ctx, flow.session
@@ -83,7 +84,7 @@ async def serve(flow: Flow) -> Response:
         enter(flow)
         parse(flow)
         classify(flow)
-        await enforce_budget(flow)
+        enforce_budget(flow)  # a cap it finds is ``flow.stop``: the funnel stops the session
         if await dedupe(flow):
             ctx.metrics.replays.inc()
             session.ledger.note_replayed()
@@ -91,9 +92,12 @@ async def serve(flow: Flow) -> Response:
         twin = session.replay.open_twin(flow.digest)
         await forward(flow)
         validate(flow)
-        await apply_tool_caps(flow)
+        apply_tool_caps(flow)
+        await _apply_stop(sessions, flow)  # before the record, so its ``limits.stop`` names the cap
         await record(flow)
     except BaseException as exc:
+        if flow.stop is not None:  # a refusal whose cap stops the session: stopped before it is answered
+            await _apply_stop(sessions, flow)
         try:
             error = await _funnel(flow, exc)
         except BaseException:
@@ -114,6 +118,12 @@ async def serve(flow: Flow) -> Response:
     if flow.reply is not None:
         ctx.metrics.overhead.observe(max(0.0, elapsed - flow.reply.elapsed_ms / 1000.0))
     return response
+
+
+async def _apply_stop(sessions: SessionRegistry, flow: Flow) -> None:
+    """A step found a cap that stops the session (``Flow.stop``): further calls are refused."""
+    if flow.stop is not None:
+        await sessions.stop(flow.session, flow.stop)
 
 
 def _fail_twin(twin: asyncio.Future[Any] | None, error: Exception) -> None:

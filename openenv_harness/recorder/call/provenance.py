@@ -10,14 +10,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from openenv_harness.recorder.context import RecorderContext
+from openenv_harness.recorder.call.services import CallServices
 from openenv_harness.recorder.live_session import LiveSession
 from openenv_harness.recorder.provenance import DEFAULTED_FIELDS, SAMPLING_FIELDS, decoding_constraint
 from openenv_harness.recorder.sampling_policy import apply_policy, policy_differences, policy_values
 from openenv_harness.version import __version__
 
 
-def _session_part(ctx: RecorderContext, session: LiveSession) -> dict[str, Any]:
+def _session_part(ctx: CallServices, session: LiveSession) -> dict[str, Any]:
     cached = session.provenance_cache
     if cached is None:
         upstream = ctx.upstream_for(session.spec.upstream)
@@ -37,7 +37,7 @@ def _session_part(ctx: RecorderContext, session: LiveSession) -> dict[str, Any]:
     return cached
 
 
-def sampling_provenance(ctx: RecorderContext, session: LiveSession, agent_body: dict[str, Any],
+def sampling_provenance(ctx: CallServices, session: LiveSession, agent_body: dict[str, Any],
                         sent_body: dict[str, Any]) -> dict[str, Any]:
     """What sampling the engine really applied: what the agent sent, what the session pinned, what
     the engine defaults to -- and the effective values where all three are known. Never a silent
@@ -81,7 +81,7 @@ def sampling_provenance(ctx: RecorderContext, session: LiveSession, agent_body: 
     return out
 
 
-def logprobs_mode_of(ctx: RecorderContext, session: LiveSession) -> tuple[str, str]:
+def logprobs_mode_of(ctx: CallServices, session: LiveSession) -> tuple[str, str]:
     """What the session's engine's logprobs are, and how that is known: ``measured`` when the
     session was created (the default engine, probed), else ``configured`` (declared), else ``unknown``."""
     if session.logprobs_mode not in (None, "unknown"):
@@ -91,7 +91,7 @@ def logprobs_mode_of(ctx: RecorderContext, session: LiveSession) -> tuple[str, s
     return "unknown", "unknown"
 
 
-def call_provenance(ctx: RecorderContext, session: LiveSession, sent_body: dict[str, Any],
+def call_provenance(ctx: CallServices, session: LiveSession, sent_body: dict[str, Any],
                     agent_body: dict[str, Any] | None = None, reply_headers: dict[str, str] | None = None
                     ) -> dict[str, Any]:
     out = {**_session_part(ctx, session), "model": sent_body.get("model"),

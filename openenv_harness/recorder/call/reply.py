@@ -9,5 +9,5 @@ from openenv_harness.recorder.call.flow import Flow
 
 def reply(flow: Flow) -> Response:
     assert flow.agent_reply is not None
-    return flow.dialect.render(flow.agent_reply, flow.dialect_call, flow.session, stream=flow.wants_stream,
+    return flow.dialect.render(flow.agent_reply, flow.dialect_call, flow.session.dialect_memory, stream=flow.wants_stream,
                                include_usage=flow.include_usage)

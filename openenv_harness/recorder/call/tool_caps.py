@@ -7,10 +7,11 @@ from __future__ import annotations
 from openenv_harness.recorder.call.flow import Flow
 
 
-async def apply_tool_caps(flow: Flow) -> None:
-    """Cut the reply to the caps; a ``max_total_tool_calls`` cut also stops the session."""
+def apply_tool_caps(flow: Flow) -> None:
+    """Cut the reply to the caps; a ``max_total_tool_calls`` cut also stops the session (``Flow.stop``)."""
     if cut_tool_calls(flow) == "max_total_tool_calls":
-        await stop_for_tool_calls(flow, "max_total_tool_calls")
+        flow.stop = "max_total_tool_calls"
+        flow.ctx.metrics.budget_stops.labels("max_total_tool_calls").inc()
 
 
 def cut_tool_calls(flow: Flow) -> str | None:
@@ -41,10 +42,3 @@ def cut_tool_calls(flow: Flow) -> str | None:
     flow.tool_limit = {"cap": cap, "sampled": len(calls), "delivered": allowed, "dropped": calls[allowed:]}
     flow.ctx.metrics.tool_cuts.labels(cap).inc()
     return cap
-
-
-async def stop_for_tool_calls(flow: Flow, cap: str) -> None:
-    """A ``max_total_tool_calls`` cut stops the session (before the record is made, so the
-    record's ``limits.stop`` already names the cap)."""
-    await flow.ctx.sessions.stop(flow.session, cap)
-    flow.ctx.metrics.budget_stops.labels(cap).inc()

@@ -26,7 +26,8 @@ import orjson
 from starlette.responses import Response
 
 from openenv_harness.recorder.dialects import anthropic_request
-from openenv_harness.recorder.dialects.base import Dialect, DialectCall, chat_message, reasoning_text, sse
+from openenv_harness.recorder.dialects.base import Dialect, chat_message, reasoning_text, sse
+from openenv_harness.recorder.dialects.dialect_call import DialectCall
 from openenv_harness.recorder.dialects.memory import ReplayMemory, reasoning_handle
 from openenv_harness.recorder.errors import AgentError
 from openenv_harness.recorder.upstream.base import UpstreamReply

@@ -22,7 +22,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from openenv_harness.recorder.dialects.base import DialectCall, invalid
+from openenv_harness.recorder.dialects.base import invalid
+from openenv_harness.recorder.dialects.dialect_call import DialectCall
 from openenv_harness.recorder.dialects.memory import ReplayMemory
 
 BILLING_HEADER = "x-anthropic-billing-header"

@@ -28,35 +28,16 @@ completions works on every vLLM (and on the white-box ``ModelStep`` upstream) in
 from __future__ import annotations
 
 import abc
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import orjson
 from starlette.responses import Response
 
+from openenv_harness.recorder.dialects.dialect_call import DialectCall
 from openenv_harness.recorder.dialects.memory import ReplayMemory
 from openenv_harness.recorder.errors import AgentError, body_too_large
-from openenv_harness.recorder.live_session import LiveSession
 from openenv_harness.recorder.upstream.base import UpstreamReply
-
-
-@dataclass
-class DialectCall:
-    """What the reply end needs from the request end of one call (and, for a dialect that records
-    them, the argument text the model sampled, found by the record step)."""
-
-    model: str | None = None
-    echo: dict[str, Any] = field(default_factory=dict)
-    #: per tool call of the reply, the argument text the model sampled (``sampled.raw_arguments``)
-    raw_arguments: list[str | None] = field(default_factory=list)
-
-    def arguments_for(self, index: int, call_id: str, parsed: Any, memory: ReplayMemory) -> Any:
-        """What to hand the agent as a call's arguments: the sampled text when it is known (from
-        this reply's tokens, or remembered from the first time this reply was sent), else the
-        engine's parsed string."""
-        if index < len(self.raw_arguments) and self.raw_arguments[index] is not None:
-            return self.raw_arguments[index]
-        return memory.sampled(call_id) or parsed
 
 
 @dataclass
@@ -124,11 +105,11 @@ class Dialect(abc.ABC):
     #: whether replies hand the agent the argument text the model sampled (``DialectCall.arguments_for``)
     records_sampled_arguments: ClassVar[bool] = True
 
-    def enter(self, raw: bytes, session: LiveSession, limit: int) -> Entered:
+    def enter(self, raw: bytes, memory: ReplayMemory, limit: int) -> Entered:
         """The agent's request as the chat request the steps run on; ``AgentError`` (400/413) on what
         cannot be read."""
         body = decode_object(raw, limit)
-        chat, call = self.to_chat(body, session.dialect_memory)
+        chat, call = self.to_chat(body, memory)
         return Entered(chat, orjson.dumps(chat), call)
 
     def remember(self, record: dict[str, Any], memory: ReplayMemory) -> None:
@@ -141,11 +122,10 @@ class Dialect(abc.ABC):
         sampled = record.get("metadata", {}).get("sampled_arguments")
         self.message(response, DialectCall(raw_arguments=list(sampled) if isinstance(sampled, list) else []), memory)
 
-    def render(self, reply: dict[str, Any], call: DialectCall, session: LiveSession, *, stream: bool,
+    def render(self, reply: dict[str, Any], call: DialectCall, memory: ReplayMemory, *, stream: bool,
                include_usage: bool) -> Response:
         """The recorded chat completion in the dialect's own shape (a replayed retry has no engine
         reply: the memory holds what its first sending handed out)."""
-        memory = session.dialect_memory
         if stream:
             return Response(self.stream(reply, call, memory), media_type="text/event-stream",
                             headers={"cache-control": "no-cache"})

@@ -16,10 +16,10 @@ from typing import Any, ClassVar
 import orjson
 from starlette.responses import Response
 
-from openenv_harness.recorder.dialects.base import Dialect, DialectCall, Entered
+from openenv_harness.recorder.dialects.base import Dialect, Entered
+from openenv_harness.recorder.dialects.dialect_call import DialectCall
 from openenv_harness.recorder.dialects.memory import ReplayMemory
 from openenv_harness.recorder.errors import AgentError, body_too_large
-from openenv_harness.recorder.live_session import LiveSession
 from openenv_harness.recorder.request_body import not_json
 from openenv_harness.recorder.sse import synthesize_sse
 
@@ -30,7 +30,7 @@ class ChatDialect(Dialect):
     session_header: ClassVar[str] = "x-session-id"
     records_sampled_arguments: ClassVar[bool] = False
 
-    def enter(self, raw: bytes, session: LiveSession, limit: int) -> Entered:
+    def enter(self, raw: bytes, memory: ReplayMemory, limit: int) -> Entered:
         """The agent's body as it is: a size check before decoding (a body over the limit is refused
         as too large, whatever it holds), then one decode."""
         if len(raw) > limit:
@@ -43,7 +43,7 @@ class ChatDialect(Dialect):
             raise AgentError(400, "request body must be a JSON object", code="invalid_body")
         return Entered(body, raw, DialectCall())
 
-    def render(self, reply: dict[str, Any], call: DialectCall, session: LiveSession, *, stream: bool,
+    def render(self, reply: dict[str, Any], call: DialectCall, memory: ReplayMemory, *, stream: bool,
                include_usage: bool) -> Response:
         if stream:
             return Response(synthesize_sse(reply, include_usage=include_usage), media_type="text/event-stream",

@@ -35,7 +35,7 @@ async def count_tokens_route(request: Request) -> Response:
     ctx: RecorderContext = request.app.state.ctx
     headers = {k.lower(): v for k, v in request.headers.items()}
     try:
-        session = authenticate(ctx, request.path_params.get("session_id"), headers)
+        session = authenticate(ctx.sessions, request.path_params.get("session_id"), headers)
         raw = await read_body(request, ctx.config.max_body_bytes)
         body = decode_object(raw, ctx.config.max_body_bytes)
         chat, _ = anthropic_request.to_chat(body, session.dialect_memory, count_only=True)

@@ -28,7 +28,7 @@ async def count_tokens(request: Request, target: GeminiTarget) -> Response:
     headers = {k.lower(): v for k, v in request.headers.items()}
     assert target.method == COUNT
     try:
-        session = authenticate(ctx, target.session_id, headers)
+        session = authenticate(ctx.sessions, target.session_id, headers)
         raw = await read_body(request, ctx.config.max_body_bytes)
         body = decode_object(raw, ctx.config.max_body_bytes)
         chat, _ = gemini_request.to_chat(body, session.dialect_memory, model=target.model, stream=False,

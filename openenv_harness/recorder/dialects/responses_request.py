@@ -26,7 +26,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from openenv_harness.recorder.dialects.base import DialectCall, invalid
+from openenv_harness.recorder.dialects.base import invalid
+from openenv_harness.recorder.dialects.dialect_call import DialectCall
 from openenv_harness.recorder.dialects.memory import ReplayMemory
 
 _TEXT_PARTS = {"input_text", "output_text", "text", "summary_text", "reasoning_text"}

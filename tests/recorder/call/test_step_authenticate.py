@@ -22,7 +22,7 @@ async def _session_with_secret(ctx: RecorderContext) -> tuple[LiveSession, str]:
 
 def _refused(ctx: RecorderContext, path_session: str | None, headers: dict[str, str]) -> AgentError:
     with pytest.raises(AgentError) as refused:
-        authenticate(ctx, path_session, headers)
+        authenticate(ctx.sessions, path_session, headers)
     return refused.value
 
 
@@ -54,8 +54,8 @@ async def test_the_sessions_secret_opens_its_path_and_the_bare_route_in_each_sdk
     session, secret = await _session_with_secret(ctx)
     await _session_with_secret(ctx)  # another session in the registry: not the one found
     headers = {header: f"Bearer {secret}" if header == "authorization" else secret}
-    assert authenticate(ctx, session.id, headers) is session
-    assert authenticate(ctx, None, headers) is session  # found by its key's digest
+    assert authenticate(ctx.sessions, session.id, headers) is session
+    assert authenticate(ctx.sessions, None, headers) is session  # found by its key's digest
 
 
 async def test_a_wrong_key_or_an_unknown_path_session_is_an_invalid_key_for_this_session(
@@ -72,7 +72,7 @@ async def test_a_wrong_key_or_an_unknown_path_session_is_an_invalid_key_for_this
         error = _refused(ctx, path_session, {"authorization": f"Bearer {key}"})
         assert (error.status, error.type, error.message) == (
             401, "authentication_error", "invalid API key for this session"), (path_session, key)
-    assert authenticate(ctx, other.id, {"authorization": f"Bearer {other_secret}"}) is other
+    assert authenticate(ctx.sessions, other.id, {"authorization": f"Bearer {other_secret}"}) is other
 
 
 async def test_an_unknown_key_on_the_bare_route_is_an_invalid_key(ctx: RecorderContext) -> None:
@@ -84,7 +84,7 @@ async def test_an_unknown_key_on_the_bare_route_is_an_invalid_key(ctx: RecorderC
 async def test_a_stopped_session_still_authenticates_its_budget_step_refuses_it(ctx: RecorderContext) -> None:
     session, secret = await _session_with_secret(ctx)
     await ctx.sessions.stop(session, "max_calls")
-    assert authenticate(ctx, session.id, {"authorization": f"Bearer {secret}"}) is session
+    assert authenticate(ctx.sessions, session.id, {"authorization": f"Bearer {secret}"}) is session
 
 
 async def test_a_closing_and_then_closed_session_is_refused_with_session_closed(ctx: RecorderContext) -> None:

@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from openenv_harness.recorder.call import pipeline
 from openenv_harness.recorder.call.enforce_budget import enforce_budget
 from openenv_harness.recorder.call.flow import Flow
 from openenv_harness.recorder.context import RecorderContext
@@ -35,8 +36,11 @@ def _stored_row(ctx: RecorderContext, session_id: str) -> tuple[str, str | None]
 
 
 async def _refused(flow: Flow) -> AgentError:
+    """The step refuses the call; the stop it sets is applied as the pipeline applies it."""
     with pytest.raises(AgentError) as refused:
-        await enforce_budget(flow)
+        enforce_budget(flow)
+    assert flow.stop is None or flow.session.status == "open"  # the step itself changes no session
+    await pipeline._apply_stop(flow.ctx.sessions, flow)
     return refused.value
 
 
@@ -77,7 +81,7 @@ async def test_a_call_that_would_pass_a_cap_is_refused_and_stops_the_session_wit
 
 async def test_the_wall_clock_cap_counts_from_the_sessions_creation(ctx: RecorderContext, make_flow: MakeFlow) -> None:
     session = await open_session(ctx, SessionSpec(budgets=Budgets(max_wall_clock_s=60.0)))
-    await enforce_budget(make_flow(ctx, session, BODY))  # just created: well within
+    enforce_budget(make_flow(ctx, session, BODY))  # just created: well within
     session.created_at = time.time() - 61.0
     error = await _refused(make_flow(ctx, session, BODY))
     assert error.code == "budget_exhausted" and session.stop_reason == "max_wall_clock_s"
@@ -89,12 +93,12 @@ async def test_a_call_within_its_budgets_passes_and_changes_nothing(ctx: Recorde
     session = await open_session(ctx, SessionSpec(budgets=budgets))
     session.ledger.counters = Counters(calls=2, agent_calls=1, prompt_tokens=99, completion_tokens=40)
     flow = make_flow(ctx, session, BODY)
-    await enforce_budget(flow)
+    enforce_budget(flow)
     assert (session.status, session.stop_reason) == ("open", None)
     assert session.counters == Counters(calls=2, agent_calls=1, prompt_tokens=99, completion_tokens=40)
     assert _stored_row(ctx, session.id) == ("open", None)
     assert _stop_counts(ctx, "max_calls") == (0, 0, 0)
-    assert not flow.replayed and flow.agent_reply is None
+    assert not flow.replayed and flow.agent_reply is None and flow.stop is None
 
 
 async def test_max_agent_calls_refuses_an_agent_call_but_lets_an_aux_call_through(
@@ -103,7 +107,7 @@ async def test_max_agent_calls_refuses_an_agent_call_but_lets_an_aux_call_throug
     session.ledger.counters = Counters(calls=1, agent_calls=1)
     aux = make_flow(ctx, session, BODY)
     aux.call_kind = "aux"  # what ``classify`` sets for a call an aux rule matches
-    await enforce_budget(aux)
+    enforce_budget(aux)
     assert session.status == "open"
     agent = make_flow(ctx, session, BODY)
     assert agent.call_kind == "agent"

@@ -56,7 +56,7 @@ async def test_a_per_turn_cap_hands_the_agent_the_first_calls_and_names_what_it_
     flow = make_flow(ctx, session, BODY)
     _answered(flow, 3)
     engine_json = flow.reply.json if flow.reply else None
-    await apply_tool_caps(flow)
+    apply_tool_caps(flow)
     assert flow.reply is not None and flow.reply.json is not engine_json  # the engine's reply is not mutated
     assert [c["id"] for c in flow.reply.json["choices"][0]["message"]["tool_calls"]] == ["c0"]
     assert flow.tool_limit == {"cap": "max_tool_calls_per_turn", "sampled": 3, "delivered": 1,
@@ -69,10 +69,12 @@ async def test_a_total_cap_cut_to_nothing_ends_the_turn_and_stops_the_session(
     session = await open_session(ctx, SessionSpec(budgets=Budgets(max_total_tool_calls=0)))
     flow = make_flow(ctx, session, BODY)
     _answered(flow, 2)
-    await apply_tool_caps(flow)
+    apply_tool_caps(flow)
     assert flow.reply is not None and flow.reply.json is not None
     choice = flow.reply.json["choices"][0]
     assert "tool_calls" not in choice["message"] and choice["finish_reason"] == "stop"
+    assert flow.stop == "max_total_tool_calls" and session.status == "open"  # the pipeline applies it
+    await pipeline._apply_stop(ctx.sessions, flow)
     assert (session.status, session.stop_reason) == ("stopped", "max_total_tool_calls")
 
 
@@ -88,7 +90,7 @@ async def test_record_makes_the_call_durable_and_fixes_the_agents_reply(
     assert flow.call_kind == "agent"
     await forward(flow)
     validate(flow)
-    await apply_tool_caps(flow)
+    apply_tool_caps(flow)
     await record(flow)
     assert flow.stored and flow.call_index == 0 and flow.agent_reply is not None
     assert flow.agent_reply["choices"][0]["logprobs"] is not None  # asked for: kept for the agent
@@ -130,7 +132,7 @@ async def test_the_funnel_records_an_engine_failure_before_answering(
     engine.add_fault(session.id, Fault(status=500, message="engine down"))
     flow = make_flow(ctx, session, BODY, dialect=ANTHROPIC)
     flow.raw = orjson.dumps({"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]})
-    response = await pipeline.serve(flow)
+    response = await pipeline.serve(flow, ctx.sessions)
     assert response.status_code == 500
     assert orjson.loads(response.body)["type"] == "error"  # in the dialect's error shape
     await ctx.store.caught_up()
@@ -141,7 +143,7 @@ async def test_the_funnel_records_an_engine_failure_before_answering(
 
 async def test_the_funnel_answers_a_refusal_without_a_record(ctx: RecorderContext, make_flow: MakeFlow) -> None:
     session = await open_session(ctx, SessionSpec(budgets=Budgets(max_calls=0)))
-    response = await pipeline.serve(make_flow(ctx, session, BODY))
+    response = await pipeline.serve(make_flow(ctx, session, BODY), ctx.sessions)
     assert response.status_code == 400 and orjson.loads(response.body)["error"]["code"] == "budget_exhausted"
     await ctx.store.caught_up()
     assert await ctx.store.read_records(session.id) == []
