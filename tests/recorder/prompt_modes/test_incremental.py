@@ -167,7 +167,7 @@ def test_the_probe_is_rendered_without_the_tool_list_unless_the_template_needs_i
 
     from agentloop import ADMIN
 
-    reference = Path(__file__).parents[2] / "openenv_harness" / "testing" / "engine" / "chat_template.jinja"
+    reference = Path(__file__).parents[3] / "openenv_harness" / "testing" / "engine" / "chat_template.jinja"
     plain = reference.read_text()
     marked = plain.replace("{{- render_text(message.content) + '<|im_end|>\\n' -}}",
                            "{{- ('(with tools) ' if tools and message.role == 'tool' else '') + "
