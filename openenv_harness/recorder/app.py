@@ -29,10 +29,11 @@ from openenv_harness.recorder.dialects.gemini_count import count_tokens as gemin
 from openenv_harness.recorder.dialects.routes import agent_target
 from openenv_harness.recorder.engine_watch import EngineWatch
 from openenv_harness.recorder.error_handlers import install_error_handlers
-from openenv_harness.recorder.errors import AgentError, body_too_large, error_response
+from openenv_harness.recorder.errors import AgentError, error_response
 from openenv_harness.recorder.fence import Fence
 from openenv_harness.recorder.metrics import RecorderMetrics
 from openenv_harness.recorder.replicas import ReplicaFence
+from openenv_harness.recorder.request_body import ClientGone, receive_body
 from openenv_harness.recorder.request_limits import RequestLimits, check_scope
 from openenv_harness.recorder.sessions import SessionRegistry
 from openenv_harness.recorder.store.base import RecordStore
@@ -150,25 +151,13 @@ class RecorderApp:
     async def _chat(self, scope: dict[str, Any], receive: Any, session_id: str | None, dialect: Dialect) -> Response:
         ctx: RecorderContext = self.state.ctx
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-        limit = ctx.config.max_body_bytes
-        too_large = body_too_large(limit)
-        declared = headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > limit:
-            return dialect.error(too_large)
-        chunks: list[bytes] = []
-        size = 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return Response(status_code=499)
-            body = message.get("body", b"")
-            size += len(body)
-            if size > limit:
-                return dialect.error(too_large)
-            chunks.append(body)
-            if not message.get("more_body", False):
-                break
-        return await handle_call(ctx, session_id, headers, b"".join(chunks), dialect)
+        try:
+            raw = await receive_body(receive, headers.get("content-length"), ctx.config.max_body_bytes)
+        except ClientGone:
+            return Response(status_code=499)
+        except AgentError as refused:  # too large: in the agent's own API's error shape
+            return dialect.error(refused)
+        return await handle_call(ctx, session_id, headers, raw, dialect)
 
 
 def create_recorder_app(

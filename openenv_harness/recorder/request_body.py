@@ -23,7 +23,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
+from starlette.types import Receive
 
 from openenv_harness.recorder.errors import AgentError, body_too_large
 
@@ -99,17 +100,34 @@ def _check_integers(raw: bytes) -> None:
         ) from None
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """A request's body, refused as too large (413) from its declared length or as soon as more
-    than ``limit`` bytes arrived -- never read whole first."""
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
+class ClientGone(Exception):
+    """The client disconnected before its body was whole."""
+
+
+async def receive_body(receive: Receive, content_length: str | None, limit: int) -> bytes:
+    """A request's body from its ASGI ``receive``: refused as too large (413) from its declared length
+    or as soon as more than ``limit`` bytes arrived -- never read whole first. The one reader of an
+    agent body on the ASGI path (the chat fast path reads its own: ``chat_protocol.py``)."""
+    if content_length is not None and content_length.isdigit() and int(content_length) > limit:
         raise body_too_large(limit)
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientGone
+        chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit:
             raise body_too_large(limit)
         chunks.append(chunk)
-    return b"".join(chunks)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """``receive_body`` for a route that has a Starlette request (the count-tokens routes)."""
+    try:
+        return await receive_body(request.receive, request.headers.get("content-length"), limit)
+    except ClientGone:
+        raise ClientDisconnect from None

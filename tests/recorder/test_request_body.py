@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from openenv_harness.recorder import RecorderClient, RecorderConfig, RecorderServer
+from openenv_harness.recorder.errors import AgentError
 from openenv_harness.recorder.request_body import MAX_JSON_DEPTH_LIMIT
 from openenv_harness.testing.engine import EngineServer
 
@@ -170,3 +171,33 @@ def test_the_agents_body_reaches_the_engine_unaltered_or_is_refused(
     sent = last
     assert {k: sent[k] for k in extra} == extra
     assert json.dumps({k: sent[k] for k in extra}, sort_keys=True) == json.dumps(extra, sort_keys=True)  # types too
+
+
+async def _receive_from(messages: list[dict]) -> tuple[object, list[dict]]:
+    taken: list[dict] = []
+
+    async def receive() -> dict:
+        message = messages.pop(0)
+        taken.append(message)
+        return message
+
+    return receive, taken
+
+
+async def test_the_edge_reader_joins_a_body_and_refuses_one_past_the_limit_without_reading_on() -> None:
+    from openenv_harness.recorder.request_body import ClientGone, receive_body
+
+    receive, _ = await _receive_from([{"type": "http.request", "body": b"ab", "more_body": True},
+                                      {"type": "http.request", "body": b"cd", "more_body": False}])
+    assert await receive_body(receive, "4", 4) == b"abcd"
+    with pytest.raises(AgentError) as declared:  # refused from its declared length, nothing read
+        await receive_body(receive, "5", 4)
+    assert (declared.value.status, declared.value.code) == (413, "body_too_large")
+    chunks = [{"type": "http.request", "body": b"x" * 3, "more_body": True} for _ in range(5)]
+    receive, taken = await _receive_from(chunks)
+    with pytest.raises(AgentError):
+        await receive_body(receive, None, 4)  # no length declared: refused once past the limit
+    assert len(taken) == 2
+    receive, _ = await _receive_from([{"type": "http.disconnect"}])
+    with pytest.raises(ClientGone):
+        await receive_body(receive, None, 4)

@@ -6,5 +6,5 @@ from openenv_harness.recorder.call.flow import Flow
 
 
 def enter(flow: Flow) -> None:
-    entered = flow.dialect.enter(flow.raw, flow.session.dialect_memory, flow.ctx.config.max_body_bytes)
+    entered = flow.dialect.enter(flow.raw, flow.session.dialect_memory)
     flow.body, flow.raw, flow.dialect_call = entered.body, entered.raw, entered.call

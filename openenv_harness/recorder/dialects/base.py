@@ -36,7 +36,7 @@ from starlette.responses import Response
 
 from openenv_harness.recorder.dialects.dialect_call import DialectCall
 from openenv_harness.recorder.dialects.memory import ReplayMemory
-from openenv_harness.recorder.errors import AgentError, body_too_large
+from openenv_harness.recorder.errors import AgentError
 from openenv_harness.recorder.upstream.base import UpstreamReply
 
 
@@ -55,9 +55,8 @@ def invalid(message: str, code: str = "invalid_request") -> AgentError:
     return AgentError(400, message, code=code)
 
 
-def decode_object(raw: bytes, limit: int) -> dict[str, Any]:
-    if len(raw) > limit:
-        raise body_too_large(limit)
+def decode_object(raw: bytes) -> dict[str, Any]:
+    """A body the edge already bounded (``request_body.receive_body``), decoded to a JSON object."""
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
@@ -105,10 +104,10 @@ class Dialect(abc.ABC):
     #: whether replies hand the agent the argument text the model sampled (``DialectCall.arguments_for``)
     records_sampled_arguments: ClassVar[bool] = True
 
-    def enter(self, raw: bytes, memory: ReplayMemory, limit: int) -> Entered:
+    def enter(self, raw: bytes, memory: ReplayMemory) -> Entered:
         """The agent's request as the chat request the steps run on; ``AgentError`` (400/413) on what
         cannot be read."""
-        body = decode_object(raw, limit)
+        body = decode_object(raw)
         chat, call = self.to_chat(body, memory)
         return Entered(chat, orjson.dumps(chat), call)
 

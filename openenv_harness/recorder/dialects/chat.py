@@ -19,7 +19,7 @@ from starlette.responses import Response
 from openenv_harness.recorder.dialects.base import Dialect, Entered
 from openenv_harness.recorder.dialects.dialect_call import DialectCall
 from openenv_harness.recorder.dialects.memory import ReplayMemory
-from openenv_harness.recorder.errors import AgentError, body_too_large
+from openenv_harness.recorder.errors import AgentError
 from openenv_harness.recorder.request_body import not_json
 from openenv_harness.recorder.sse import synthesize_sse
 
@@ -30,11 +30,8 @@ class ChatDialect(Dialect):
     session_header: ClassVar[str] = "x-session-id"
     records_sampled_arguments: ClassVar[bool] = False
 
-    def enter(self, raw: bytes, memory: ReplayMemory, limit: int) -> Entered:
-        """The agent's body as it is: a size check before decoding (a body over the limit is refused
-        as too large, whatever it holds), then one decode."""
-        if len(raw) > limit:
-            raise body_too_large(limit)
+    def enter(self, raw: bytes, memory: ReplayMemory) -> Entered:
+        """The agent's body as it is (the edge bounded its size: ``request_body.receive_body``), decoded once."""
         try:
             body = orjson.loads(raw)
         except orjson.JSONDecodeError as exc:

@@ -37,7 +37,7 @@ async def count_tokens_route(request: Request) -> Response:
     try:
         session = authenticate(ctx.sessions, request.path_params.get("session_id"), headers)
         raw = await read_body(request, ctx.config.max_body_bytes)
-        body = decode_object(raw, ctx.config.max_body_bytes)
+        body = decode_object(raw)
         chat, _ = anthropic_request.to_chat(body, session.dialect_memory, count_only=True)
     except AgentError as exc:
         return anthropic_error(exc.status, exc.message, exc.headers)

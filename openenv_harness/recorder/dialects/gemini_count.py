@@ -30,7 +30,7 @@ async def count_tokens(request: Request, target: GeminiTarget) -> Response:
     try:
         session = authenticate(ctx.sessions, target.session_id, headers)
         raw = await read_body(request, ctx.config.max_body_bytes)
-        body = decode_object(raw, ctx.config.max_body_bytes)
+        body = decode_object(raw)
         chat, _ = gemini_request.to_chat(body, session.dialect_memory, model=target.model, stream=False,
                                          count_only=True)
     except AgentError as exc:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-from pathlib import Path
 
 import orjson
 import pytest
@@ -59,20 +58,37 @@ async def test_a_dialect_body_becomes_the_chat_body_it_is_stored_as(ctx: Recorde
         assert flow.digest == hashlib.sha256(flow.raw).hexdigest()
 
 
-@pytest.mark.parametrize(("raw", "status", "code"), REFUSED)
+@pytest.mark.parametrize(("raw", "status", "code"), [r for r in REFUSED if r[1] != 413])
 async def test_a_body_the_recorder_cannot_forward_unchanged_is_refused(
-        tmp_path: Path, raw: bytes, status: int, code: str, make_flow: MakeFlow) -> None:
+        raw: bytes, status: int, code: str, make_flow: MakeFlow) -> None:
+    """What the body holds; its size is the edge's to refuse (``request_body.receive_body``,
+    ``test_bad_input.py`` holds the whole path to the same table, 413 rows included)."""
     small = build_context(max_body_bytes=LIMIT)
-    small.store.open()
-    try:
-        session = await open_session(small)
-        flow = make_flow(small, session, raw)
-        with pytest.raises(AgentError) as refused:
-            enter(flow)
-            parse(flow)
-        assert (refused.value.status, refused.value.code) == (status, code)
-    finally:
-        small.store.close()
+    session = await open_session(small)
+    flow = make_flow(small, session, raw)
+    with pytest.raises(AgentError) as refused:
+        enter(flow)
+        parse(flow)
+    assert (refused.value.status, refused.value.code) == (status, code)
+
+
+async def test_a_dialects_chat_translation_over_the_limit_is_refused_as_too_large(make_flow: MakeFlow) -> None:
+    """An Anthropic body within the limit whose chat translation is not (the system prompt and tool
+    schemas are restated) is refused before the engine, as the edge would refuse a body that size."""
+    small = build_context(max_body_bytes=LIMIT)
+    session = await open_session(small)
+    body = {"model": "m", "max_tokens": 8, "system": "", "messages": [{"role": "user", "content": "hi"}],
+            "tools": [{"name": f"tool_{i}", "description": "d", "input_schema": {"type": "object"}}
+                      for i in range(24)]}
+    body["system"] = "s" * (LIMIT - len(orjson.dumps(body)) - 16)  # just within the limit as sent
+    raw = orjson.dumps(body)
+    assert len(raw) <= LIMIT
+    flow = make_flow(small, session, raw, dialect=ANTHROPIC)
+    enter(flow)
+    assert len(flow.raw) > LIMIT
+    with pytest.raises(AgentError) as refused:
+        parse(flow)
+    assert (refused.value.status, refused.value.code) == (413, "body_too_large")
 
 
 async def test_the_sessions_rules_classify_an_auxiliary_call(ctx: RecorderContext, make_flow: MakeFlow) -> None:
