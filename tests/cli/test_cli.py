@@ -146,6 +146,7 @@ def test_the_command_starts_without_importing_the_rollout_stack() -> None:
     assert done.stdout.strip() == "[]"
 
 
+@pytest.mark.slow  # a doctor process: it starts and probes engines (8-16 s)
 def test_doctor_reports_the_harnesses() -> None:
     done = cli("doctor")
     assert "harness pi" in done.stdout and "harness opencode" in done.stdout and "python" in done.stdout
@@ -168,6 +169,7 @@ def _row(table: str, check: str) -> str:
     return " ".join(" ".join(ln.replace("│", " ") for ln in row).split())
 
 
+@pytest.mark.slow  # a doctor process: it starts and probes engines (8-16 s)
 def test_doctor_reports_the_container_sandbox(tmp_path: Path) -> None:
     """Its row names the engine and the image where both are there, else what is missing and how to fix it;
     a machine without them is still ready for the local sandbox, so the row fails nothing."""
@@ -196,6 +198,7 @@ def test_doctor_reports_the_container_sandbox(tmp_path: Path) -> None:
     assert row.startswith("container sandbox no no container engine (docker or podman) is installed"), row
 
 
+@pytest.mark.slow  # a doctor process: it starts and probes engines (8-16 s)
 def test_doctor_names_an_engine_that_is_not_there(tmp_path: Path) -> None:
     import socket
 
@@ -209,6 +212,7 @@ def test_doctor_names_an_engine_that_is_not_there(tmp_path: Path) -> None:
     assert "engine version" not in done.stdout, "nothing is reported of an engine that did not answer"
 
 
+@pytest.mark.slow  # a doctor process: it starts and probes engines (8-16 s)
 def test_doctor_checks_an_engine_for_token_evidence() -> None:
     from openenv_harness.testing.engine import EngineServer
 
@@ -222,6 +226,7 @@ def test_doctor_checks_an_engine_for_token_evidence() -> None:
     assert done.returncode == 0, done.stdout
 
 
+@pytest.mark.slow  # a doctor process: it starts and probes engines (8-16 s)
 def test_doctor_measures_the_engines_logprobs_mode() -> None:
     """Raw or processed is measured on the engine (two one-token calls at two temperatures), not assumed."""
     from openenv_harness.testing.engine import EngineConfig, EngineServer
@@ -233,6 +238,7 @@ def test_doctor_measures_the_engines_logprobs_mode() -> None:
         assert f"│ yes │ {mode} (measured: top-5 gap" in line, line
 
 
+@pytest.mark.slow  # a doctor process: it starts and probes engines (8-16 s)
 def test_doctor_exits_non_zero_when_the_engine_gives_no_token_evidence() -> None:
     """An engine (or a router in front of it) that drops the ids fails the check, and the command."""
     from openenv_harness.testing.engine import EngineServer, Fault
