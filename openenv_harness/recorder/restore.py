@@ -18,6 +18,10 @@ Both stay bounded as live (``MAX_TIPS`` tips; the memory's own entry and byte li
 first). The records are streamed one at a time on a worker thread, off the event loop; calls of
 the session that arrive meanwhile wait for the same rebuild. A store that cannot be read leaves the
 state empty: the next transition shows what it costs, never a wrong prompt.
+
+The same pass gives back the retry window's recent digests (``replay_window.py``): an agent that
+retries a call it sent before the restart is answered from that call's record, as it would have
+been without the restart, instead of being sampled a second time.
 """
 
 from __future__ import annotations
@@ -25,8 +29,9 @@ from __future__ import annotations
 import asyncio
 import logging
 from array import array
+from collections import deque
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, NamedTuple
 
 from openenv_harness.recorder.dialects.chat import CHAT
 from openenv_harness.recorder.dialects.memory import ReplayMemory
@@ -37,9 +42,20 @@ from openenv_harness.recorder.store.base import RecordStore
 
 log = logging.getLogger(__name__)
 
-def rebuild(records: Iterable[dict[str, Any]]) -> tuple[FidelityTracker | None, ReplayMemory | None]:
-    """The fidelity tracker and replay memory a session's records leave behind (None: nothing to hold)."""
+class Rebuilt(NamedTuple):
+    """What a session's records leave behind: its tips, its replay memory (None: nothing to hold) and
+    the request digests of its answered calls, oldest first, with their call numbers."""
+
+    tracker: FidelityTracker | None
+    memory: ReplayMemory | None
+    answered: list[tuple[str, int]]
+
+
+def rebuild(records: Iterable[dict[str, Any]], window: int = 0) -> Rebuilt:
+    """Feed every record, in order, to a fresh tracker and its dialect's memory; keep the last
+    ``window`` answered calls' digests (a retry of one is answered from its record: ``dedupe.py``)."""
     tracker, memory = FidelityTracker(), ReplayMemory()
+    answered: deque[tuple[str, int]] = deque(maxlen=window)
     for record in records:
         md = record.get("metadata") or {}
         if md.get("fidelity") is not None:  # the tracker observed exactly these calls
@@ -50,39 +66,42 @@ def rebuild(records: Iterable[dict[str, Any]]) -> tuple[FidelityTracker | None, 
         dialect = BY_NAME.get(md.get("dialect") or "chat", CHAT)
         if md.get("error") is None and md.get("status") != "failed":
             dialect.remember(record, memory)  # a reply the agent was handed
-    return (tracker if tracker.tips else None), (memory if len(memory) else None)
+            if window and isinstance(md.get("request_digest"), str) and isinstance(md.get("call_index"), int):
+                answered.append((md["request_digest"], md["call_index"]))
+    return Rebuilt(tracker if tracker.tips else None, memory if len(memory) else None, list(answered))
 
 
-def _read(store: RecordStore, session_id: str) -> tuple[FidelityTracker | None, ReplayMemory | None]:
-    return rebuild(store.iter_records(session_id))
+def _read(store: RecordStore, session_id: str, window: int) -> Rebuilt:
+    return rebuild(store.iter_records(session_id), window)
 
 
-async def restore(store: RecordStore, session: LiveSession) -> None:
-    """Rebuild ``session``'s chain state from its records if that is still to do; every call of the
-    session waits for the one rebuild."""
+async def restore(store: RecordStore, session: LiveSession, window: int = 0) -> None:
+    """Rebuild ``session``'s chain state (and the digests of its last ``window`` answered calls) from
+    its records if that is still to do; every call of the session waits for the one rebuild."""
     if not session.restore_pending:
         return
     if session.restoring is None:
-        session.restoring = asyncio.ensure_future(_restore(store, session))
+        session.restoring = asyncio.ensure_future(_restore(store, session, window))
     await asyncio.shield(session.restoring)
 
 
-async def _restore(store: RecordStore, session: LiveSession) -> None:
-    tracker: FidelityTracker | None = None
-    memory: ReplayMemory | None = None
+async def _restore(store: RecordStore, session: LiveSession, window: int) -> None:
+    rebuilt = Rebuilt(None, None, [])
     try:
         await store.caught_up()
         try:
-            tracker, memory = await asyncio.to_thread(_read, store, session.id)
+            rebuilt = await asyncio.to_thread(_read, store, session.id, window)
         except NotImplementedError:  # a backend that cannot stream: read whole
-            tracker, memory = await asyncio.to_thread(rebuild, await store.read_records(session.id))
+            rebuilt = await asyncio.to_thread(rebuild, await store.read_records(session.id), window)
     except Exception:
         log.warning("recorder: could not rebuild session %s's chain state from its records", session.id,
                     exc_info=True)
-    if tracker is not None:
-        session.chain.adopt(tracker)
-    if memory is not None:
-        session.dialect_memory.absorb(memory)
+    if rebuilt.tracker is not None:
+        session.chain.adopt(rebuilt.tracker)
+    if rebuilt.memory is not None:
+        session.dialect_memory.absorb(rebuilt.memory)
+    for digest, index in rebuilt.answered:
+        session.replay.remember(digest, index, window)
     session.restore_pending = False
 
 

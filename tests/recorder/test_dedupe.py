@@ -136,3 +136,22 @@ def test_concurrent_twins_keep_the_logprobs_the_agent_asked_for(tmp_path, record
             assert len({r.content for r in replies}) == 1 and _logprobs(replies[0])
     finally:
         slow.stop()
+
+
+def test_a_retry_across_a_restart_is_answered_from_the_record(tmp_path, engine: EngineServer) -> None:
+    """The recorder restarts between a call and the agent's retry of it: the retry is still answered
+    with what the first attempt was sent, and the engine is not asked again (``restore.py``)."""
+    from openenv_harness.recorder import RecorderConfig
+
+    config = RecorderConfig(store_path=str(tmp_path / "restart.db"), engine_url=engine.url, admin_token="a" * 32)
+    with RecorderServer(config) as first, RecorderClient(first.url, "a" * 32) as adm:
+        s = adm.create_session()
+        engine.set_script(s["session_id"], tool_script(3))
+        before = post({**s, "base_url": f"{first.url}/rollout/{s['session_id']}/v1"})
+    with RecorderServer(config) as second, RecorderClient(second.url, "a" * 32) as adm:
+        retry = post({**s, "base_url": f"{second.url}/rollout/{s['session_id']}/v1"},
+                     {"x-stainless-retry-count": "1"})
+        assert before.status_code == retry.status_code == 200
+        assert parse_sse(before.content)[0] == parse_sse(retry.content)[0]
+        assert len(adm.records(s["session_id"])) == 1 and len(engine.requests(s["session_id"])) == 1
+        assert adm.session(s["session_id"])["replayed_calls"] == 1

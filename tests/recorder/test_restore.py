@@ -68,7 +68,7 @@ def _session() -> LiveSession:
 
 def test_the_rebuild_remembers_what_each_reply_handed_out_and_the_chain_tip() -> None:
     records = [_record(0), _record(1), _record(2, dialect="chat"), _record(3, status="failed")]
-    tracker, memory = rebuild(records)
+    tracker, memory, _ = rebuild(records)
     assert memory is not None and tracker is not None
     for i in (0, 1):
         assert memory.sampled_arguments(f"toolu_{i}", {"command": "ls"}) == '{"command":"ls"}'
@@ -80,7 +80,7 @@ def test_the_rebuild_remembers_what_each_reply_handed_out_and_the_chain_tip() ->
 
 
 def test_the_rebuild_stays_within_the_memorys_bounds() -> None:
-    tracker, memory = rebuild(_record(i) for i in range(1500))
+    tracker, memory, _ = rebuild(_record(i) for i in range(1500))
     assert memory is not None and len(memory) <= memory.max_entries
     assert memory.sampled("toolu_1499") == '{"command":"ls"}' and memory.sampled("toolu_0") is None  # oldest out
     assert tracker is not None and len(tracker.tips) == 1
@@ -115,3 +115,16 @@ def test_a_rebuild_comes_under_the_memory_a_count_tokens_call_used_meanwhile() -
     assert session.dialect_memory.sampled("toolu_live") == '{"x":1}'
     assert session.dialect_memory.sampled("toolu_0") == '{"command":"ls"}'
     assert list(session.dialect_memory._entries)[-1] == ("call", "toolu_live")
+
+
+def test_a_restart_gives_back_the_retry_window_of_answered_calls() -> None:
+    """A retry of a call answered before the restart is answered from its record (``dedupe.py``),
+    within the window; a failed call's digest is not one."""
+    records = [_record(i) for i in range(4)] + [_record(4, status="failed")]
+    for i, record in enumerate(records):
+        record["metadata"].update(request_digest=f"d{i}", call_index=i)
+    records[4]["metadata"]["error"] = {"kind": "upstream"}
+    store, session = _ListStore(records), _session()
+    asyncio.run(restore(store, session, window=2))
+    assert [d for d in ("d0", "d1", "d2", "d3", "d4") if session.replay.is_recent(d)] == ["d2", "d3"]
+    assert rebuild(records).answered == []  # no window: nothing kept

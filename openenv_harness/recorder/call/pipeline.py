@@ -80,7 +80,7 @@ async def serve(flow: Flow, sessions: SessionRegistry) -> Response:
     twin: asyncio.Future[Any] | None = None
     try:
         if session.restore_pending:  # recovered after a restart: its chain state comes from its records
-            await restore(ctx.store, session)
+            await restore(ctx.store, session, ctx.config.dedupe_window)
         enter(flow)
         parse(flow)
         classify(flow)
