@@ -32,13 +32,13 @@ def secret_digest(secret: str) -> str:
 
 def bearer_token(headers: Mapping[str, str]) -> str | None:
     """The key an agent SDK sent: ``Authorization: Bearer <key>``, ``x-api-key: <key>`` (Anthropic's
-    SDK) or ``x-goog-api-key: <key>`` (Google's)."""
+    SDK) or ``x-goog-api-key: <key>`` (Google's). An ``Authorization`` header of another scheme (a
+    proxy's ``Basic``) is not the agent's key: the SDK's own header is still read."""
     auth = headers.get("authorization")
     if auth:
         scheme, _, value = auth.partition(" ")
         if scheme.lower() == "bearer" and value.strip():
             return value.strip()
-        return None
     key = headers.get("x-api-key") or headers.get("x-goog-api-key")
     return key.strip() if key else None
 

@@ -115,3 +115,15 @@ def test_secrets_are_stored_only_as_digests(recorder: RecorderServer, two_sessio
     db = sqlite3.connect(recorder.config.store_path)
     dump = "\n".join(db.iterdump())
     assert a["secret"] not in dump and b["secret"] not in dump and ADMIN not in dump
+
+
+def test_the_sdks_key_header_is_read_beside_another_schemes_authorization() -> None:
+    """A proxy in front of the recorder may add ``Authorization: Basic ...``; the agent's own key header
+    still opens its session, and a Bearer key still wins over it."""
+    from openenv_harness.recorder.auth import bearer_token
+
+    assert bearer_token({"authorization": "Basic dXNlcjpwdw==", "x-api-key": "oeh-key"}) == "oeh-key"
+    assert bearer_token({"authorization": "Basic dXNlcjpwdw==", "x-goog-api-key": " g "}) == "g"
+    assert bearer_token({"authorization": "Bearer b", "x-api-key": "a"}) == "b"
+    assert bearer_token({"authorization": "Basic dXNlcjpwdw=="}) is None
+    assert bearer_token({"authorization": "Bearer  "}) is None
