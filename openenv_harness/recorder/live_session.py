@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from openenv_harness.recorder.budget import BudgetLedger, Counters
 from openenv_harness.recorder.call_numbers import CallNumbers
-from openenv_harness.recorder.chain_observer import ChainObserver
+from openenv_harness.recorder.chain.observer import ChainObserver
 from openenv_harness.recorder.dialects.memory import ReplayMemory
 from openenv_harness.recorder.prompt_modes.state import IncrementalState
 from openenv_harness.recorder.replay_window import ReplayWindow
@@ -76,7 +76,7 @@ class LiveSession:
     span_budget: InitVar[SpanBudget | None] = None
     #: what the session has spent against its caps (``budget.py``), built from the spec with the session
     ledger: BudgetLedger = field(init=False)
-    #: the chains its agent calls form: fidelity tips, turn views, compaction summaries (``chain_observer.py``)
+    #: the chains its agent calls form: fidelity tips, turn views, compaction summaries (``chain/observer.py``)
     chain: ChainObserver = field(init=False)
     #: the session's recent prompts as text and ids, so a prompt's shared history is not parsed again
     prompt_reader: PromptIdsReader = field(init=False)

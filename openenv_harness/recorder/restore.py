@@ -1,6 +1,6 @@
 """A recovered session's chain state, rebuilt once from its durable records.
 
-Why: two things that follow a chain live only in memory -- the fidelity tips (``fidelity.py``: the
+Why: two things that follow a chain live only in memory -- the fidelity tips (``chain/fidelity.py``: the
 last prompt and sampled completion of each chain tip) and the dialects' replay memory
 (``dialects/memory.py``: the sampled tool-argument text and reasoning behind what a Responses or
 Messages reply handed out). Lost at a restart, the session's next call would be labelled ``root``
@@ -33,10 +33,10 @@ from collections import deque
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
+from openenv_harness.recorder.chain.fidelity import FidelityTracker
 from openenv_harness.recorder.dialects.chat import CHAT
 from openenv_harness.recorder.dialects.memory import ReplayMemory
 from openenv_harness.recorder.dialects.routes import BY_NAME
-from openenv_harness.recorder.fidelity import FidelityTracker
 from openenv_harness.recorder.live_session import LiveSession
 from openenv_harness.recorder.store.base import RecordStore
 
@@ -109,7 +109,7 @@ async def read_tip_prompts(store: RecordStore, session_id: str, need: dict[str, 
     """Sketched chain tips' prompts, read back from their records: ``{node_id: prompt bytes}``.
 
     Why: a tracker under the recorder's budget keeps an idle session's tips as digests
-    (``fidelity.py``); a break whose divergence lies inside one of their blocks needs the prompt
+    (``chain/fidelity.py``); a break whose divergence lies inside one of their blocks needs the prompt
     whole to say where. Rare (a break, in a session that was idle), so one read
     per tip, by its record's seq. A tip that cannot be read is left out: its divergence position is
     then the start of the block where the prompts part -- the class and the parent stay right.

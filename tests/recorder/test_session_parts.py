@@ -18,14 +18,14 @@ import pytest
 import openenv_harness
 from openenv_harness.recorder.budget import BudgetLedger, Counters
 from openenv_harness.recorder.call_numbers import CallNumbers
-from openenv_harness.recorder.chain_observer import ChainObserver
+from openenv_harness.recorder.chain.observer import ChainObserver
 from openenv_harness.recorder.live_session import LiveSession
 from openenv_harness.recorder.replay_window import ReplayWindow
 
 PACKAGE = Path(openenv_harness.__file__).parent
 #: the session's attribute -> the module that owns its state
 PARTS = {"replay": "recorder/replay_window.py", "numbers": "recorder/call_numbers.py", "ledger": "recorder/budget.py",
-         "chain": "recorder/chain_observer.py", "dialect_memory": "recorder/dialects/memory.py",
+         "chain": "recorder/chain/observer.py", "dialect_memory": "recorder/dialects/memory.py",
          "prompt_reader": "recorder/upstream/reply_parse.py", "prompt_mode_state": "recorder/prompt_modes/state.py"}
 #: state a part lets others read, but which only its owner changes: attribute -> owner
 READ_ONLY = {"counters": "recorder/budget.py"}

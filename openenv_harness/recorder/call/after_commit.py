@@ -23,7 +23,7 @@ AfterCommit = Callable[[Flow, PendingRecord, int], None]
 
 def place_in_chain(flow: Flow, pending: PendingRecord, seq: int) -> None:
     """An observed agent call's prompt can be read back from its record from now on; a compaction
-    call's summary is what a later break may carry (``chain_observer.py``)."""
+    call's summary is what a later break may carry (``chain/observer.py``)."""
     chain = flow.session.chain
     if "fidelity" in pending.metadata:
         chain.placed(pending.metadata["node_id"], seq)

@@ -1,5 +1,5 @@
-"""Part of the record step: how an agent call's prompt relates to its chain's (``recorder/fidelity.py``),
-and, where it departs, why (``recorder/drift_cause.py``)."""
+"""Part of the record step: how an agent call's prompt relates to its chain's (``recorder/chain/fidelity.py``),
+and, where it departs, why (``recorder/chain/drift_cause.py``)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from array import array
 from typing import Any
 
 from openenv_harness.recorder.call.flow import Flow
-from openenv_harness.recorder.drift_cause import break_cause, drift_cause, turn_view
-from openenv_harness.recorder.fidelity import Transition
+from openenv_harness.recorder.chain.drift_cause import break_cause, drift_cause, turn_view
+from openenv_harness.recorder.chain.fidelity import Transition
 from openenv_harness.recorder.restore import read_tip_prompts
 from openenv_harness.recorder.validate import Evidence
 
@@ -26,7 +26,7 @@ async def observe_chain(flow: Flow, md: dict[str, Any], ev: Evidence) -> None:
 
 async def observe_fidelity(flow: Flow, node_id: str, prompt: array[int], completion: array[int]) -> Transition:
     """The session's tracker (under the recorder's budget) classifies the call; a break against tips
-    it sketched while the session was idle first reads those tips' prompts back (``fidelity.py``)."""
+    it sketched while the session was idle first reads those tips' prompts back (``chain/fidelity.py``)."""
     session = flow.session
     chain = session.chain
     prompts: dict[str, bytes] = {}

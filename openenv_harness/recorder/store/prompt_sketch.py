@@ -5,7 +5,7 @@ the indexer keeps each session's latest prompts as candidate bases. Kept as ids,
 per id per base for each of up to 512 sessions -- 256 KB a base at 64k ids, the index process's
 largest holding while many sessions are open (``docs/benchmarks.md``, "Steady-state footprint").
 
-A base is now a ``PromptSketch`` (``recorder/prefix.py``: block digests and the partial last block,
+A base is now a ``PromptSketch`` (``recorder/chain/prefix.py``: block digests and the partial last block,
 about 1/128 of the prompt plus at most one block). A chain, whose next prompt extends the last, still shares every id.
 When two prompts part inside a whole block, the shared length stops at that block's start: the
 record stores up to ``BLOCK - 1`` ids more than it had to, which is rare (a drift or a break) and
@@ -14,7 +14,7 @@ never wrong, since every shared id was compared by digest or byte for byte.
 
 from __future__ import annotations
 
-from openenv_harness.recorder.prefix import BLOCK, PromptSketch, block_digests
+from openenv_harness.recorder.chain.prefix import BLOCK, PromptSketch, block_digests
 
 __all__ = ["BLOCK", "PromptSketch", "block_digests", "prompt_delta"]
 

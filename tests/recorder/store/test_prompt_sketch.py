@@ -8,7 +8,7 @@ from array import array
 from pathlib import Path
 
 from openenv_harness.recorder.store import SQLiteStore, blocks
-from openenv_harness.recorder.prefix import DIGEST_BYTES
+from openenv_harness.recorder.chain.prefix import DIGEST_BYTES
 from openenv_harness.recorder.store.prompt_sketch import BLOCK, PromptSketch, block_digests, prompt_delta
 
 from test_journal import _rec

@@ -31,7 +31,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from openenv_harness.recorder.prefix import BLOCK_BYTES, PromptSketch, block_digests, common_prefix_len
+from openenv_harness.recorder.chain.prefix import BLOCK_BYTES, PromptSketch, block_digests, common_prefix_len
 
 if TYPE_CHECKING:
     from openenv_harness.recorder.upstream.span_budget import SpanBudget

@@ -14,8 +14,8 @@ from collections import deque
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from openenv_harness.recorder.drift_cause import TurnView
-from openenv_harness.recorder.fidelity import FidelityTracker, Transition
+from openenv_harness.recorder.chain.drift_cause import TurnView
+from openenv_harness.recorder.chain.fidelity import FidelityTracker, Transition
 
 if TYPE_CHECKING:
     from openenv_harness.recorder.upstream.span_budget import SpanBudget

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from array import array
 
-from openenv_harness.recorder.fidelity import FidelityTracker, common_prefix_len
+from openenv_harness.recorder.chain.fidelity import FidelityTracker, common_prefix_len
 
 
 def a(xs: list[int]) -> array:

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from openenv_harness.recorder.drift_cause import break_cause, drift_cause, turn_view
+from openenv_harness.recorder.chain.drift_cause import break_cause, drift_cause, turn_view
 
 SYSTEM = {"role": "system", "content": "You are a coding agent."}
 USER = {"role": "user", "content": "Fix the bug."}
@@ -224,7 +224,7 @@ def test_the_tag_at_the_divergence_names_the_cause_first() -> None:
 def test_an_id_is_found_only_at_an_id_boundary() -> None:
     from array import array
 
-    from openenv_harness.recorder.drift_cause import holds_id
+    from openenv_harness.recorder.chain.drift_cause import holds_id
 
     tag = (151657).to_bytes(4, "little")
     assert holds_id(array("I", [1, 2, 151657, 3]).tobytes(), tag)
