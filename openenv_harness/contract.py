@@ -78,7 +78,7 @@ class Limits(BaseModel):
 
 
 class ToolLimitCut(BaseModel):
-    """A reply whose tool calls a cap cut before the agent saw it (``recorder/budget.py``)."""
+    """A reply whose tool calls a cap cut before the agent saw it (``recorder/session/budget.py``)."""
 
     model_config = ConfigDict(extra="allow")
 

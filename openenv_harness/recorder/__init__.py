@@ -21,9 +21,9 @@ _WHERE = {
     "ThreadedServer": "openenv_harness.recorder.serving",
     "free_port": "openenv_harness.recorder.serving",
     "serve": "openenv_harness.recorder.server",
-    "AuxRule": "openenv_harness.recorder.session_spec",
-    "Budgets": "openenv_harness.recorder.session_spec",
-    "SessionSpec": "openenv_harness.recorder.session_spec",
+    "AuxRule": "openenv_harness.recorder.session.spec",
+    "Budgets": "openenv_harness.recorder.session.spec",
+    "SessionSpec": "openenv_harness.recorder.session.spec",
 }
 
 __all__ = sorted(_WHERE)
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from openenv_harness.recorder.context import RecorderConfig, RecorderContext
     from openenv_harness.recorder.server import RecorderServer, serve
     from openenv_harness.recorder.serving import ThreadedServer, free_port
-    from openenv_harness.recorder.session_spec import AuxRule, Budgets, SessionSpec
+    from openenv_harness.recorder.session.spec import AuxRule, Budgets, SessionSpec
 
 
 def __getattr__(name: str) -> Any:

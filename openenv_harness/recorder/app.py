@@ -35,7 +35,7 @@ from openenv_harness.recorder.metrics import RecorderMetrics
 from openenv_harness.recorder.replicas import ReplicaFence
 from openenv_harness.recorder.request_body import ClientGone, receive_body
 from openenv_harness.recorder.request_limits import RequestLimits, check_scope
-from openenv_harness.recorder.sessions import SessionRegistry
+from openenv_harness.recorder.session.registry import SessionRegistry
 from openenv_harness.recorder.store.base import RecordStore
 from openenv_harness.recorder.store.sqlite import SQLiteStore
 from openenv_harness.recorder.upstream.base import Upstream, UpstreamFailure

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from openenv_harness.recorder.session_spec import AuxRule
+from openenv_harness.recorder.session.spec import AuxRule
 
 #: Markers of the aux calls the supported CLIs make (captured from the real CLIs).
 DEFAULT_AUX_RULES: tuple[AuxRule, ...] = (

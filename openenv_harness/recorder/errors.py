@@ -13,7 +13,7 @@ import orjson
 from starlette.responses import Response
 
 if TYPE_CHECKING:
-    from openenv_harness.recorder.live_session import LiveSession
+    from openenv_harness.recorder.session.live import LiveSession
 
 
 class AgentError(Exception):

@@ -204,7 +204,7 @@ class AgentCLIAdapter(CLIHarnessAdapter):
 def run_budgets(limits: HarnessRunLimits) -> dict[str, Any]:
     """RFC 005's run limits as the recorder's session budgets: ``max_turns`` caps the agent's model
     calls before each call; the tool-call limits cut each reply before the agent sees it
-    (``recorder/budget.py`` says what the agent then receives)."""
+    (``recorder/session/budget.py`` says what the agent then receives)."""
     budgets: dict[str, Any] = {"max_agent_calls": limits.max_turns}
     if limits.max_tool_calls_per_turn is not None:
         budgets["max_tool_calls_per_turn"] = limits.max_tool_calls_per_turn

@@ -22,10 +22,10 @@ from openenv_harness.recorder.dialects.base import Dialect
 from openenv_harness.recorder.dialects.routes import CHAT
 from openenv_harness.recorder.engine_watch import EngineWatch
 from openenv_harness.recorder.fence import Fence
-from openenv_harness.recorder.live_session import LiveSession
+from openenv_harness.recorder.session.live import LiveSession
 from openenv_harness.recorder.metrics import RecorderMetrics
-from openenv_harness.recorder.session_spec import SessionSpec
-from openenv_harness.recorder.sessions import SessionRegistry
+from openenv_harness.recorder.session.spec import SessionSpec
+from openenv_harness.recorder.session.registry import SessionRegistry
 from openenv_harness.recorder.upstream.base import Upstream, UpstreamReply
 from openenv_harness.recorder.upstream.model_step import ModelStepUpstream
 from openenv_harness.recorder.upstream.span_budget import SpanBudget

@@ -16,7 +16,7 @@ import pytest
 
 from openenv_harness.recorder import RecorderClient, RecorderConfig, RecorderServer
 from openenv_harness.recorder.client import forget_admin_listeners
-from openenv_harness.recorder.live_session import LiveSession
+from openenv_harness.recorder.session.live import LiveSession
 from openenv_harness.testing.engine import EngineServer, Fault
 
 from agentloop import ADMIN, tool_script

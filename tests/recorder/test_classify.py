@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from openenv_harness.recorder.classify import DEFAULT_AUX_RULES, classify_call, system_prompt
-from openenv_harness.recorder.session_spec import AuxRule
+from openenv_harness.recorder.session.spec import AuxRule
 
 CAPTURES = Path(__file__).resolve().parents[1] / "data" / "harness_capture"
 

@@ -140,7 +140,7 @@ def test_concurrent_twins_keep_the_logprobs_the_agent_asked_for(tmp_path, record
 
 def test_a_retry_across_a_restart_is_answered_from_the_record(tmp_path, engine: EngineServer) -> None:
     """The recorder restarts between a call and the agent's retry of it: the retry is still answered
-    with what the first attempt was sent, and the engine is not asked again (``restore.py``)."""
+    with what the first attempt was sent, and the engine is not asked again (``session/restore.py``)."""
     from openenv_harness.recorder import RecorderConfig
 
     config = RecorderConfig(store_path=str(tmp_path / "restart.db"), engine_url=engine.url, admin_token="a" * 32)

@@ -10,7 +10,7 @@ from fastapi import APIRouter, HTTPException, Request
 from starlette.responses import Response
 
 from openenv_harness.recorder.context import RecorderContext
-from openenv_harness.recorder.live_session import LiveSession
+from openenv_harness.recorder.session.live import LiveSession
 
 router = APIRouter()
 

@@ -15,10 +15,10 @@ from openenv_harness.recorder.admin.access import context_of, json_response, ses
 from openenv_harness.recorder.admin.exact_template import exact_template_refusal
 from openenv_harness.recorder.context import RecorderContext
 from openenv_harness.recorder.exports import records_response, training_trace_response
-from openenv_harness.recorder.live_session import LiveSession
 from openenv_harness.recorder.sampling_policy import refusal as sampling_refusal
-from openenv_harness.recorder.session_spec import SessionSpec
-from openenv_harness.recorder.sessions import SessionError
+from openenv_harness.recorder.session.live import LiveSession
+from openenv_harness.recorder.session.registry import SessionError
+from openenv_harness.recorder.session.spec import SessionSpec
 
 router = APIRouter()
 

@@ -6,8 +6,8 @@ from collections.abc import Mapping
 
 from openenv_harness.recorder.auth import bearer_token, digests_match, secret_digest
 from openenv_harness.recorder.errors import AgentError, session_closed
-from openenv_harness.recorder.live_session import LiveSession
-from openenv_harness.recorder.sessions import SessionRegistry
+from openenv_harness.recorder.session.live import LiveSession
+from openenv_harness.recorder.session.registry import SessionRegistry
 
 
 def authenticate(sessions: SessionRegistry, path_session: str | None, headers: Mapping[str, str]) -> LiveSession:

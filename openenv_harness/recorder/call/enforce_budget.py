@@ -1,4 +1,4 @@
-"""Step: the session's budgets, before the engine is asked (``recorder/budget.py`` says what each counts).
+"""Step: the session's budgets, before the engine is asked (``recorder/session/budget.py`` says what each counts).
 
 The agent is answered with a 400 -- the supported CLIs end promptly on one, with no retry storm --
 and nothing synthetic is recorded as a policy sample.

@@ -19,8 +19,8 @@ from openenv_harness.recorder.dialects.dialect_call import DialectCall
 if TYPE_CHECKING:  # what the fields hold; the flow runs none of it
     from openenv_harness.recorder.call.services import CallServices
     from openenv_harness.recorder.dialects.base import Dialect
-    from openenv_harness.recorder.live_session import LiveSession
     from openenv_harness.recorder.prompt_modes.state import ContinuationCall
+    from openenv_harness.recorder.session.live import LiveSession
     from openenv_harness.recorder.upstream.base import UpstreamReply
     from openenv_harness.recorder.validate import Evidence
 

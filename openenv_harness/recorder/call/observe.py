@@ -9,7 +9,7 @@ from typing import Any
 from openenv_harness.recorder.call.flow import Flow
 from openenv_harness.recorder.chain.drift_cause import break_cause, drift_cause, turn_view
 from openenv_harness.recorder.chain.fidelity import Transition
-from openenv_harness.recorder.restore import read_tip_prompts
+from openenv_harness.recorder.session.restore import read_tip_prompts
 from openenv_harness.recorder.validate import Evidence
 
 

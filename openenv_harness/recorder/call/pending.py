@@ -126,7 +126,7 @@ def keep_sampled_arguments(flow: Flow, response: dict[str, Any], metadata: dict[
 
     Why in the record: the text is found in the engine reply's logprob entries, which the record
     does not keep (its ``response`` is the agent's view; its ids need the engine's tokenizer to be
-    text again). A restarted recorder rebuilds the replay memory from it (``restore.py``)."""
+    text again). A restarted recorder rebuilds the replay memory from it (``session/restore.py``)."""
     assert flow.reply is not None
     found = sampled_arguments(flow.reply.json, response)
     if found is None:

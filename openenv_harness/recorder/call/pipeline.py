@@ -38,8 +38,8 @@ from openenv_harness.recorder.call.tool_caps import apply_tool_caps
 from openenv_harness.recorder.call.validate import validate
 from openenv_harness.recorder.dialects.base import Dialect
 from openenv_harness.recorder.errors import AgentError, session_closed
-from openenv_harness.recorder.restore import restore
-from openenv_harness.recorder.sessions import SessionRegistry
+from openenv_harness.recorder.session.registry import SessionRegistry
+from openenv_harness.recorder.session.restore import restore
 
 log = logging.getLogger(__name__)
 

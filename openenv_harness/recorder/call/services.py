@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from openenv_harness.recorder.fence import Fence
     from openenv_harness.recorder.metrics import RecorderMetrics
     from openenv_harness.recorder.prompt_modes.engine_facts import EngineFactsTable
-    from openenv_harness.recorder.sessions import SessionRegistry
+    from openenv_harness.recorder.session.registry import SessionRegistry
     from openenv_harness.recorder.store.base import RecordStore
     from openenv_harness.recorder.upstream.base import Upstream
 

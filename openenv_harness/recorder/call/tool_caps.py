@@ -1,4 +1,4 @@
-"""Step: the session's tool-call caps, on the reply, before the agent sees it (``recorder/budget.py``
+"""Step: the session's tool-call caps, on the reply, before the agent sees it (``recorder/session/budget.py``
 says what each cap does). The record keeps the policy's sample untouched; the agent gets the calls
 that fit, and ``metadata.tool_limit`` names the cap and what was dropped."""
 

@@ -4,7 +4,7 @@ replies of its recent compaction calls.
 Why one owner: the three are read and written together by the record step -- a call is classified
 against the tips (``fidelity.py``), its departure named from its parent's view and the compaction
 summaries (``drift_cause.py``), and its own view kept while it is a tip. A restart rebuilds the tips
-from the records (``restore.py``) and a close drops all three; nothing else changes them.
+from the records (``session/restore.py``) and a close drops all three; nothing else changes them.
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ class ChainObserver:
 
     # -- a restart, a close
     def adopt(self, rebuilt: FidelityTracker) -> None:
-        """Take the tips a restart rebuilt from the records (``restore.py``), under this budget."""
+        """Take the tips a restart rebuilt from the records (``session/restore.py``), under this budget."""
         self._tracker.adopt(rebuilt)
 
     def release(self) -> None:

@@ -12,7 +12,7 @@ version is used (it really did change the history).
 
 Bounded per session (entries and bytes, oldest out first) and dropped when the session closes.
 After a recorder restart it is rebuilt from the session's records before the session's first call
-is served (``recorder/restore.py``): each recorded dialect reply keeps what was handed out -- its
+is served (``recorder/session/restore.py``): each recorded dialect reply keeps what was handed out -- its
 ``response`` and the sampled argument text (``metadata.sampled_arguments``) -- so the same entries
 come back, within the same bounds. Where a record cannot give them back (a store that cannot be
 read, an entry trimmed by the bounds) the next transition shows whatever the agent's
@@ -62,7 +62,7 @@ class ReplayMemory:
             self._bytes -= len(dropped)
 
     def absorb(self, older: ReplayMemory) -> None:
-        """Take the entries a restart rebuilt from the records (``restore.py``) as older than this
+        """Take the entries a restart rebuilt from the records (``session/restore.py``) as older than this
         memory's own (a count-tokens call may have used it meanwhile), within the same bounds."""
         mine = list(self._entries.items())
         self.clear()

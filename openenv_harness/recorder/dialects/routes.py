@@ -14,7 +14,7 @@ DIALECTS: tuple[Dialect, ...] = (CHAT, RESPONSES, ANTHROPIC, GEMINI)
 #: ``/rollout/<session><suffix>`` (session in the path) and bare at ``<suffix>`` (session found from
 #: the key). Google's model-method paths are matched by ``gemini.parse_target``.
 AGENT_ROUTES: dict[str, Dialect] = {d.path_suffix: d for d in (CHAT, RESPONSES, ANTHROPIC)}
-#: A record's ``metadata.dialect`` -> the dialect that handed its reply out (``restore.py``).
+#: A record's ``metadata.dialect`` -> the dialect that handed its reply out (``session/restore.py``).
 BY_NAME: dict[str, Dialect] = {d.name: d for d in DIALECTS}
 
 __all__ = ["AGENT_ROUTES", "ANTHROPIC", "BY_NAME", "CHAT", "CHAT_SUFFIX", "DIALECTS", "GEMINI", "RESPONSES",

@@ -18,7 +18,7 @@ from openenv_harness.recorder.call.flow import Flow
 from openenv_harness.recorder.context import RecorderConfig, RecorderContext
 from openenv_harness.recorder.dialects.base import Dialect
 from openenv_harness.recorder.dialects.routes import CHAT
-from openenv_harness.recorder.live_session import LiveSession
+from openenv_harness.recorder.session.live import LiveSession
 from openenv_harness.testing.engine import EngineServer
 
 from step_flows import MakeFlow, build_context

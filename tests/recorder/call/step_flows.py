@@ -11,8 +11,8 @@ from typing import Any, Callable
 
 from openenv_harness.recorder.call.flow import Flow
 from openenv_harness.recorder.context import RecorderContext
-from openenv_harness.recorder.live_session import LiveSession
-from openenv_harness.recorder.session_spec import SessionSpec
+from openenv_harness.recorder.session.live import LiveSession
+from openenv_harness.recorder.session.spec import SessionSpec
 from openenv_harness.testing.tflow import tcontext, tsession
 
 MakeFlow = Callable[..., Flow]

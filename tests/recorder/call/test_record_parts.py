@@ -16,7 +16,7 @@ from openenv_harness.recorder.call.record import record
 from openenv_harness.recorder.call.validate import validate
 from openenv_harness.recorder.context import RecorderContext
 from openenv_harness.recorder.errors import AgentError
-from openenv_harness.recorder.session_spec import SessionSpec
+from openenv_harness.recorder.session.spec import SessionSpec
 from openenv_harness.testing.memory_store import MemoryStore
 from openenv_harness.testing.tflow import answered, tflow, tool_calls
 

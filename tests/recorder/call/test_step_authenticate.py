@@ -9,8 +9,8 @@ import pytest
 from openenv_harness.recorder.call.authenticate import authenticate
 from openenv_harness.recorder.context import RecorderContext
 from openenv_harness.recorder.errors import AgentError
-from openenv_harness.recorder.live_session import LiveSession
-from openenv_harness.recorder.session_spec import SessionSpec
+from openenv_harness.recorder.session.live import LiveSession
+from openenv_harness.recorder.session.spec import SessionSpec
 
 
 async def _session_with_secret(ctx: RecorderContext) -> tuple[LiveSession, str]:

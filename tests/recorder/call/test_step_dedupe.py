@@ -14,7 +14,7 @@ from openenv_harness.recorder.call.dedupe import dedupe
 from openenv_harness.recorder.call.flow import Flow
 from openenv_harness.recorder.context import RecorderContext
 from openenv_harness.recorder.errors import AgentError
-from openenv_harness.recorder.live_session import LiveSession
+from openenv_harness.recorder.session.live import LiveSession
 from openenv_harness.recorder.store.base import PendingRecord
 
 from step_flows import MakeFlow, build_context, open_session

@@ -12,8 +12,8 @@ from openenv_harness.recorder.call.enforce_budget import enforce_budget
 from openenv_harness.recorder.call.flow import Flow
 from openenv_harness.recorder.context import RecorderContext
 from openenv_harness.recorder.errors import AgentError
-from openenv_harness.recorder.budget import Counters
-from openenv_harness.recorder.session_spec import Budgets, SessionSpec
+from openenv_harness.recorder.session.budget import Counters
+from openenv_harness.recorder.session.spec import Budgets, SessionSpec
 
 from step_flows import MakeFlow, open_session
 

@@ -13,7 +13,7 @@ from openenv_harness.recorder.call.parse import parse
 from openenv_harness.recorder.context import RecorderContext
 from openenv_harness.recorder.dialects.routes import ANTHROPIC, RESPONSES
 from openenv_harness.recorder.errors import AgentError
-from openenv_harness.recorder.session_spec import AuxRule, SessionSpec
+from openenv_harness.recorder.session.spec import AuxRule, SessionSpec
 
 from refused_bodies import LIMIT, REFUSED
 from step_flows import MakeFlow, build_context, open_session

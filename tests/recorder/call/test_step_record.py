@@ -22,7 +22,7 @@ from openenv_harness.recorder.call.validate import validate
 from openenv_harness.recorder.context import RecorderContext
 from openenv_harness.recorder.dialects.routes import ANTHROPIC
 from openenv_harness.recorder.errors import AgentError
-from openenv_harness.recorder.session_spec import Budgets, SessionSpec
+from openenv_harness.recorder.session.spec import Budgets, SessionSpec
 from openenv_harness.recorder.upstream.base import UpstreamReply
 from openenv_harness.recorder.validate import extract_evidence
 from openenv_harness.testing.engine import EngineServer

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from openenv_harness.recorder.chain.fidelity import FidelityTracker
 from openenv_harness.recorder.chain.prefix import BLOCK
-from openenv_harness.recorder.restore import read_tip_prompts
+from openenv_harness.recorder.session.restore import read_tip_prompts
 from openenv_harness.recorder.store import PendingRecord, SQLiteStore
 from openenv_harness.recorder.upstream.span_budget import SpanBudget
 

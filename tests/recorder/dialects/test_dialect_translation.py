@@ -13,7 +13,7 @@ from openenv_harness.recorder.classify import classify_call
 from openenv_harness.recorder.dialects import anthropic_request, responses_request
 from openenv_harness.recorder.dialects.memory import ReplayMemory
 from openenv_harness.recorder.dialects.sampled import raw_arguments, sampled_text
-from openenv_harness.recorder.session_spec import AuxRule
+from openenv_harness.recorder.session.spec import AuxRule
 
 CAPTURES = Path(__file__).resolve().parents[2] / "data" / "harness_capture"
 

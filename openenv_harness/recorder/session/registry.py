@@ -1,7 +1,7 @@
 """The registry of a recorder's sessions: create, find, stop, close, and load after a restart (D5).
 
 A session is one rollout: one agent, one secret, one stream of records (its spec:
-``session_spec.py``; its live state: ``live_session.py``). The registry keeps what the hot path
+``session/spec.py``; its live state: ``session/live.py``). The registry keeps what the hot path
 needs in memory -- counters, never history -- and persists identity and outcome so a restarted
 recorder keeps serving the same sessions.
 """
@@ -15,9 +15,9 @@ import threading
 import time
 
 from openenv_harness.recorder.auth import new_secret, secret_digest
-from openenv_harness.recorder.call_numbers import CallNumbers
-from openenv_harness.recorder.live_session import LiveSession
-from openenv_harness.recorder.session_spec import SessionSpec
+from openenv_harness.recorder.session.call_numbers import CallNumbers
+from openenv_harness.recorder.session.live import LiveSession
+from openenv_harness.recorder.session.spec import SessionSpec
 from openenv_harness.recorder.store.base import RecordStore
 from openenv_harness.recorder.upstream.span_budget import SpanBudget
 

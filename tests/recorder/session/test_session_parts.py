@@ -16,19 +16,19 @@ from pathlib import Path
 import pytest
 
 import openenv_harness
-from openenv_harness.recorder.budget import BudgetLedger, Counters
-from openenv_harness.recorder.call_numbers import CallNumbers
+from openenv_harness.recorder.session.budget import BudgetLedger, Counters
+from openenv_harness.recorder.session.call_numbers import CallNumbers
 from openenv_harness.recorder.chain.observer import ChainObserver
-from openenv_harness.recorder.live_session import LiveSession
-from openenv_harness.recorder.replay_window import ReplayWindow
+from openenv_harness.recorder.session.live import LiveSession
+from openenv_harness.recorder.session.replay_window import ReplayWindow
 
 PACKAGE = Path(openenv_harness.__file__).parent
 #: the session's attribute -> the module that owns its state
-PARTS = {"replay": "recorder/replay_window.py", "numbers": "recorder/call_numbers.py", "ledger": "recorder/budget.py",
+PARTS = {"replay": "recorder/session/replay_window.py", "numbers": "recorder/session/call_numbers.py", "ledger": "recorder/session/budget.py",
          "chain": "recorder/chain/observer.py", "dialect_memory": "recorder/dialects/memory.py",
          "prompt_reader": "recorder/upstream/reply_parse.py", "prompt_mode_state": "recorder/prompt_modes/state.py"}
 #: state a part lets others read, but which only its owner changes: attribute -> owner
-READ_ONLY = {"counters": "recorder/budget.py"}
+READ_ONLY = {"counters": "recorder/session/budget.py"}
 
 
 def _written(node: ast.AST) -> list[ast.expr]:
@@ -58,7 +58,7 @@ def _breaches(name: str, tree: ast.AST) -> list[str]:
         for target in _written(node):
             if not isinstance(target, ast.Attribute):
                 continue
-            if target.attr in PARTS and name != "recorder/live_session.py":
+            if target.attr in PARTS and name != "recorder/session/live.py":
                 found.append(f"{name}:{getattr(node, 'lineno', 0)} replaces .{target.attr}")
             inner = target.value
             for attr, owner in READ_ONLY.items():
@@ -89,13 +89,13 @@ def test_the_source_check_finds_a_breach() -> None:
                      "    s.counters.calls += 1\n    setattr(s.counters, 'calls', 0)\n")
     assert sorted(b.split(" ", 1)[1] for b in _breaches("recorder/call/x.py", tree)) == [
         "changes .counters", "changes .counters", "reads .replay._recent", "replaces .numbers"]
-    assert _breaches("recorder/budget.py", ast.parse("def f(s):\n    s.counters.calls += 1\n")) == []
+    assert _breaches("recorder/session/budget.py", ast.parse("def f(s):\n    s.counters.calls += 1\n")) == []
 
 
 def test_the_ledger_counts_records_refunds_and_cuts_tool_calls() -> None:
     from array import array
 
-    from openenv_harness.recorder.session_spec import Budgets
+    from openenv_harness.recorder.session.spec import Budgets
     from openenv_harness.recorder.validate import Evidence
 
     ledger = BudgetLedger(Budgets(max_agent_calls=2, max_total_tool_calls=3, max_tool_calls_per_turn=2))
@@ -156,7 +156,7 @@ def test_every_part_is_built_with_the_session_and_a_close_empties_it() -> None:
     a fresh session has them all, and a closed one keeps none of their contents."""
     from array import array
 
-    from openenv_harness.recorder.session_spec import SessionSpec
+    from openenv_harness.recorder.session.spec import SessionSpec
     from openenv_harness.recorder.upstream.span_budget import SpanBudget
 
     budget = SpanBudget(1 << 20)

@@ -8,10 +8,10 @@ from array import array
 from typing import Any, Iterator
 
 from openenv_harness.recorder.dialects.memory import reasoning_handle
-from openenv_harness.recorder.restore import rebuild, restore
-from openenv_harness.recorder.call_numbers import CallNumbers
-from openenv_harness.recorder.live_session import LiveSession
-from openenv_harness.recorder.session_spec import SessionSpec
+from openenv_harness.recorder.session.restore import rebuild, restore
+from openenv_harness.recorder.session.call_numbers import CallNumbers
+from openenv_harness.recorder.session.live import LiveSession
+from openenv_harness.recorder.session.spec import SessionSpec
 from openenv_harness.recorder.store.base import RecordStore
 
 

@@ -19,7 +19,7 @@ first). The records are streamed one at a time on a worker thread, off the event
 the session that arrive meanwhile wait for the same rebuild. A store that cannot be read leaves the
 state empty: the next transition shows what it costs, never a wrong prompt.
 
-The same pass gives back the retry window's recent digests (``replay_window.py``): an agent that
+The same pass gives back the retry window's recent digests (``session/replay_window.py``): an agent that
 retries a call it sent before the restart is answered from that call's record, as it would have
 been without the restart, instead of being sampled a second time.
 """
@@ -37,7 +37,7 @@ from openenv_harness.recorder.chain.fidelity import FidelityTracker
 from openenv_harness.recorder.dialects.chat import CHAT
 from openenv_harness.recorder.dialects.memory import ReplayMemory
 from openenv_harness.recorder.dialects.routes import BY_NAME
-from openenv_harness.recorder.live_session import LiveSession
+from openenv_harness.recorder.session.live import LiveSession
 from openenv_harness.recorder.store.base import RecordStore
 
 log = logging.getLogger(__name__)

@@ -2,7 +2,7 @@
 
 Why one owner: a number is taken when a call's record is built (``call/metadata.py``) and given back
 when the store refuses that record (``call/durable.py``); a restart starts from the stored records'
-count (``sessions.py``). Kept here, the rule for giving one back -- only while no later call took
+count (``session/registry.py``). Kept here, the rule for giving one back -- only while no later call took
 one -- lives beside the counter it protects.
 """
 

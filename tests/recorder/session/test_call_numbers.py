@@ -3,7 +3,7 @@
 A number is given to a call when its record is built -- never to a call refused before the engine,
 and never kept by a call whose record could not be stored (the number goes back) -- and a call
 that fails inside the recorder after the engine may have been called is recorded as failed.
-Budgets count what the records show (``budget.py``)."""
+Budgets count what the records show (``session/budget.py``)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """One session's live state: identity, counters, stop conditions, and what its calls share (D5, D13).
 
 Bounded: counters and small maps, never history. What a restart must keep is persisted through
-``to_row`` (the registry writes it, ``sessions.py``); the chain state the calls build up is rebuilt
-from the records (``restore.py``).
+``to_row`` (the registry writes it, ``session/registry.py``); the chain state the calls build up is rebuilt
+from the records (``session/restore.py``).
 """
 
 from __future__ import annotations
@@ -13,13 +13,13 @@ import time
 from dataclasses import InitVar, dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from openenv_harness.recorder.budget import BudgetLedger, Counters
-from openenv_harness.recorder.call_numbers import CallNumbers
 from openenv_harness.recorder.chain.observer import ChainObserver
 from openenv_harness.recorder.dialects.memory import ReplayMemory
 from openenv_harness.recorder.prompt_modes.state import IncrementalState
-from openenv_harness.recorder.replay_window import ReplayWindow
-from openenv_harness.recorder.session_spec import SessionSpec
+from openenv_harness.recorder.session.budget import BudgetLedger, Counters
+from openenv_harness.recorder.session.call_numbers import CallNumbers
+from openenv_harness.recorder.session.replay_window import ReplayWindow
+from openenv_harness.recorder.session.spec import SessionSpec
 from openenv_harness.recorder.store.base import SessionRow
 from openenv_harness.recorder.upstream.reply_parse import PromptIdsReader
 
@@ -44,7 +44,7 @@ class LiveSession:
     status: str = "open"  # open | stopped | closed
     closed_at: float | None = None
     stop_reason: str | None = None
-    #: the next call's number (``call_numbers.py``): taken when a record is built, given back when not stored
+    #: the next call's number (``session/call_numbers.py``): taken when a record is built, given back when not stored
     numbers: CallNumbers = field(default_factory=CallNumbers)
     last_error: dict[str, Any] | None = None
     errors: list[dict[str, Any]] = field(default_factory=list)
@@ -57,7 +57,7 @@ class LiveSession:
     #: how the rollout ended, once the trainer scored it: ``{"reward": float | None, "unscored_reason":
     #: str | None}`` (``POST /admin/sessions/{id}/outcome``); exports stamp the reward on every row
     outcome: dict[str, Any] | None = None
-    #: retried calls' first attempts: twins in flight and recent records' digests (``replay_window.py``)
+    #: retried calls' first attempts: twins in flight and recent records' digests (``session/replay_window.py``)
     replay: ReplayWindow = field(default_factory=ReplayWindow)
     #: the prompt mode's per-session state (incremental: the chain tips' exact ids)
     prompt_mode_state: IncrementalState = field(default_factory=IncrementalState)
@@ -66,7 +66,7 @@ class LiveSession:
     #: what dialect replies sent back (sampled tool arguments, reasoning), to recognise their replay
     dialect_memory: ReplayMemory = field(default_factory=ReplayMemory)
     #: recovered with records: its chain state (fidelity tips, dialect memory) is still to be rebuilt
-    #: from them before its next call (``restore.py``); ``restoring`` is that one rebuild
+    #: from them before its next call (``session/restore.py``); ``restoring`` is that one rebuild
     restore_pending: bool = False
     restoring: asyncio.Future[None] | None = None
     #: the calls being served now, from authentication to reply (``call.flow.Flow`` by id): close waits for them
@@ -74,7 +74,7 @@ class LiveSession:
     #: the recorder's bound on the prompt bytes sessions keep (``span_budget.py``): the chain observer's
     #: tips and the prompt-id reader's spans are charged to it
     span_budget: InitVar[SpanBudget | None] = None
-    #: what the session has spent against its caps (``budget.py``), built from the spec with the session
+    #: what the session has spent against its caps (``session/budget.py``), built from the spec with the session
     ledger: BudgetLedger = field(init=False)
     #: the chains its agent calls form: fidelity tips, turn views, compaction summaries (``chain/observer.py``)
     chain: ChainObserver = field(init=False)

@@ -45,7 +45,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-from openenv_harness.recorder.session_spec import Budgets
+from openenv_harness.recorder.session.spec import Budgets
 from openenv_harness.recorder.validate import Evidence
 
 
@@ -67,7 +67,7 @@ _COUNTER_NAMES = frozenset(f.name for f in fields(Counters))
 
 class BudgetLedger:
     """One session's spending against its caps. ``counters`` is read by summaries and exports; it
-    changes only through these methods (``tests/recorder/test_session_parts.py`` reads the sources)."""
+    changes only through these methods (``tests/recorder/session/test_session_parts.py`` reads the sources)."""
 
     __slots__ = ("_budgets", "_caps", "counters")
 
