@@ -38,7 +38,7 @@ async def handle_call(*a, **kw):
     finally:
         out.write(f"h - {(time.perf_counter() - t) * 1000:.3f} {t:.6f}\n")
 pipeline.handle_call = handle_call
-import openenv_harness.recorder.chat_protocol as cp
+import openenv_harness.recorder.edge.agent_protocol as cp
 import openenv_harness.recorder.app as app_mod
 cp.handle_call = app_mod.handle_call = handle_call
 sys.argv = ["openenv_harness.recorder", *sys.argv[1:]]

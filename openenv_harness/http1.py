@@ -1,6 +1,6 @@
 """HTTP/1.1 reply framing as uvicorn writes it, for the protocols that answer without an ASGI cycle.
 
-Why here: the recorder's chat protocol (``recorder/chat_protocol.py``) and the reference engine's
+Why here: the recorder's agent-call protocol (``recorder/edge/agent_protocol.py``) and the reference engine's
 lean-route protocol (``testing/engine/protocol.py``) both write replies straight to the transport,
 and each must put on the wire exactly the bytes uvicorn's own request cycle would have written for
 the same response (the clients, and the tests comparing both paths, cannot tell them apart). The
@@ -76,7 +76,7 @@ def fast_path(protocol: Any) -> tuple[bytes, str, bytes] | None:
     """``(raw path, path, query)`` of the request uvicorn's httptools ``protocol`` has just parsed the
     head of, when the protocol may answer it itself; None leaves it to uvicorn's ASGI cycle.
 
-    Why one gate for both fast paths (the recorder's chat protocol, the reference engine's lean
+    Why one gate for both fast paths (the recorder's agent-call protocol, the reference engine's lean
     routes): only a plain POST qualifies -- no ``Expect: 100-continue``, no upgrade, not pipelined
     behind a request still being answered (uvicorn queues those in order) -- and the path is
     percent-decoded as uvicorn would decode it for the app.

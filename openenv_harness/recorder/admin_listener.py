@@ -37,9 +37,9 @@ from starlette.responses import Response
 from openenv_harness.recorder.admin import health, sessions
 from openenv_harness.recorder.admin.access import require_admin
 from openenv_harness.recorder.context import RecorderContext
-from openenv_harness.recorder.error_handlers import install_error_handlers
+from openenv_harness.recorder.edge.error_handlers import install_error_handlers
+from openenv_harness.recorder.edge.request_limits import RequestLimits, check_scope
 from openenv_harness.recorder.errors import error_response
-from openenv_harness.recorder.request_limits import RequestLimits, check_scope
 from openenv_harness.recorder.serving import ThreadedServer
 
 log = logging.getLogger(__name__)

@@ -27,14 +27,14 @@ from openenv_harness.recorder.dialects.count_tokens import count_tokens_route
 from openenv_harness.recorder.dialects.gemini import COUNT, google_error, parse_target
 from openenv_harness.recorder.dialects.gemini_count import count_tokens as gemini_count_tokens
 from openenv_harness.recorder.dialects.routes import agent_target
+from openenv_harness.recorder.edge.error_handlers import install_error_handlers
+from openenv_harness.recorder.edge.request_body import ClientGone, receive_body
+from openenv_harness.recorder.edge.request_limits import RequestLimits, check_scope
 from openenv_harness.recorder.engine_watch import EngineWatch
-from openenv_harness.recorder.error_handlers import install_error_handlers
 from openenv_harness.recorder.errors import AgentError, error_response
 from openenv_harness.recorder.fence import Fence
 from openenv_harness.recorder.metrics import RecorderMetrics
 from openenv_harness.recorder.replicas import ReplicaFence
-from openenv_harness.recorder.request_body import ClientGone, receive_body
-from openenv_harness.recorder.request_limits import RequestLimits, check_scope
 from openenv_harness.recorder.session.registry import SessionRegistry
 from openenv_harness.recorder.store.base import RecordStore
 from openenv_harness.recorder.store.sqlite import SQLiteStore
@@ -113,14 +113,14 @@ class RecorderApp:
 
     Why: the chat route is the only hot path, and Starlette's routing and middleware stack cost more
     per call than the rest of the recorder's own work. ``state`` is the inner app's state. Under
-    the recorder's own server, chat calls skip ASGI altogether (``chat_protocol.py``); this path
+    the recorder's own server, chat calls skip ASGI altogether (``edge/agent_protocol.py``); this path
     serves them under any other ASGI server, and the requests that protocol leaves to uvicorn.
     """
 
     def __init__(self, inner: FastAPI) -> None:
         self.inner = inner
         self.state = inner.state
-        #: the recorder behind this app: what the chat protocol serves agent calls with (``chat_protocol.py``)
+        #: the recorder behind this app: what the agent-call protocol serves agent calls with (``edge/agent_protocol.py``)
         self.recorder_context: RecorderContext = inner.state.ctx
         self.limits = RequestLimits.of(inner.state.ctx.config)
 

@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from openenv_harness.recorder.request_body import MAX_JSON_DEPTH_LIMIT
+from openenv_harness.recorder.edge.request_body import MAX_JSON_DEPTH_LIMIT
 
 
 class RecorderConfig(BaseModel):

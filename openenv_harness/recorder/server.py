@@ -3,7 +3,7 @@
 The composition root: it builds the recorder's app, binds the main listener, and gives the recorder
 what starts the admin listener next to it (``admin_listener.py``). uvicorn with uvloop and httptools
 when available (they are part of ``uvicorn[standard]``): the pure-Python HTTP stack is where a
-proxy's per-call time goes. Its httptools protocol is replaced by ``chat_protocol.ChatProtocol``,
+proxy's per-call time goes. Its httptools protocol is replaced by ``edge/agent_protocol.AgentCallProtocol``,
 which answers agent chat calls without an ASGI cycle and leaves every other request to uvicorn.
 """
 
@@ -16,8 +16,8 @@ import uvicorn
 
 from openenv_harness.recorder.admin_listener import AdminListener
 from openenv_harness.recorder.app import create_recorder_app
-from openenv_harness.recorder.chat_protocol import chat_protocol_class
 from openenv_harness.recorder.context import RecorderConfig, RecorderContext
+from openenv_harness.recorder.edge.agent_protocol import agent_protocol_class
 from openenv_harness.recorder.heap import HeapTrimmer, freeze_startup_heap
 from openenv_harness.recorder.serving import ThreadedServer, connection_settings
 from openenv_harness.recorder.upstream.base import Upstream
@@ -89,6 +89,6 @@ def serve(config: RecorderConfig, *, host: str = "127.0.0.1", port: int = 8765, 
     trimmer = HeapTrimmer().start()
     try:
         uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False,
-                    http=chat_protocol_class() or "auto", **connection_settings(app))
+                    http=agent_protocol_class() or "auto", **connection_settings(app))
     finally:
         trimmer.stop()

@@ -1,8 +1,8 @@
 """Serving any ASGI app with uvicorn: on a daemon thread bound to a free port (trainers, tests, the
 admin listener, the reference engine), with the connection settings a recorder needs.
 
-A leaf: it knows no recorder. The chat protocol it hands uvicorn answers agent calls without ASGI
-for an app that carries a recorder (``chat_protocol.py``) and leaves every other request to uvicorn.
+A leaf: it knows no recorder. The agent-call protocol it hands uvicorn answers agent calls without ASGI
+for an app that carries a recorder (``edge/agent_protocol.py``) and leaves every other request to uvicorn.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from typing import Any
 
 import uvicorn
 
-from openenv_harness.recorder.chat_protocol import chat_protocol_class
 from openenv_harness.recorder.context import RecorderConfig
+from openenv_harness.recorder.edge.agent_protocol import agent_protocol_class
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -32,8 +32,8 @@ _DEFAULTS = RecorderConfig.model_fields
 def connection_settings(app: Any) -> dict[str, Any]:
     """The uvicorn settings for how connections are held, one source for ``server.serve`` and
     ``ThreadedServer``: the idle keep-alive timeout, the listen backlog, and the bound on a request
-    head when uvicorn's own h11 protocol serves it (the chat protocol bounds heads itself:
-    ``chat_protocol.py``). A recorder's app says its own (``RecorderApp.connection_settings``).
+    head when uvicorn's own h11 protocol serves it (the agent-call protocol bounds heads itself:
+    ``edge/agent_protocol.py``). A recorder's app says its own (``RecorderApp.connection_settings``).
 
     Why explicit: uvicorn's default keep-alive (5 s) is shorter than its clients' (aiohttp 15 s), so
     an agent pausing between calls reused connections the recorder was closing and got resets.
@@ -50,13 +50,13 @@ class ThreadedServer:
 
     def __init__(self, app: Any, *, host: str = "127.0.0.1", port: int | None = None, log_level: str = "warning",
                  http: str | type | None = None) -> None:
-        """``http``: uvicorn's protocol ("httptools", "h11", a class); the chat fast path by default."""
+        """``http``: uvicorn's protocol ("httptools", "h11", a class); the agent fast path by default."""
         self.app = app
         self.host = host
         self.port = port or free_port(host)
         self._config = uvicorn.Config(
             app, host=host, port=self.port, log_level=log_level, access_log=False, lifespan="on",
-            loop="asyncio", http=http or chat_protocol_class() or "auto",
+            loop="asyncio", http=http or agent_protocol_class() or "auto",
             # an in-process server must not reconfigure the host process's logging
             log_config=None, **connection_settings(app),
         )

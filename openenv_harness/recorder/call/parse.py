@@ -10,8 +10,8 @@ from __future__ import annotations
 import hashlib
 
 from openenv_harness.recorder.call.flow import Flow
+from openenv_harness.recorder.edge.request_body import check_body
 from openenv_harness.recorder.errors import AgentError, body_too_large
-from openenv_harness.recorder.request_body import check_body
 
 
 def parse(flow: Flow) -> None:

@@ -21,7 +21,6 @@ from typing import Any
 
 from starlette.responses import Response
 
-from openenv_harness.recorder import keepalive
 from openenv_harness.recorder.call.authenticate import authenticate
 from openenv_harness.recorder.call.classify import classify
 from openenv_harness.recorder.call.dedupe import dedupe
@@ -37,6 +36,7 @@ from openenv_harness.recorder.call.services import CallEntry
 from openenv_harness.recorder.call.tool_caps import apply_tool_caps
 from openenv_harness.recorder.call.validate import validate
 from openenv_harness.recorder.dialects.base import Dialect
+from openenv_harness.recorder.edge import keepalive
 from openenv_harness.recorder.errors import AgentError, session_closed
 from openenv_harness.recorder.session.registry import SessionRegistry
 from openenv_harness.recorder.session.restore import restore

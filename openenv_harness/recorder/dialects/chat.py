@@ -19,9 +19,9 @@ from starlette.responses import Response
 from openenv_harness.recorder.dialects.base import Dialect, Entered
 from openenv_harness.recorder.dialects.dialect_call import DialectCall
 from openenv_harness.recorder.dialects.memory import ReplayMemory
+from openenv_harness.recorder.edge.request_body import not_json
+from openenv_harness.recorder.edge.sse import synthesize_sse
 from openenv_harness.recorder.errors import AgentError
-from openenv_harness.recorder.request_body import not_json
-from openenv_harness.recorder.sse import synthesize_sse
 
 
 class ChatDialect(Dialect):

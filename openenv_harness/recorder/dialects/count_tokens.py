@@ -23,9 +23,9 @@ from openenv_harness.recorder.context import RecorderContext
 from openenv_harness.recorder.dialects import anthropic_request
 from openenv_harness.recorder.dialects.anthropic import anthropic_error
 from openenv_harness.recorder.dialects.base import decode_object
+from openenv_harness.recorder.edge.request_body import read_body
 from openenv_harness.recorder.errors import AgentError
 from openenv_harness.recorder.relay_errors import relay_upstream_error
-from openenv_harness.recorder.request_body import read_body
 from openenv_harness.recorder.session.live import LiveSession
 from openenv_harness.recorder.upstream.base import UpstreamFailure
 from openenv_harness.recorder.upstream.routes import TOKENIZE

@@ -19,8 +19,8 @@ from openenv_harness.recorder.dialects import gemini_request
 from openenv_harness.recorder.dialects.base import decode_object
 from openenv_harness.recorder.dialects.count_tokens import prompt_length
 from openenv_harness.recorder.dialects.gemini import COUNT, GeminiTarget, google_error
+from openenv_harness.recorder.edge.request_body import read_body
 from openenv_harness.recorder.errors import AgentError
-from openenv_harness.recorder.request_body import read_body
 
 
 async def count_tokens(request: Request, target: GeminiTarget) -> Response:

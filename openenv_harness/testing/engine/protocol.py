@@ -5,7 +5,7 @@ generate or ``/v1/completions``, derender) where full history waits on one chat 
 routes skipped FastAPI's machinery (``app.EngineApp``) each request still paid uvicorn's ASGI
 request cycle: a cycle object with its event, a task running the app, receive and send coroutines
 and their message dicts, and two socket writes per reply (``docs/benchmarks.md``). Here, as in the
-recorder's own ``recorder/chat_protocol.py``, the parser's callbacks collect the body, the same
+recorder's own ``recorder/edge/agent_protocol.py``, the parser's callbacks collect the body, the same
 handler runs (``app.lean_reply``), and the reply leaves in one write, framed by the rules uvicorn's
 cycle uses (``openenv_harness.http1``), so the bytes on the wire are the ones the ASGI path sends.
 

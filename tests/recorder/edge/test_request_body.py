@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from openenv_harness.recorder import RecorderClient, RecorderConfig, RecorderServer
 from openenv_harness.recorder.errors import AgentError
-from openenv_harness.recorder.request_body import MAX_JSON_DEPTH_LIMIT
+from openenv_harness.recorder.edge.request_body import MAX_JSON_DEPTH_LIMIT
 from openenv_harness.testing.engine import EngineServer
 
 from agentloop import ADMIN, tool_script
@@ -185,7 +185,7 @@ async def _receive_from(messages: list[dict]) -> tuple[object, list[dict]]:
 
 
 async def test_the_edge_reader_joins_a_body_and_refuses_one_past_the_limit_without_reading_on() -> None:
-    from openenv_harness.recorder.request_body import ClientGone, receive_body
+    from openenv_harness.recorder.edge.request_body import ClientGone, receive_body
 
     receive, _ = await _receive_from([{"type": "http.request", "body": b"ab", "more_body": True},
                                       {"type": "http.request", "body": b"cd", "more_body": False}])

@@ -1,4 +1,4 @@
-"""Chat calls answered from uvicorn's parser (``chat_protocol.py``): the path every recorder test
+"""Chat calls answered from uvicorn's parser (``edge/agent_protocol.py``): the path every recorder test
 runs on, checked here for the HTTP behaviour it takes over -- one write per reply, keep-alive,
 pipelining, size limits, ``Expect: 100-continue``, HTTP/1.0, agents that hang up -- and that
 it is really the path taken."""
@@ -15,7 +15,7 @@ import pytest
 
 from openenv_harness.recorder import RecorderClient, RecorderServer
 from openenv_harness.recorder.app import RecorderApp
-from openenv_harness.recorder.chat_protocol import ChatProtocol, chat_protocol_class
+from openenv_harness.recorder.edge.agent_protocol import AgentCallProtocol, agent_protocol_class
 from openenv_harness.testing.engine import EngineServer, Fault, Script, Turn
 
 from agentloop import ADMIN
@@ -73,7 +73,7 @@ def _read_replies(sock: socket.socket, count: int, timeout_s: float = 20.0) -> l
 
 def test_the_recorders_server_answers_chat_calls_without_asgi(
         recorder: RecorderServer, engine: EngineServer, monkeypatch: pytest.MonkeyPatch) -> None:
-    assert chat_protocol_class() is ChatProtocol, "the installed uvicorn is one this fast path knows"
+    assert agent_protocol_class() is AgentCallProtocol, "the installed uvicorn is one this fast path knows"
 
     async def no_asgi(*args: Any, **kwargs: Any) -> None:
         raise AssertionError("a chat call went through the ASGI path")
@@ -97,9 +97,9 @@ def test_the_recorders_server_answers_chat_calls_without_asgi(
 
 def test_one_write_per_reply(recorder: RecorderServer, engine: EngineServer, monkeypatch: pytest.MonkeyPatch) -> None:
     writes: list[bytes] = []
-    real = ChatProtocol._answer
+    real = AgentCallProtocol._answer
 
-    async def spy(self: ChatProtocol, request: Any, cycle: Any) -> None:
+    async def spy(self: AgentCallProtocol, request: Any, cycle: Any) -> None:
         transport = self.transport
         original = transport.write
 
@@ -117,7 +117,7 @@ def test_one_write_per_reply(recorder: RecorderServer, engine: EngineServer, mon
         finally:
             self.transport = transport
 
-    monkeypatch.setattr(ChatProtocol, "_answer", spy)
+    monkeypatch.setattr(AgentCallProtocol, "_answer", spy)
     s = _session(recorder, engine)
     r = httpx.post(f"{s['base_url']}/chat/completions", headers={"authorization": f"Bearer {s['secret']}"},
                    json={"model": "reference-model", "messages": [{"role": "user", "content": "q"}]}, timeout=30)

@@ -1,5 +1,5 @@
 """Request heads and bodies are bounded before anything else happens, on every route and on both
-protocol paths (``chat_protocol.py`` and the ASGI app): header bytes and count (431), a declared
+protocol paths (``edge/agent_protocol.py`` and the ASGI app): header bytes and count (431), a declared
 body over the limit (413 at once), and the time a connection has to send its head and its body
 (408, then the connection is closed). All over raw sockets, since no HTTP client sends these."""
 

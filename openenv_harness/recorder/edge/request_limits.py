@@ -4,7 +4,7 @@ its head and its body take to arrive.
 Why: any client that can connect reaches the HTTP parser before authentication. Without a bound a
 128 MiB header on the liveness probe stalled the event loop for seconds (the parser accumulates a
 header in pieces) and a connection that sent one byte a minute held its request open forever. The
-recorder's protocol (``chat_protocol.py``) applies these limits on every route as bytes arrive; the
+recorder's protocol (``edge/agent_protocol.py``) applies these limits on every route as bytes arrive; the
 ASGI app (``app.py``) checks what reaches it under any other server. The answers:
 
 * 431 when the request line and headers exceed ``max_header_bytes`` or there are more than

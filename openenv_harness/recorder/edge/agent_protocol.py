@@ -1,6 +1,6 @@
-"""Agent chat calls answered straight from uvicorn's HTTP parser, without an ASGI request cycle.
+"""Agent calls, in every dialect, answered straight from uvicorn's HTTP parser, without an ASGI request cycle.
 
-Why: the chat route is the recorder's only hot path, and under uvicorn each call also paid for an
+Why: the agent routes are the recorder's only hot path, and under uvicorn each call also paid for an
 ASGI scope, a request cycle with its event, a copy of the body, the proxy-headers middleware, a
 Starlette response object and two socket writes (status and headers, then the body) -- about a
 third of the event loop's samples at one 8k-token session (``docs/benchmarks.md``). Here the
@@ -8,10 +8,10 @@ parser's callbacks collect the body, ``call.pipeline.handle_call`` runs the call
 one write.
 
 Everything else stays uvicorn's: the admin API, the viewer, ``/v1/models``, lifespan, WebSockets,
-keep-alive timeouts, graceful shutdown. A chat request takes this path only when nothing about it
-is unusual -- POST to a chat route, no upgrade, no ``Expect: 100-continue``, no root path or
+keep-alive timeouts, graceful shutdown. An agent call takes this path only when nothing about it
+is unusual -- POST to an agent route, no upgrade, no ``Expect: 100-continue``, no root path or
 concurrency limit configured, no earlier request on the connection still being answered
-(pipelining) -- and otherwise goes through uvicorn into the app's ASGI chat route, which runs the
+(pipelining) -- and otherwise goes through uvicorn into the app's ASGI agent entry, which runs the
 same flow. Both paths give the same answers; the tests run the recorder through this one.
 
 The protocol also bounds every request on every route, chat or not, as its bytes arrive
@@ -21,7 +21,7 @@ time a head and a body take to arrive. A refusal goes out after any reply still 
 connection, and the connection then lingers, discarding, long enough for the client to read it.
 
 Coupling: this subclasses uvicorn's ``HttpToolsProtocol`` and uses a few of its attributes.
-``chat_protocol_class`` checks them and returns None (plain uvicorn) when they are missing, and
+``agent_protocol_class`` checks them and returns None (plain uvicorn) when they are missing, and
 each connection checks its own instance, so a uvicorn release that changes them costs speed, not
 correctness.
 """
@@ -37,15 +37,15 @@ from openenv_harness.recorder.call.pipeline import handle_call
 from openenv_harness.recorder.context import RecorderContext
 from openenv_harness.recorder.dialects.base import Dialect
 from openenv_harness.recorder.dialects.routes import agent_target
-from openenv_harness.recorder.errors import AgentError, body_too_large
-from openenv_harness.recorder.keepalive import keepalive_body
-from openenv_harness.recorder.request_limits import (
+from openenv_harness.recorder.edge.keepalive import keepalive_body
+from openenv_harness.recorder.edge.request_limits import (
     RequestLimits,
     check_head,
     head_too_large,
     raw_response,
     request_timeout,
 )
+from openenv_harness.recorder.errors import AgentError, body_too_large
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +117,7 @@ class _ChatRequest:
 
 if HttpToolsProtocol is not None:
 
-    class ChatProtocol(HttpToolsProtocol):
+    class AgentCallProtocol(HttpToolsProtocol):
         """uvicorn's httptools protocol, with every request bounded and agent chat calls answered
         without ASGI."""
 
@@ -433,13 +433,13 @@ if HttpToolsProtocol is not None:
                 self.transport.close()
 
 else:  # pragma: no cover
-    ChatProtocol = None  # type: ignore[assignment,misc]
+    AgentCallProtocol = None  # type: ignore[assignment,misc]
 
 
-def chat_protocol_class() -> type | None:
+def agent_protocol_class() -> type | None:
     """The protocol class to give uvicorn (``http=``), or None to let uvicorn choose its own."""
-    if ChatProtocol is None or not all(callable(getattr(HttpToolsProtocol, m, None)) for m in _METHODS):
-        log.warning("recorder: this uvicorn's httptools protocol is not the one the chat fast path knows; "
+    if AgentCallProtocol is None or not all(callable(getattr(HttpToolsProtocol, m, None)) for m in _METHODS):
+        log.warning("recorder: this uvicorn's httptools protocol is not the one the agent fast path knows; "
                     "serving chat calls through ASGI")
         return None
-    return ChatProtocol
+    return AgentCallProtocol

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import orjson
 
-from openenv_harness.recorder.sse import synthesize_sse
+from openenv_harness.recorder.edge.sse import synthesize_sse
 
 
 def frames(body: bytes) -> list:

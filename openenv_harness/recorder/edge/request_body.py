@@ -107,7 +107,7 @@ class ClientGone(Exception):
 async def receive_body(receive: Receive, content_length: str | None, limit: int) -> bytes:
     """A request's body from its ASGI ``receive``: refused as too large (413) from its declared length
     or as soon as more than ``limit`` bytes arrived -- never read whole first. The one reader of an
-    agent body on the ASGI path (the chat fast path reads its own: ``chat_protocol.py``)."""
+    agent body on the ASGI path (the agent fast path reads its own: ``edge/agent_protocol.py``)."""
     if content_length is not None and content_length.isdigit() and int(content_length) > limit:
         raise body_too_large(limit)
     chunks: list[bytes] = []
