@@ -24,7 +24,7 @@ from openenv_harness.cli.stack import LocalStack
 from openenv_harness.harnesses.base import HarnessPreset
 from openenv_harness.harnesses.install import PREFIX_ENV, binary_path, default_node_prefix
 from openenv_harness.harnesses.registry import UnknownHarnessError, get_preset
-from openenv_harness.recorder.session_spec import Budgets
+from openenv_harness.recorder.session.spec import Budgets
 from openenv_harness.rollout import HarnessSessionFactory, Task
 from openenv_harness.rollout.placement import RecorderPool
 
