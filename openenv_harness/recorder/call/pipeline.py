@@ -6,7 +6,8 @@
 Each step is a function of the ``Flow`` in a module of its own; reading ``serve`` top to bottom
 follows one call from the agent's request to the stored record and the bytes sent back. A step
 fails by raising: an ``AgentError`` for the agent (a refusal, an engine's error, a store that
-cannot take the record), anything else a recorder bug. ``_funnel`` turns each into the answer, in
+cannot take the record), anything else a recorder bug; a step that finds a cap sets ``Flow.stop``
+and ``serve`` stops the session (no step sees the registry). ``_funnel`` turns each failure into the answer, in
 the dialect's error shape, and records the call as failed first when the engine was asked and no
 record holds it -- so once the engine was called, even a failure is durable before the agent hears.
 """
@@ -84,7 +85,7 @@ async def serve(flow: Flow, sessions: SessionRegistry) -> Response:
         enter(flow)
         parse(flow)
         classify(flow)
-        enforce_budget(flow)  # a cap it finds is ``flow.stop``: the funnel stops the session
+        enforce_budget(flow)  # a cap it finds is ``flow.stop``: applied below, before the refusal is answered
         if await dedupe(flow):
             ctx.metrics.replays.inc()
             session.ledger.note_replayed()
@@ -97,7 +98,10 @@ async def serve(flow: Flow, sessions: SessionRegistry) -> Response:
         await record(flow)
     except BaseException as exc:
         if flow.stop is not None:  # a refusal whose cap stops the session: stopped before it is answered
-            await _apply_stop(sessions, flow)
+            try:
+                await _apply_stop(sessions, flow)
+            except Exception:  # the session is stopped in memory; the refusal still goes out
+                log.error("recorder: could not persist session %s's stop (%s)", session.id, flow.stop, exc_info=True)
         try:
             error = await _funnel(flow, exc)
         except BaseException:

@@ -126,3 +126,16 @@ async def test_max_calls_counts_aux_calls_too(ctx: RecorderContext, make_flow: M
     aux.call_kind = "aux"
     assert (await _refused(aux)).code == "budget_exhausted"
     assert session.stop_reason == "max_calls"
+
+
+async def test_a_stop_that_cannot_be_persisted_still_refuses_the_call(ctx: RecorderContext, make_flow: MakeFlow) -> None:
+    """The store fails while the cap's stop is persisted: the session is stopped in memory and the
+    agent still gets its 400, not a server error."""
+    session = await open_session(ctx, SessionSpec(budgets=Budgets(max_calls=0)))
+
+    async def broken(row: object) -> None:
+        raise OSError("disk full")
+
+    ctx.store.put_session = broken  # type: ignore[method-assign]
+    response = await pipeline.serve(make_flow(ctx, session, BODY), ctx.sessions)
+    assert response.status_code == 400 and (session.status, session.stop_reason) == ("stopped", "max_calls")
