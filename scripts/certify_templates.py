@@ -2,7 +2,7 @@
 
 Each template TRL 1.16 ships (read from the installed package, never copied here) is served by the
 reference engine with the real Qwen2.5 tokenizer (the folder ``./dev setup`` prepares; the built-in
-BPE when it is absent) and certified as the recorder does it (``openenv_harness/recorder/certify.py``:
+BPE when it is absent) and certified as the recorder does it (``openenv_harness/recorder/engine_knowledge/certify.py``:
 through the engine's render route, which renders a chat request as its chat route does, else
 ``/tokenize``); with ``--vllm-port`` the real vLLM's own template is certified too. With
 ``--rollouts``, the real Pi and OpenCode CLIs then run the built-in ``fix-add`` task through a
@@ -30,10 +30,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from openenv_harness.recorder.certify import Certification, certify_template  # noqa: E402
+from openenv_harness.recorder.engine_knowledge.certify import Certification, certify_template  # noqa: E402
 from openenv_harness.recorder.upstream.http import HTTPEngine  # noqa: E402
 
-#: the subset the test suite certifies too (tests/recorder/test_certify_templates.py) and rollouts run on
+#: the subset the test suite certifies too (tests/recorder/engine_knowledge/test_certify_templates.py) and rollouts run on
 SUBSET = ("qwen2_5.jinja", "qwen3.jinja", "qwen3_training.jinja", "qwen3_5_think.jinja",
           "qwen3_5_think_training.jinja", "llama3.jinja", "gptoss.jinja")
 PROPERTIES = ("tool_prefix", "assistant_stable", "assistant_stable_across_user", "turn_start", "junction",
@@ -243,7 +243,7 @@ def main() -> int:
         "special tokens (`openenv_harness/testing/engine/template_tokens.py`; without them another family's markers "
         "are plain text that merges across turns, and a verdict would be the tokenizer's, not the template's)"
         + (", plus the real vLLM serving its model (first row)" if real else "")
-        + "; the properties are the recorder's own certification (`openenv_harness/recorder/certify.py`), "
+        + "; the properties are the recorder's own certification (`openenv_harness/recorder/engine_knowledge/certify.py`), "
         "probed through the engine's render route (`POST /v1/chat/completions/render`: a chat request's prompt ids "
         "exactly as the chat route renders them) where it serves one, else `/tokenize` (column *probed via*), and "
         "`/detokenize`. The route matters: vLLM 0.32's chat route renames a replayed `reasoning_content` to "

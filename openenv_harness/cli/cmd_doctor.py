@@ -46,8 +46,8 @@ def _container_sandbox() -> tuple[str, str]:
 def _engine_checks(url: str, model: str | None, family: str = "vllm") -> list[tuple[str, bool, str]]:
     import httpx
 
-    from openenv_harness.recorder.certify import certify_template, exact_in_words
-    from openenv_harness.recorder.provenance import engine_version, measure_logprobs_mode, probe_template
+    from openenv_harness.recorder.engine_knowledge.certify import certify_template, exact_in_words
+    from openenv_harness.recorder.engine_knowledge.provenance import engine_version, measure_logprobs_mode, probe_template
     from openenv_harness.recorder.upstream.base import Upstream
     from openenv_harness.recorder.upstream.http import HTTPEngine
     from openenv_harness.recorder.upstream.sglang import SGLangEngine

@@ -342,7 +342,7 @@ def run(
         failed = "; ".join(f"{f['property']}: {f['detail']}" for f in cert.get("failed") or [])
         from rich.markup import escape
 
-        from openenv_harness.recorder.certify import exact_in_words
+        from openenv_harness.recorder.engine_knowledge.certify import exact_in_words
 
         outside = [m.replace("_", " ") for m in modes if m not in cert.get("exact_in", modes)]
         exact_modes = "" if cert.get("status") == "certified" or "exact_in" not in cert else (

@@ -99,9 +99,9 @@ def show(session_id: str, store: list[str] = STORE, url: list[str] = URL, admin_
 def verify(
     session_id: str, store: str = STORE, url: str = URL, admin_token: str = TOKEN,
     model: str = typer.Option(..., "--model", help="The policy's Hugging Face folder (what the engine serves)"),
-    dtype: str = typer.Option("auto", help="Scoring dtype: auto (bfloat16, vLLM's, where the CPU multiplies bf16 "
-                              "in hardware -- AVX-512/AMX -- else float32, a hundred times faster there) | bfloat16 "
-                              "| float32"),
+    dtype: str = typer.Option("auto", help="Scoring dtype: auto (what the project's vLLM computes in here: bfloat16 "
+                              "where the CPU multiplies bf16 in hardware -- AVX-512 BF16/AMX -- else float32, far "
+                              "faster there) | bfloat16 | float32"),
     contrast: bool = typer.Option(False, help="Also score the message-level re-render path"),
     threshold: float = typer.Option(0.1, help="List tokens whose |delta| exceeds this"),
     max_mean_delta: float = typer.Option(DEFAULT_LIMITS.delta_mean, help="Limit on the mean |delta| (nats)"),

@@ -23,14 +23,13 @@ from openenv_harness.recorder.context import RecorderConfig, RecorderContext
 from openenv_harness.recorder.dialects.anthropic import ANTHROPIC
 from openenv_harness.recorder.dialects.base import Dialect
 from openenv_harness.recorder.dialects.chat import CHAT
-from openenv_harness.recorder.dialects.count_tokens import count_tokens_route
 from openenv_harness.recorder.dialects.gemini import COUNT, google_error, parse_target
-from openenv_harness.recorder.dialects.gemini_count import count_tokens as gemini_count_tokens
 from openenv_harness.recorder.dialects.routes import agent_target
+from openenv_harness.recorder.edge.count_tokens import anthropic_count_tokens_route, gemini_count_tokens_route
 from openenv_harness.recorder.edge.error_handlers import install_error_handlers
 from openenv_harness.recorder.edge.request_body import ClientGone, receive_body
 from openenv_harness.recorder.edge.request_limits import RequestLimits, check_scope
-from openenv_harness.recorder.engine_watch import EngineWatch
+from openenv_harness.recorder.engine_knowledge.engine_watch import EngineWatch
 from openenv_harness.recorder.errors import AgentError, error_response
 from openenv_harness.recorder.fence import Fence
 from openenv_harness.recorder.metrics import RecorderMetrics
@@ -58,7 +57,7 @@ async def google_models_route(request: Request) -> Response:
     target = parse_target(request.url.path)
     if target is None or target.method != COUNT:
         return google_error(404, f"no such method: {request.url.path}")
-    return await gemini_count_tokens(request, target)
+    return await gemini_count_tokens_route(request, target)
 
 
 async def models_route(request: Request) -> Response:
@@ -230,8 +229,8 @@ def create_recorder_app(
     app.add_route("/readyz", readyz, methods=["GET"])
     app.add_route("/rollout/{session_id}/{version}/models/{target:path}", google_models_route, methods=["POST"])
     app.add_route("/{version}/models/{target:path}", google_models_route, methods=["POST"])
-    app.add_route("/rollout/{session_id}/v1/messages/count_tokens", count_tokens_route, methods=["POST"])
-    app.add_route("/v1/messages/count_tokens", count_tokens_route, methods=["POST"])
+    app.add_route("/rollout/{session_id}/v1/messages/count_tokens", anthropic_count_tokens_route, methods=["POST"])
+    app.add_route("/v1/messages/count_tokens", anthropic_count_tokens_route, methods=["POST"])
     app.add_route("/rollout/{session_id}/v1/models", models_route, methods=["GET"])
     app.add_route("/v1/models", models_route, methods=["GET"])
     app.include_router(admin.router)

@@ -108,13 +108,13 @@ def _entry(record: PendingRecord, seq: int) -> dict[str, Any]:
 
 def _totals(records: list[PendingRecord]) -> dict[str, int]:
     """What a restart counts from a session's records (``store/reads.py``: ``load_sessions``)."""
-    served = [r for r in records if r.status != "failed"]
+    served = [r for r in records if r.status != "failed" and not r.metadata.get("partial")]
     last_limits = records[-1].metadata.get("limits") or {}
     return {
         "calls": len(records),
         "agent_calls": sum(r.call_kind == "agent" for r in served),
         "prompt_tokens": sum(len(r.prompt_ids) for r in served if r.prompt_ids is not None),
-        "completion_tokens": sum(len(r.completion_ids) for r in records if r.completion_ids is not None),
+        "completion_tokens": sum(len(r.completion_ids) for r in served if r.completion_ids is not None),
         "failed_calls": sum(r.status == "failed" for r in records),
         "invalid_calls": sum(r.status == "invalid" for r in records),
         "tool_calls": int(last_limits.get("tool_calls") or 0),

@@ -20,7 +20,7 @@ from openenv_harness.recorder.call.flow import Flow
 from openenv_harness.recorder.context import RecorderConfig, RecorderContext
 from openenv_harness.recorder.dialects.base import Dialect
 from openenv_harness.recorder.dialects.routes import CHAT
-from openenv_harness.recorder.engine_watch import EngineWatch
+from openenv_harness.recorder.engine_knowledge.engine_watch import EngineWatch
 from openenv_harness.recorder.fence import Fence
 from openenv_harness.recorder.session.live import LiveSession
 from openenv_harness.recorder.metrics import RecorderMetrics

@@ -1,7 +1,7 @@
 """The step-0 check in numbers: statistics of logp_trainer - logp_rollout, and the limits they must meet.
 
 With the policy unchanged, a trainer scoring a record's sampled ids must get the engine's logprobs back
-up to the arithmetic of two different kernels (vLLM computes in bf16, a CPU trainer often in fp32).
+up to the arithmetic of two different kernels (vLLM may compute in bf16, a CPU trainer often in fp32).
 How far that arithmetic moves a logprob is measured on the real engine (``docs/real-engine.md``,
 "Step-0 limits"), and the limits below sit well above it and far below what a real mismatch gives
 (another model's or a scripted engine's logprobs differ by whole nats).

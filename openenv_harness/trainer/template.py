@@ -1,7 +1,7 @@
 """The trainer's side of the served-template check (D3): the fingerprint of the template it trains with.
 
 The recorder never renders, so it cannot compare templates by reading them. Instead it sends fixed
-probe conversations (``openenv_harness.recorder.provenance.PROBES``) through the engine's
+probe conversations (``openenv_harness.recorder.engine_knowledge.provenance.PROBES``) through the engine's
 ``/tokenize`` and hashes the ids that come back. This module renders the *same* probes with the
 trainer's own ``transformers`` tokenizer and hashes them the same way. Equal fingerprints mean the
 engine's prompt ids and the trainer's agree on every probe -- template text, template kwargs and
@@ -23,7 +23,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from openenv_harness.recorder.provenance import PROBES, fingerprint_ids
+from openenv_harness.recorder.engine_knowledge.provenance import PROBES, fingerprint_ids
 
 
 class TemplateFingerprintError(ValueError):

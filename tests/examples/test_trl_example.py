@@ -112,7 +112,9 @@ def test_the_printed_recorder_command_fronts_the_engine_and_verifies_the_templat
     cfg = example.ExampleConfig(vllm_port=vllm_like_engine.port, recorder_port=port, store=str(tmp_path / "r.db"))
     proc = subprocess.Popen(example.recorder_command(cfg), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
-        with RecorderClient(cfg.in_process_recorder_url, cfg.admin_token, timeout_s=5) as admin:
+        # a session with a trainer's fingerprint has the served template fingerprinted again first (three
+        # /tokenize calls to the engine): seconds on a loaded machine, so no short client timeout
+        with RecorderClient(cfg.in_process_recorder_url, cfg.admin_token, timeout_s=60) as admin:
             deadline = time.monotonic() + 60
             while True:
                 try:

@@ -121,6 +121,17 @@ def test_no_step_imports_the_recorders_context() -> None:
     assert f"{RECORDER}.context" in graph[f"{RECORDER}.app"]  # the graph sees such an import where there is one
 
 
+def test_prompt_modes_see_a_call_not_the_flow() -> None:
+    """A prompt mode is given a ``ModeCall`` (the request, its state, the engine's facts): no mode
+    module imports the call's steps, the flow, the session or the recorder's context, not even for a type."""
+    graph = _graph()
+    modes = {n for n in graph if n.startswith(f"{RECORDER}.prompt_modes.")}
+    assert len(modes) > 8
+    outside = (f"{RECORDER}.call", f"{RECORDER}.session", f"{RECORDER}.context")
+    assert sorted((n, t) for n in modes for t in graph[n] if t.startswith(outside)) == []
+    assert f"{RECORDER}.prompt_modes.base" in graph[f"{RECORDER}.call.forward"]  # the graph sees the mode's imports
+
+
 def test_the_flow_loads_only_data_modules() -> None:
     """Importing the call as data loads no step, no store and no server: a step test or a reader of
     ``flow.py`` meets plain data (what its fields hold is imported for type checking only)."""

@@ -9,13 +9,13 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
-import pytest
 
 from openenv_harness.engine.router import VLLMRouter
 from openenv_harness.recorder import RecorderClient, RecorderConfig, RecorderServer
 from openenv_harness.testing.engine import EngineServer
+from openenv_harness.testing.recorder_fixtures import admin_fixture, recorder_fixture
 
 from agentloop import ADMIN, run_agent, tool_script
 
@@ -23,17 +23,9 @@ from agentloop import ADMIN, run_agent, tool_script
 ROUTED = re.compile(r"Consistent hash routing: key='header:x-session-id:(?P<key>[^']+)' -> worker='(?P<worker>[^']+)'")
 
 
-@pytest.fixture
-def recorder(tmp_path: Path, router: VLLMRouter) -> Iterator[RecorderServer]:
-    config = RecorderConfig(store_path=str(tmp_path / "records.db"), engine_url=router.url, admin_token=ADMIN)
-    with RecorderServer(config) as server:
-        yield server
-
-
-@pytest.fixture
-def admin(recorder: RecorderServer) -> Iterator[RecorderClient]:
-    with RecorderClient(recorder.url, ADMIN) as client:
-        yield client
+#: the recorder in front of the router, not of one engine
+recorder = recorder_fixture(ADMIN, engine="router")
+admin = admin_fixture(ADMIN)
 
 
 def _served_by(replicas: list[EngineServer]) -> dict[str, list[tuple[int, dict[str, Any]]]]:

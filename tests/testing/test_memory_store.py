@@ -75,6 +75,12 @@ async def test_the_memory_store_answers_as_the_sqlite_store(tmp_path: Path) -> N
     double = await _script(MemoryStore())
     assert double == real
     assert len(real["s1"]) == 5 and real["retry_a"]["metadata"]["call_index"] == 4 and real["retry_b"] is None
+    # a restart counts what the live ledger counted: the aborted call (partial ids) is a call and
+    # an invalid one, but neither an agent call nor tokens; the failed one is a call only
+    s1 = real["sessions"][0]
+    assert s1.state["totals"] == {"calls": 5, "agent_calls": 2, "prompt_tokens": 10 + 11 + 14,
+                                  "completion_tokens": 6, "failed_calls": 1, "invalid_calls": 2, "tool_calls": 4}
+    assert s1.next_call_index == 5
 
 
 async def test_a_stored_record_does_not_follow_later_changes_to_the_callers_objects() -> None:

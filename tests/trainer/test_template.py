@@ -7,7 +7,7 @@ import copy
 import pytest
 
 from openenv_harness.recorder import RecorderAPIError
-from openenv_harness.recorder.provenance import PROBES
+from openenv_harness.recorder.engine_knowledge.provenance import PROBES
 from openenv_harness.testing.engine import EngineConfig, reference_template, reference_tokenizer
 from openenv_harness.trainer import TemplateFingerprintError, engine_view, probe_token_ids, template_fingerprint
 

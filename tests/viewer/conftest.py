@@ -17,12 +17,10 @@ from viewer_support import ADMIN, SYSTEM, TASK, Recorded, drive, tool_script
 
 from openenv_harness.recorder import RecorderClient, RecorderConfig, RecorderServer
 from openenv_harness.testing.engine import EngineServer, Fault
+from openenv_harness.testing.recorder_fixtures import engine_fixture
 
 
-@pytest.fixture(scope="module")
-def engine() -> Iterator[EngineServer]:
-    with EngineServer() as e:
-        yield e
+engine = engine_fixture()
 
 
 @pytest.fixture(scope="module")

@@ -66,8 +66,9 @@ def remember_for_retries(flow: Flow, pending: PendingRecord, seq: int) -> None:
 
 def commit_prompt_mode(flow: Flow, pending: PendingRecord, seq: int) -> None:
     """The prompt mode keeps this call's exact ids as its chain's checkpoint (incremental sessions)."""
-    if was_served(pending):
-        mode_for(flow.session.spec.prompt_mode).committed(flow)
+    call, ev, reply = flow.mode_call, flow.evidence, flow.agent_reply
+    if was_served(pending) and call is not None and ev is not None and reply is not None:
+        mode_for(flow.session.spec.prompt_mode).committed(call, ev, reply)
 
 
 HOOKS: tuple[AfterCommit, ...] = (place_in_chain, count, settle_ledger, note_error, remember_for_retries,

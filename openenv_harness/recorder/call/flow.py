@@ -19,7 +19,7 @@ from openenv_harness.recorder.dialects.dialect_call import DialectCall
 if TYPE_CHECKING:  # what the fields hold; the flow runs none of it
     from openenv_harness.recorder.call.services import CallServices
     from openenv_harness.recorder.dialects.base import Dialect
-    from openenv_harness.recorder.prompt_modes.state import ContinuationCall
+    from openenv_harness.recorder.prompt_modes.base import ModeCall
     from openenv_harness.recorder.session.live import LiveSession
     from openenv_harness.recorder.upstream.base import UpstreamReply
     from openenv_harness.recorder.validate import Evidence
@@ -60,11 +60,10 @@ class Flow:
     engine_asked: bool = False
     reply: UpstreamReply | None = None
     prompt_ids: array[int] | None = None
-    #: how the prompt mode served this call (incremental sessions): continued or fell back, and why --
-    #: set by the mode as soon as it knows, so a call failing part-way is recorded with it
-    prompt_mode: dict[str, Any] | None = None
-    #: what the incremental mode worked out while in flight, which its commit reuses
-    prompt_mode_call: ContinuationCall | None = None
+    #: the call as the session's prompt mode sees it; its ``report`` says how the mode served the call
+    #: (continued or fell back, and why), set as soon as the mode knows, so a call failing part-way is
+    #: recorded with it
+    mode_call: ModeCall | None = None
     #: how long the call waited on an engine paused by someone else (``engine_paused.py``), if it did
     engine_paused: dict[str, Any] | None = None
 

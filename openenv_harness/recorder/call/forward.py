@@ -10,15 +10,19 @@ agent hears of it.
 from __future__ import annotations
 
 from array import array
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from openenv_harness.recorder.call.flow import Flow
 from openenv_harness.recorder.engine_paused import send_through_pause
 from openenv_harness.recorder.errors import AgentError, session_closed
+from openenv_harness.recorder.prompt_modes.base import ModeCall
 from openenv_harness.recorder.prompt_modes.registry import mode_for
 from openenv_harness.recorder.relay_errors import relay_upstream_error, relay_upstream_failure
 from openenv_harness.recorder.sampling_policy import apply_policy
 from openenv_harness.recorder.upstream.base import UpstreamFailure
+
+if TYPE_CHECKING:
+    from openenv_harness.recorder.prompt_modes.engine_facts import EngineFacts
 
 #: What the recorder adds to every upstream body -- and nothing else (D3). ``return_weight_versions``: from
 #: vLLM 0.33 the chat route answers which weights sampled which tokens (spans per choice, recorded as
@@ -75,12 +79,13 @@ async def forward(flow: Flow) -> None:
     if flow.session.closing:  # a retry whose twin was cancelled by the close, or a call held at the fence
         raise session_closed(flow.session)
     mode = mode_for(flow.session.spec.prompt_mode)
+    flow.mode_call = call = mode_call(flow, ctx.engine_facts.of(upstream) if mode.uses_engine_facts else None)
     flow.version_start = ctx.fence.version
     flow.engine_asked = True
     ctx.fence.inflight += 1
     try:
         # an engine paused by someone else refuses new calls (vLLM 0.33+): held, not failed
-        sampled = await send_through_pause(lambda: mode.sample(flow, upstream), ctx.config.pause_wait_s,
+        sampled = await send_through_pause(lambda: mode.sample(call, upstream), ctx.config.pause_wait_s,
                                                     lambda wait: setattr(flow, "engine_paused", wait))
     except UpstreamFailure as exc:
         error = relay_upstream_failure(exc, ctx.config.retry_after_s)
@@ -97,6 +102,17 @@ async def forward(flow: Flow) -> None:
         error = relay_upstream_error(reply)
         error.engine_failure = True
         raise error
+
+
+def mode_call(flow: Flow, facts: EngineFacts | None) -> ModeCall:
+    """What the session's prompt mode is given of this call: the request, its state and, with ``facts``,
+    what is known of the engine (its learned facts, the certified turn end)."""
+    session = flow.session
+    cert = flow.ctx.engine_watch.certification if facts is not None else None
+    return ModeCall(body=flow.body, upstream_body=flow.upstream_body, call_kind=flow.call_kind,
+                    session_id=session.id, affinity=session.affinity_key, strict=session.spec.prompt_mode_strict,
+                    state=session.prompt_mode_state, facts=facts,
+                    turn_end=cert.certified_turn_end if cert is not None else [])
 
 
 def read_prompt_ids(flow: Flow) -> array[int] | None:

@@ -50,7 +50,7 @@ def served_metadata(flow: Flow, ev: Evidence) -> dict[str, Any]:
         md["weight_versions"] = weight_versions
     if flow.tool_limit is not None:
         md["tool_limit"] = flow.tool_limit
-    report = mode_for(flow.session.spec.prompt_mode).report(flow)
+    report = mode_for(flow.session.spec.prompt_mode).report(flow.mode_call)
     if report is not None:
         md["prompt_mode"] = report
     return md
@@ -78,8 +78,8 @@ def failed_record(flow: Flow, error: AgentError, kind: str | None = None) -> Pen
         md = served_metadata(flow, ev)
     else:
         md = base_metadata(flow, "failed", False)
-        if flow.prompt_mode is not None:  # incremental: which step of the continuation failed
-            md["prompt_mode"] = flow.prompt_mode
+        if flow.mode_call is not None and flow.mode_call.report is not None:
+            md["prompt_mode"] = flow.mode_call.report  # incremental: which step of the continuation failed
     md["error"] = {
         "kind": kind or error.code or "upstream",
         "status": error.status,

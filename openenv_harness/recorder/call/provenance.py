@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from openenv_harness.recorder.call.services import CallServices
-from openenv_harness.recorder.provenance import DEFAULTED_FIELDS, SAMPLING_FIELDS, decoding_constraint
+from openenv_harness.recorder.engine_knowledge.provenance import DEFAULTED_FIELDS, SAMPLING_FIELDS, decoding_constraint
 from openenv_harness.recorder.sampling_policy import apply_policy, policy_differences, policy_values
 from openenv_harness.recorder.session.live import LiveSession
 from openenv_harness.version import __version__

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from openenv_harness.recorder.config import RecorderConfig
-    from openenv_harness.recorder.engine_watch import EngineWatch
+    from openenv_harness.recorder.engine_knowledge.engine_watch import EngineWatch
     from openenv_harness.recorder.fence import Fence
     from openenv_harness.recorder.metrics import RecorderMetrics
     from openenv_harness.recorder.prompt_modes.engine_facts import EngineFactsTable

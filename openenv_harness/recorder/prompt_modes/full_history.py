@@ -8,22 +8,22 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from openenv_harness.recorder.prompt_modes.base import Sampled
+from openenv_harness.recorder.prompt_modes.base import ModeCall, Sampled
 from openenv_harness.recorder.upstream.base import Upstream
 
 if TYPE_CHECKING:
-    from openenv_harness.recorder.call.flow import Flow
+    from openenv_harness.recorder.validate import Evidence
 
 
 class FullHistory:
     name = "full_history"
+    uses_engine_facts = False
 
-    async def sample(self, flow: Flow, upstream: Upstream) -> Sampled:
-        reply = await upstream.chat(flow.upstream_body, session_id=flow.session.id, affinity=flow.session.affinity_key)
-        return Sampled(reply)
+    async def sample(self, call: ModeCall, upstream: Upstream) -> Sampled:
+        return Sampled(await upstream.chat(call.upstream_body, session_id=call.session_id, affinity=call.affinity))
 
-    def report(self, flow: Flow) -> dict[str, Any] | None:
+    def report(self, call: ModeCall | None) -> dict[str, Any] | None:
         return None
 
-    def committed(self, flow: Flow) -> None:
+    def committed(self, call: ModeCall, evidence: Evidence, agent_reply: dict[str, Any]) -> None:
         return None

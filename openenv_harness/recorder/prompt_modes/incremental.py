@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from openenv_harness.recorder import history_match
 from openenv_harness.recorder.errors import AgentError
-from openenv_harness.recorder.prompt_modes.base import Sampled
+from openenv_harness.recorder.prompt_modes.base import ModeCall, Sampled
 from openenv_harness.recorder.prompt_modes.id_sampling import NotExpressible, completion_body, sampler_for
 from openenv_harness.recorder.prompt_modes.rendering import certified, render, render_diff, suffix_ids
 from openenv_harness.recorder.prompt_modes.sample_parse import sample_and_parse
@@ -41,72 +41,72 @@ from openenv_harness.recorder.prompt_modes.state import (
     Checkpoint,
     ContinuationCall,
     Fallback,
-    IncrementalState,
 )
 from openenv_harness.recorder.upstream.base import Upstream, UpstreamReply
 from openenv_harness.recorder.upstream.routes import COMPLETIONS
 
 if TYPE_CHECKING:
-    from openenv_harness.recorder.call.flow import Flow
+    from openenv_harness.recorder.validate import Evidence
 
 
 class Incremental:
     name = "incremental"
+    uses_engine_facts = True
 
-    async def sample(self, flow: Flow, upstream: Upstream) -> Sampled:
-        state = flow.session.prompt_mode_state
+    async def sample(self, call: ModeCall, upstream: Upstream) -> Sampled:
         started = time.perf_counter()
         try:
-            reply, prompt = await self._continue(flow, upstream, state)
+            reply, prompt = await self._continue(call, upstream)
         except Fallback as fb:
-            if flow.session.spec.prompt_mode_strict and fb.reason not in NEW_CHAIN:
+            if call.strict and fb.reason not in NEW_CHAIN:
                 raise AgentError(409, f"incremental continuation is not certain ({fb.reason}): {fb.detail}",
                                  type="invalid_request_error", code="prompt_mode_uncertain") from None
-            flow.prompt_mode = {"mode": self.name, "continued": False, "reason": fb.reason, "detail": fb.detail}
-            return Sampled(await upstream.chat(flow.upstream_body, session_id=flow.session.id,
-                                               affinity=flow.session.affinity_key))
+            call.report = {"mode": self.name, "continued": False, "reason": fb.reason, "detail": fb.detail}
+            return Sampled(await upstream.chat(call.upstream_body, session_id=call.session_id, affinity=call.affinity))
         reply.elapsed_ms = (time.perf_counter() - started) * 1000.0
         return Sampled(reply, prompt)
 
-    def report(self, flow: Flow) -> dict[str, Any] | None:
-        return flow.prompt_mode or {"mode": self.name, "continued": False, "reason": "not_attempted"}
+    def report(self, call: ModeCall | None) -> dict[str, Any] | None:
+        reported = call.report if call is not None else None
+        return reported or {"mode": self.name, "continued": False, "reason": "not_attempted"}
 
-    def committed(self, flow: Flow) -> None:
+    def committed(self, call: ModeCall, evidence: Evidence, agent_reply: dict[str, Any]) -> None:
         """After the record is durable: this call's ids become its chain's checkpoint."""
-        ev = flow.evidence
-        if flow.call_kind != "agent" or ev is None or not ev.valid or flow.agent_reply is None:
+        ev = evidence
+        if call.call_kind != "agent" or not ev.valid:
             return
-        choices = flow.agent_reply.get("choices") or [{}]
+        choices = agent_reply.get("choices") or [{}]
         message = choices[0].get("message") or {}
         completion = list(ev.completion_ids or [])
-        state = flow.session.prompt_mode_state
-        call = flow.prompt_mode_call
-        if call is None:  # not worked out while in flight (a chain's start, an engine without the routes)
-            call = ContinuationCall(state.digests(flow.body.get("messages") or []), history_match.tools_digest(flow.body))
+        state = call.state
+        worked_out = call.continuation
+        if worked_out is None:  # not worked out while in flight (a chain's start, an engine without the routes)
+            worked_out = ContinuationCall(state.digests(call.body.get("messages") or []),
+                                          history_match.tools_digest(call.body))
         # a continued call's prompt is the list it composed (the evidence holds the same ids as an array)
-        prompt = call.prompt if call.prompt is not None else list(ev.prompt_ids or [])
-        turn_end = _turn_end_ids(flow)
-        checkpoint = Checkpoint(ids=prompt + completion, message_digests=call.digests, reply=message,
-                                reply_digest=history_match.digest(message), rendering=call.rendering,
+        prompt = worked_out.prompt if worked_out.prompt is not None else list(ev.prompt_ids or [])
+        turn_end = call.turn_end
+        checkpoint = Checkpoint(ids=prompt + completion, message_digests=worked_out.digests, reply=message,
+                                reply_digest=history_match.digest(message), rendering=worked_out.rendering,
                                 ends_turn=bool(turn_end) and bool(completion) and completion[-1] == turn_end[0])
-        parent = call.parent
+        parent = worked_out.parent
         # by identity: calls of other chains may have committed meanwhile
         state.checkpoints = [c for c in state.checkpoints if c is not parent][-(MAX_CHECKPOINTS - 1):]
         state.checkpoints.append(checkpoint)
 
     # -- the continuation ------------------------------------------------------------------------
 
-    async def _continue(self, flow: Flow, upstream: Upstream,
-                        state: IncrementalState) -> tuple[UpstreamReply, array[int] | None]:
+    async def _continue(self, call: ModeCall, upstream: Upstream) -> tuple[UpstreamReply, array[int] | None]:
         """The continued sample and the prompt it was sampled from (None with an engine error)."""
-        if flow.call_kind != "agent":
-            raise Fallback("aux_call", f"a {flow.call_kind} call is not part of a chain")
-        messages = flow.body.get("messages") or []
-        checkpoint = _find_parent(flow, state, messages)
+        if call.call_kind != "agent":
+            raise Fallback("aux_call", f"a {call.call_kind} call is not part of a chain")
+        state = call.state
+        messages = call.body.get("messages") or []
+        checkpoint = _find_parent(call, messages)
         if not upstream.exact_ids:
             raise Fallback("no_scale_out_routes", f"{upstream.name} takes messages, not prompt ids (a white-box "
                            "ModelStep): nothing can be continued exactly")
-        turn_end = _turn_end_ids(flow)
+        turn_end = call.turn_end
         if not turn_end:
             raise Fallback("junction_uncertified", "the template certification did not certify the turn-end "
                            "junction (no certification, or the property failed)")
@@ -119,10 +119,11 @@ class Incremental:
         suffix = messages[cut:]
         if not suffix:
             raise Fallback("no_new_messages", "nothing follows the previous assistant turn")
-        session, affinity = flow.session.id, flow.session.affinity_key
-        facts = flow.ctx.engine_facts.of(upstream)
-        request = flow.upstream_body
-        generation = bool(flow.body.get("add_generation_prompt", True))
+        session, affinity = call.session_id, call.affinity
+        facts = call.facts
+        assert facts is not None  # the mode uses them (``uses_engine_facts``)
+        request = call.upstream_body
+        generation = bool(call.body.get("add_generation_prompt", True))
         # the full render (for the sampling parameters and the contrast) and the suffix's renders are
         # independent: one round trip's latency instead of two. The full render is asked first: the
         # engine answers it first, and its long reply is read here while the engine renders the suffix
@@ -154,14 +155,14 @@ class Incremental:
                            "than after the probe prefix")
         prompt = checkpoint.ids + turn_end[1:] + new_ids
         params = dict(full.get("sampling_params") or {})
-        if not (flow.body.get("max_tokens") or flow.body.get("max_completion_tokens")) and "max_tokens" in params:
+        if not (call.body.get("max_tokens") or call.body.get("max_completion_tokens")) and "max_tokens" in params:
             params["max_tokens"] = max(1, int(params["max_tokens"]) - max(0, len(prompt) - len(full_ids)))
         if sampler.route == COMPLETIONS:
             try:
                 completion_body(prompt, params, None)
             except NotExpressible as exc:
                 raise Fallback("sampling_not_expressible", str(exc)) from None
-        meta = flow.prompt_mode = {
+        meta = call.report = {
             "mode": self.name, "continued": True, "reason": None, "sampled_via": upstream.served_by(sampler.route),
             "checkpoint_len": len(checkpoint.ids), "trailer_len": len(turn_end) - 1, "suffix_len": len(new_ids),
             # the template re-renders an assistant turn once messages follow it: the model continues the
@@ -176,27 +177,22 @@ class Incremental:
         meta["full_render_diff"] = render_diff(prompt_array, full["token_array"])
         if reply.status != 200:
             return reply, None  # an engine error mid-way: relayed and recorded by the forward step
-        call = flow.prompt_mode_call
-        assert call is not None  # set by _find_parent
-        call.parent, call.prompt = checkpoint, prompt  # the commit replaces the parent by this call's own
+        worked_out = call.continuation
+        assert worked_out is not None  # set by _find_parent
+        worked_out.parent, worked_out.prompt = checkpoint, prompt  # the commit replaces the parent by this call's own
         # the prompt's ids are already checked ints (the checkpoint's, the certified trailer's, the
         # suffix's): the evidence takes them as they are, as from a transport that read them
         return reply, prompt_array
 
 
-def _turn_end_ids(flow: Flow) -> list[int]:
-    """The certified turn ending (end-of-turn id, then the trailer), or nothing."""
-    cert = flow.ctx.engine_watch.certification
-    return cert.certified_turn_end if cert is not None else []
-
-
-def _find_parent(flow: Flow, state: IncrementalState, messages: list[Any]) -> Checkpoint:
+def _find_parent(call: ModeCall, messages: list[Any]) -> Checkpoint:
     """The most recent chain tip whose history this call replays (named equivalences allowed)."""
+    state = call.state
     if not state.checkpoints:
         raise Fallback("chain_start", "no earlier sample in this session to continue")
     digests = state.digests(messages)
-    rendering = history_match.tools_digest(flow.body)
-    flow.prompt_mode_call = ContinuationCall(digests, rendering)  # the call's commit reuses them
+    rendering = history_match.tools_digest(call.body)
+    call.continuation = ContinuationCall(digests, rendering)  # the call's commit reuses them
     for index in range(len(state.checkpoints) - 1, -1, -1):
         c = state.checkpoints[index]
         n = len(c.message_digests)

@@ -1,6 +1,6 @@
 """What the incremental mode keeps: per session its chain tips, per call what its commit reuses.
 
-Plain data, imported by the flow (``call/flow.py``) for its typed field and by the mode that fills it.
+Plain data, imported by the mode that fills it and, for their types, by the call it is part of (``base.ModeCall``).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ class Checkpoint:
 
 @dataclass
 class ContinuationCall:
-    """What a call in flight worked out that its commit reuses (``Flow.prompt_mode_call``): its
+    """What a call in flight worked out that its commit reuses (``ModeCall.continuation``): its
     history's digests and tools digest, and, once it continued, the checkpoint it continued (replaced
     by the call's own once it is recorded: call numbers are given only then) and its prompt."""
 

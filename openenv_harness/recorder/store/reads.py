@@ -39,6 +39,17 @@ def load_sessions(conn: sqlite3.Connection) -> list[SessionRow]:
             " FROM records GROUP BY session_id"
         )
     }
+    # an aborted sample (``partial``, status invalid) keeps its ids but was never handed to the agent:
+    # the live ledger counts it as a call and nothing more (``call/pending.py``), and so does a restart
+    for session_id, kind, prompt_len, completion_len, md in conn.execute(
+        "SELECT session_id, call_kind, prompt_len, COALESCE(LENGTH(completion_ids), 0) / 4, metadata"
+        " FROM records WHERE status = 'invalid'"
+    ):
+        if orjson.loads(blocks.unpack_blob(md)).get("partial"):
+            t = totals[session_id]
+            t["agent_calls"] -= kind == "agent"
+            t["prompt_tokens"] -= prompt_len or 0
+            t["completion_tokens"] -= completion_len
     # tool calls handed over are not a column: the latest record's limits carry the count
     for session_id, md in conn.execute(
         "SELECT session_id, metadata FROM records WHERE seq IN (SELECT MAX(seq) FROM records GROUP BY session_id)"

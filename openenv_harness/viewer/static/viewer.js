@@ -183,7 +183,7 @@ document.getElementById("refresh").addEventListener("click", refresh);
 window.addEventListener("hashchange", refresh);
 refresh();
 
-/** The served template's certification (recorder/certify.py): does it keep chains exact, and if not why. */
+/** The served template's certification (recorder/engine_knowledge/certify.py): does it keep chains exact, and if not why. */
 function certificationBadge(cert) {
   if (!cert) return null;
   const failed = (cert.failed || []).map((f) => `${f.property}: ${f.detail}`).join("; ");

@@ -12,8 +12,11 @@ from openenv_harness.recorder.call.forward import CAPTURE_FIELDS, forward, upstr
 from openenv_harness.recorder.call.parse import parse
 from openenv_harness.recorder.context import RecorderContext
 from openenv_harness.recorder.errors import AgentError
+from openenv_harness.recorder.session.spec import SessionSpec
 from openenv_harness.testing.engine import EngineServer
 from openenv_harness.testing.engine.faults import Fault
+from openenv_harness.testing.model_step import ScriptedModelStep
+from openenv_harness.testing.tflow import tcontext, tflow, tsession
 
 from step_flows import MakeFlow, open_session
 
@@ -75,3 +78,33 @@ async def test_a_paused_fence_refuses_before_the_engine_is_asked(
     assert (refused.value.status, refused.value.code) == (503, "engine_paused")
     assert not refused.value.engine_failure and not flow.engine_asked
     assert len(engine.requests(flow.session.id)) == before
+
+
+async def test_the_prompt_mode_is_given_the_call_not_the_flow() -> None:
+    """Full history relays the body and is given no engine facts; incremental gets the engine's facts
+    and reports, on the call, why it did not continue (a chain's first call)."""
+    ctx = tcontext(model_step=ScriptedModelStep([], final="hi"))
+    plain, _ = await tsession(ctx)
+    flow = tflow(ctx, plain)
+    enter(flow)
+    parse(flow)
+    classify(flow)
+    await forward(flow)
+    call = flow.mode_call
+    assert call is not None and call.facts is None and call.turn_end == [] and call.report is None
+    assert call.upstream_body is flow.upstream_body and call.session_id == plain.id
+    assert call.state is plain.prompt_mode_state
+
+    incremental, _ = await tsession(ctx, SessionSpec(prompt_mode="incremental", prompt_mode_strict=True))
+    agent = {"model": "m", "messages": [{"role": "user", "content": "list the files"}],
+             "tools": [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object"}}}]}
+    flow = tflow(ctx, incremental, agent)
+    enter(flow)
+    parse(flow)
+    classify(flow)
+    await forward(flow)
+    call = flow.mode_call
+    upstream = ctx.upstream_for(None)
+    assert upstream is not None and call is not None and call.strict and call.call_kind == "agent"
+    assert call.facts is ctx.engine_facts.of(upstream)
+    assert call.report is not None and call.report["reason"] == "chain_start" and not call.report["continued"]

@@ -5,11 +5,9 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from openenv_harness.recorder import RecorderClient, RecorderConfig, RecorderServer
-from openenv_harness.recorder.upstream.base import Upstream, UpstreamFailure, UpstreamReply
+from openenv_harness.recorder import RecorderClient, RecorderServer
 from openenv_harness.testing.engine import EngineServer, Fault, Script, ToolCallSpec, Turn, reference_tokenizer
 
-from agentloop import ADMIN
 from dialect_clients import ANTHROPIC_TOOLS, AnthropicAgent
 
 SPACED = '{"command":  "ls -la"}'  # as sampled; the engine's parser returns it re-serialized (one space)
@@ -193,23 +191,3 @@ def test_model_list_in_anthropics_shape(engine: EngineServer, recorder: Recorder
     denied = httpx.get(f"{recorder.url}/v1/models", headers={**headers, "x-api-key": "nope"})
     assert denied.status_code == 401 and denied.json()["type"] == "error"
     assert httpx.get(f"{recorder.url}/v1/models", headers={"x-api-key": s["secret"]}).json()["object"] == "list"
-
-
-class _NoTokenizer(Upstream):
-    """A test double for an upstream with no ``/tokenize`` (like the white-box ``ModelStep``)."""
-
-    name = "no-tokenizer"
-
-    async def chat(self, body: dict, *, session_id: str, affinity: str | None = None) -> UpstreamReply:
-        raise UpstreamFailure("connect", "not used here")
-
-
-def test_count_tokens_without_a_tokenizer_is_a_501(tmp_path) -> None:
-    config = RecorderConfig(store_path=str(tmp_path / "r.db"), admin_token=ADMIN, probe_template=False, probe_logprobs_mode=False)
-    with RecorderServer(config, upstreams={"default": _NoTokenizer()}) as server, \
-            RecorderClient(server.url, ADMIN) as admin:
-        s = admin.create_session()
-        r = httpx.post(f"{server.url}/v1/messages/count_tokens", headers={"x-api-key": s["secret"]},
-                       json={"model": "m", "messages": [{"role": "user", "content": "hi"}]})
-        assert r.status_code == 501 and r.json()["error"]["type"] == "api_error"  # Claude Code counts another way
-        assert admin.records(s["session_id"]) == []

@@ -221,6 +221,14 @@ def test_an_aborted_reply_is_not_counted_against_the_tool_calls(recorder: Record
     info = admin.session(s["session_id"])
     assert info["tool_calls"] == 2 and info["status"] == "open"
     assert [r["metadata"].get("tool_limit") for r in admin.records(s["session_id"])] == [None, None]
+    # what a restart rebuilds from the records is what the live ledger counted: the aborted call
+    # is a call and an invalid one, not an agent call and no tokens
+    live = recorder.ctx.sessions.get(s["session_id"]).ledger.counters
+    [restored] = [row for row in recorder.ctx.store.load_sessions() if row.session_id == s["session_id"]]
+    assert restored.state["totals"] == {"calls": 2, "agent_calls": 1, "prompt_tokens": 3, "completion_tokens": 2,
+                                        "failed_calls": 0, "invalid_calls": 1, "tool_calls": 2}
+    assert {k: getattr(live, k) for k in restored.state["totals"]} == restored.state["totals"]
+
 def test_what_a_budget_counts(engine: EngineServer, recorder: RecorderServer, admin: RecorderClient) -> None:
     """``max_calls`` counts records: every call the engine was asked, served or not (an agent looping on
     calls the engine rejects still ends). ``max_agent_calls`` and the token caps count served calls.

@@ -219,7 +219,7 @@ def test_top_logprobs_are_carried_as_token_id_alternatives() -> None:
 @pytest.mark.parametrize("mode", ["raw_logprobs", "processed_logprobs"])
 def test_the_logprobs_mode_is_measured_on_sglang(mode: str) -> None:
     """The recorder's two-temperature probe reads SGLang's top alternatives through the adapter."""
-    from openenv_harness.recorder.provenance import measure_logprobs_mode
+    from openenv_harness.recorder.engine_knowledge.provenance import measure_logprobs_mode
     from openenv_harness.recorder.upstream.h1_engine import H1Engine
     from openenv_harness.testing.engine import EngineConfig, EngineServer
 

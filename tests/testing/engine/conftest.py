@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +15,7 @@ import httpx
 import pytest
 
 from openenv_harness.testing.engine import EngineServer
+from openenv_harness.testing.recorder_fixtures import engine_fixture
 
 TOOLS: list[dict[str, Any]] = [
     {
@@ -65,10 +65,7 @@ def qwen_folder() -> Path:
     return folder
 
 
-@pytest.fixture(scope="module")
-def engine() -> Iterator[EngineServer]:
-    with EngineServer() as server:
-        yield server
+engine = engine_fixture()
 
 
 @pytest.fixture(autouse=True)

@@ -6,7 +6,7 @@ import httpx
 import pytest
 
 from openenv_harness.recorder import RecorderAPIError, RecorderClient, RecorderConfig, RecorderServer
-from openenv_harness.recorder.provenance import PROBES, fingerprint_ids
+from openenv_harness.recorder.engine_knowledge.provenance import PROBES, fingerprint_ids
 from openenv_harness.testing.engine import ENGINE_VERSION, EngineServer
 from openenv_harness.version import __version__
 
@@ -123,7 +123,7 @@ def test_sampling_the_engine_filled_in_is_unknown_unless_someone_says(tmp_path) 
 
 
 def test_a_strict_tool_is_a_decoding_constraint_whatever_tool_choice_says() -> None:
-    from openenv_harness.recorder.provenance import decoding_constraint
+    from openenv_harness.recorder.engine_knowledge.provenance import decoding_constraint
 
     loose = {"type": "function", "function": {"name": "bash", "parameters": {}}}
     strict = {"type": "function", "function": {"name": "edit", "parameters": {}, "strict": True}}

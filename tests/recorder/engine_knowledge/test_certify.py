@@ -113,7 +113,7 @@ def test_the_time_to_live_forces_a_new_probe(tmp_path: Path) -> None:
 
 def _certify_direct(config: EngineConfig) -> Any:
     """Certify a reference engine as the recorder does, straight through its HTTP routes."""
-    from openenv_harness.recorder.certify import certify_template
+    from openenv_harness.recorder.engine_knowledge.certify import certify_template
 
     async def run(url: str) -> Any:
         upstream = HTTPEngine(url, timeout_s=60)
@@ -178,7 +178,7 @@ def test_a_probe_the_template_refuses_leaves_only_its_property_unchecked(tmp_pat
         "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
     with EngineServer(EngineConfig(chat_template=template)) as engine:
         async def go() -> Any:
-            from openenv_harness.recorder.certify import certify_template
+            from openenv_harness.recorder.engine_knowledge.certify import certify_template
 
             upstream = HTTPEngine(engine.url)
             await upstream.start()

@@ -16,8 +16,8 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-from openenv_harness.recorder.certify import Certification, certify_template, exact_in_words
-from openenv_harness.recorder.provenance import (
+from openenv_harness.recorder.engine_knowledge.certify import Certification, certify_template, exact_in_words
+from openenv_harness.recorder.engine_knowledge.provenance import (
     engine_models,
     engine_sampling_defaults,
     engine_version,

@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from openenv_harness.recorder.certify import Certification, certify_template
+from openenv_harness.recorder.engine_knowledge.certify import Certification, certify_template
 from openenv_harness.recorder.upstream.http import HTTPEngine
 from openenv_harness.testing.engine import EngineServer
 from openenv_harness.testing.engine.template_tokens import template_engine_config, trl_prefix_verdict
