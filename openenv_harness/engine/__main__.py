@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from openenv_harness.engine.launcher import EngineStartError, VLLMServer, VLLMSettings, free_port
+from openenv_harness.engine.launcher import EngineStartError, VLLMServer, VLLMSettings, free_port, serving_dtype
 from openenv_harness.engine.model import MODELS, prepared_model_dir
 from openenv_harness.engine.setup import EngineSetupError, engine_home, engine_python, ensure_engine
 from openenv_harness.engine.sglang_cpu import SGLANG_VERSION, SGLangServer, SGLangSettings, ensure_sglang
@@ -45,6 +45,9 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--no-scale-out", action="store_true")
     serve.add_argument("--logprobs-mode", choices=["raw_logprobs", "processed_logprobs"], default=None,
                        help="vLLM --logprobs-mode (default: vLLM's, raw_logprobs)")
+    serve.add_argument("--dtype", choices=["auto", "model", "float32", "bfloat16"], default="auto",
+                       help="what vLLM computes in: auto (float32 unless this CPU does bf16 in hardware), "
+                            "model (the model's own, bf16), or one named")
     args = parser.parse_args(argv)
     if args.command == "protocols":
         from openenv_harness.engine.protocols import ensure_protocols, ensure_sglang_sources
@@ -78,7 +81,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     settings = VLLMSettings(model_dir=model_dir, served_name=spec.served_name, python=python, port=args.port,
                             max_model_len=spec.max_model_len, chat_template=args.chat_template,
-                            enable_scale_out=not args.no_scale_out, logprobs_mode=args.logprobs_mode)
+                            enable_scale_out=not args.no_scale_out, logprobs_mode=args.logprobs_mode,
+                            dtype={"auto": serving_dtype(), "model": None}.get(args.dtype, args.dtype))
     server = VLLMServer(settings)
     _progress(f"starting vLLM on {server.url} (first start compiles: a minute or two)")
     try:

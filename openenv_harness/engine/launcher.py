@@ -23,9 +23,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Generic, Protocol, Self, TypeVar
 
+from openenv_harness.engine import setup as engine_setup
+
 
 #: the tool-parser plugin vLLM loads from its own venv (it needs nothing of this package installed there)
 TOOL_PARSER_PLUGIN = Path(__file__).with_name("vllm_tool_parser.py")
+
+
+def serving_dtype(flags: set[str] | None = None) -> str | None:
+    """The dtype vLLM should compute in on this CPU: the model's own (``None``: its bf16) where the CPU
+    multiplies bf16 in hardware (AVX-512 BF16 or AMX), else float32. Without those, bf16 matmuls are
+    emulated and several times slower than float32 (``benchmarks/bench_engine_dtype.py``), and every
+    agent's first call is a long prefill. A bf16 checkpoint loads into float32 exactly, so the weights
+    served, their syncs and their checksums stay the checkpoint's."""
+    have = engine_setup.cpu_flags() if flags is None else flags
+    return None if have & {"avx512_bf16", "amx_bf16"} else "float32"
 
 
 class EngineStartError(RuntimeError):
@@ -60,6 +72,8 @@ class VLLMSettings:
     cpu_bind: str | None = None
     kv_cache_gib: int = 4
     seed: int | None = 0
+    #: vLLM --dtype: None computes in the model's own (bf16); the default is what this CPU computes fastest
+    dtype: str | None = field(default_factory=serving_dtype)
     #: vLLM --logprobs-mode: None leaves vLLM's default (raw_logprobs, before temperature and truncation);
     #: processed_logprobs reports the distribution sampled from (what TRL's vllm-serve starts)
     logprobs_mode: str | None = None
@@ -79,6 +93,8 @@ class VLLMSettings:
             cmd += ["--chat-template", str(self.chat_template)]
         if self.seed is not None:
             cmd += ["--seed", str(self.seed)]
+        if self.dtype is not None:
+            cmd += ["--dtype", self.dtype]
         if self.logprobs_mode is not None:
             cmd += ["--logprobs-mode", self.logprobs_mode]
         return cmd + list(self.extra_args)

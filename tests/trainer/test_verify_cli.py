@@ -180,10 +180,12 @@ def test_export_masks_constrained_calls_and_refuses_an_unknown_session(tmp_path:
     assert not out.exists(), "no empty file left behind for a pipeline to read"
 
 
-def test_auto_scores_in_bf16_only_where_the_cpu_multiplies_it_in_hardware() -> None:
+def test_auto_scores_in_the_dtype_the_engine_computes_in_here(monkeypatch: pytest.MonkeyPatch) -> None:
+    from openenv_harness.engine import setup
     from openenv_harness.trainer.verify import scoring_dtype
 
-    capability = str(torch.backends.cpu.get_cpu_capability())
-    native = "AVX512" in capability or "AMX" in capability
-    assert scoring_dtype("auto") == ("bfloat16" if native else "float32")
+    monkeypatch.setattr(setup, "cpu_flags", lambda: {"avx2", "avx512f", "avx512_bf16"})
+    assert scoring_dtype("auto") == "bfloat16"
+    monkeypatch.setattr(setup, "cpu_flags", lambda: {"avx2", "avx512f"})  # AVX-512 emulates bf16 without BF16
+    assert scoring_dtype("auto") == "float32"
     assert scoring_dtype("bfloat16") == "bfloat16" and scoring_dtype("float32") == "float32"
