@@ -83,6 +83,14 @@ class CaptureProxy:
     def chat_exchanges(self) -> list[Exchange]:
         return self.exchanges_on("/v1/chat/completions")
 
+    def sampled_chat_exchanges(self) -> list[Exchange]:
+        """The chat calls the recorder forwarded for an agent and the engine answered: each asks for its
+        ids (``return_token_ids``, a capture field). The recorder's own probes of the engine ask for none:
+        its logprobs-mode measurement runs again at a session's creation once what it knows of the engine
+        is older than ``template_reprobe_s``, so a run of rollouts longer than that sees it mid-run."""
+        return [e for e in self.chat_exchanges()
+                if e.status == 200 and (e.request_json() or {}).get("return_token_ids") is True]
+
     def exchanges_on(self, path: str) -> list[Exchange]:
         with self._lock:
             return [e for e in self.exchanges if e.path == path]

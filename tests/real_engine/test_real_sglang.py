@@ -85,7 +85,7 @@ def test_records_are_what_sglang_rendered_and_sampled(rollout: dict[str, Any], s
     assert agent[0]["prompt_token_ids"] == _tokenize(sglang.url, agent[0]["request"])
     # every sample is SGLang's: ids and logprobs as its chat route answered them
     replies = {tuple(c["prompt_token_ids"]): c for e in rollout["chats"] if e.status == 200
-               for c in e.reply_json()["choices"]}
+               and (e.request_json() or {}).get("return_token_ids") is True for c in e.reply_json()["choices"]}
     for record in agent:
         choice = replies[tuple(record["prompt_token_ids"])]
         assert record["completion_token_ids"] == choice["response_token_ids"]
