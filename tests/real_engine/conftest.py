@@ -30,13 +30,24 @@ from real_stack import AGENT_CALLS, MODEL, THINK_TEMPLATE, RealStack, engine_par
 #: without AVX-512) and runs every agent's rollout for the session
 REAL_ENGINE_TIMEOUT_S = 2400
 
-#: the shared engine's KV cache: ~175k ids of Qwen2.5-0.5B, many times the longest rollout here. The tier
-#: runs up to three engines and a trainer at once on a 24 GiB machine; every GiB held here is one the
-#: machine's OOM killer would otherwise take back from a running engine
-SHARED_KV_CACHE_GIB = 2
+#: the shared engine's KV cache: ~175k ids of Qwen2.5-0.5B in float32 (~350k in bf16). Its prefix cache
+#: keeps every agent's system prompt and tools between tests, so an agent's first call is not a cold
+#: prefill each time (on a CPU without bf16 hardware, about a minute per 5k ids). It never runs beside
+#: the engines other modules start (``_shared_engine_last``), only beside a trainer or one small engine
+SHARED_KV_CACHE_GIB = 4
+
+
+def _shared_engine_last(items: list[pytest.Item]) -> None:
+    """Reorder (stably, whole modules) so every module that uses the shared engine runs after every one
+    that does not. The shared engine lives from its first use to the session's end; the modules that start
+    engines of their own (SGLang, the train command's vLLM) or train beside them then never run while it
+    holds its weights and KV cache, and the machine's OOM killer has no shared engine to take back."""
+    users = {item.nodeid.split("::")[0] for item in items if "vllm" in getattr(item, "fixturenames", ())}
+    items[:] = sorted(items, key=lambda item: item.nodeid.split("::")[0] in users)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    _shared_engine_last(items)
     for item in items:
         if "real_engine" in item.keywords and item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(REAL_ENGINE_TIMEOUT_S))
@@ -128,7 +139,7 @@ def rollouts(vllm, tmp_path_factory) -> dict[str, Any]:
             records = stack.admin.records(session.session_id)
             session.close()
             out[harness] = {"report": report, "trace": trace, "session_trace_keep": trace_keep, "records": records,
-                            "exchanges": [e for e in capture.chat_exchanges()]}
+                            "exchanges": capture.sampled_chat_exchanges()}
     finally:
         stack.close()
         capture.stop()
