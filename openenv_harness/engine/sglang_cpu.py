@@ -28,7 +28,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from openenv_harness.engine.launcher import ManagedServer, free_port
+from openenv_harness.engine.launcher import ManagedServer, free_port, serving_dtype
 from openenv_harness.engine.model import QWEN25_CODER_05B, ModelSpec, prepared_model_dir
 from openenv_harness.engine.setup import (
     PIP_INSTALL,
@@ -182,6 +182,9 @@ class SGLangSettings:
     tool_call_parser: str | None = "qwen25"
     #: run under ``nice -n N`` (a shared machine); None: as is
     nice: int | None = None
+    #: SGLang --dtype: None computes in the model's own (bf16); the default is what this CPU computes
+    #: fastest (float32 where bf16 matmuls would be emulated, as for vLLM)
+    dtype: str | None = field(default_factory=serving_dtype)
     extra_args: list[str] = field(default_factory=list)
 
     def command(self) -> list[str]:
@@ -195,6 +198,8 @@ class SGLangSettings:
                 "--skip-server-warmup", "--sleep-on-idle"]
         if self.tool_call_parser:
             cmd += ["--tool-call-parser", self.tool_call_parser]
+        if self.dtype is not None:
+            cmd += ["--dtype", self.dtype]
         return cmd + list(self.extra_args)
 
     def environment(self) -> dict[str, str]:

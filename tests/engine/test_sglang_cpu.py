@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from openenv_harness.engine import setup as engine_setup
 from openenv_harness.engine import sglang_cpu
 from openenv_harness.engine.model import QWEN25_CODER_05B
 from openenv_harness.engine.sglang_cpu import SGLangSettings, prepare_overlay
@@ -43,6 +44,15 @@ def test_nice_tool_parser_and_extra_args_are_honoured() -> None:
     assert cmd[:4] == ["nice", "-n", "10", "/p"]
     assert "--tool-call-parser" not in cmd
     assert cmd[-2:] == ["--random-seed", "0"]
+
+
+def test_the_dtype_follows_what_this_cpu_computes_fastest(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(engine_setup, "cpu_flags", lambda: {"avx2", "avx512f"})
+    assert _value(SGLangSettings(model_dir=Path("/m"), python=Path("/p"), port=1).command(), "--dtype") == "float32"
+    monkeypatch.setattr(engine_setup, "cpu_flags", lambda: {"avx2", "avx512_bf16"})
+    assert "--dtype" not in SGLangSettings(model_dir=Path("/m"), python=Path("/p"), port=1).command()
+    chosen = SGLangSettings(model_dir=Path("/m"), python=Path("/p"), port=1, dtype="bfloat16").command()
+    assert _value(chosen, "--dtype") == "bfloat16"
 
 
 def test_a_default_port_is_picked_per_settings() -> None:
