@@ -93,6 +93,8 @@ def train_demo(
     task: str = typer.Option("fix-add", "--task", help="A built-in task id"),
     group: int = typer.Option(4, "--group", min=2, help="Rollouts per GRPO group (before the update)"),
     next_rollouts: int = typer.Option(2, "--next-rollouts", min=1, help="Rollouts at the new policy version"),
+    max_group: int = typer.Option(None, "--max-group", min=2, help="Rollouts a group draws at most while its rewards "
+                                  "tie (default: twice --group); a group that still ties takes no step"),
     max_tokens: int = typer.Option(96, "--max-tokens", min=1, help="Sampled tokens per call at most"),
     temperature: float = typer.Option(1.0, "--temperature", help="Sampling temperature (a group needs variety)"),
     learning_rate: float = typer.Option(1e-4, "--lr", help="Adam's learning rate (one deliberate, visible step)"),
@@ -120,6 +122,8 @@ def train_demo(
     """Close the RL loop here: rollouts -> one GRPO step -> weight sync through the fence -> rollouts."""
     if engine not in ("vllm", "sglang"):
         raise CLIError(f"unknown engine {engine!r}", "use --engine vllm or --engine sglang")
+    if max_group is not None and max_group < group:
+        raise CLIError(f"--max-group {max_group} is smaller than --group {group}", "a group draws at least --group")
     if engine_url and (not model or model_dir is None):
         raise CLIError("--engine-url needs --model and --model-dir", "the trainer loads the weights the engine serves")
     if model_dir is not None and not (model_dir / "config.json").is_file():
@@ -166,8 +170,8 @@ def train_demo(
             engine_url=stack.engine.url if stack.engine is not None else engine_url, recorder_url=stack.recorder_url,
             admin_token=stack.admin_token, model=stack.model or model, model_dir=Path(served_dir).resolve(),
             workdir=run_dir, harness=harness, task=task, group=group, next_rollouts=next_rollouts,
-            max_tokens=max_tokens, temperature=temperature, seed=seed, learning_rate=learning_rate, layers=layers,
-            sandbox=sandbox, image=image, engine_family=engine)
+            max_group=max_group, max_tokens=max_tokens, temperature=temperature, seed=seed,
+            learning_rate=learning_rate, layers=layers, sandbox=sandbox, image=image, engine_family=engine)
         loop = TrainLoop(settings, progress=progress)
         report: LoopReport | None = None
         restore_error: str | None = None

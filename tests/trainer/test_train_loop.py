@@ -106,6 +106,8 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
 def test_the_cli_says_what_is_wrong_in_one_line(tmp_path: Path) -> None:
     done = _cli("--engine-url", "http://127.0.0.1:9")
     assert done.returncode == 2 and "--engine-url needs --model and --model-dir" in done.stderr
+    done = _cli("--group", "4", "--max-group", "3")
+    assert done.returncode == 2 and "--max-group 3 is smaller than --group 4" in done.stderr
     done = _cli("--engine-url", "http://127.0.0.1:9", "--model", "m", "--model-dir", str(tmp_path))
     assert done.returncode == 2 and "no model folder" in done.stderr
     (tmp_path / "config.json").write_text("{}")
