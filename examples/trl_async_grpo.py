@@ -112,7 +112,8 @@ def recorder_command(cfg: ExampleConfig) -> list[str]:
     return [
         sys.executable, "-m", "openenv_harness.recorder", "--engine-url", cfg.vllm_url,
         "--host", cfg.recorder_host, "--port", str(cfg.recorder_port),
-        "--store", cfg.store, "--admin-token", cfg.admin_token,
+        # one argument with "=": a generated token may start with "-", which argparse would read as an option
+        "--store", cfg.store, f"--admin-token={cfg.admin_token}",
     ]
 
 

@@ -109,7 +109,9 @@ def test_print_commands_needs_no_model_and_no_network(example: ModuleType, capsy
 def test_the_printed_recorder_command_fronts_the_engine_and_verifies_the_template(
         example: ModuleType, vllm_like_engine: EngineServer, tokenizer: Any, tmp_path: Path) -> None:
     port = free_port()
-    cfg = example.ExampleConfig(vllm_port=vllm_like_engine.port, recorder_port=port, store=str(tmp_path / "r.db"))
+    # a token that starts with "-", as one in 64 generated tokens does: still one argument
+    cfg = example.ExampleConfig(vllm_port=vllm_like_engine.port, recorder_port=port, store=str(tmp_path / "r.db"),
+                                admin_token="-" + "t" * 31)
     proc = subprocess.Popen(example.recorder_command(cfg), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         # a session with a trainer's fingerprint has the served template fingerprinted again first (three
