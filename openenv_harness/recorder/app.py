@@ -17,7 +17,7 @@ from starlette.responses import Response
 
 from openenv_harness.recorder import admin
 from openenv_harness.recorder.auth import AdminAuth, new_admin_token
-from openenv_harness.recorder.call.authenticate import authenticate
+from openenv_harness.recorder.call.admit import authenticate
 from openenv_harness.recorder.call.pipeline import handle_call
 from openenv_harness.recorder.context import RecorderConfig, RecorderContext
 from openenv_harness.recorder.dialects.anthropic import ANTHROPIC

@@ -69,7 +69,7 @@ class Flow:
 
     # -- validate, tool caps
     evidence: Evidence | None = None
-    #: set when a tool-call cap cut the reply (``call/tool_caps.py``); kept in the record's metadata
+    #: set when a tool-call cap cut the reply (``call/forward.py: apply_tool_caps``); kept in the record's metadata
     tool_limit: dict[str, Any] | None = None
 
     # -- record

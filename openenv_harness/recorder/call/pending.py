@@ -1,4 +1,4 @@
-"""Part of the record step: the one builder of a call's stored record, whatever became of the call.
+"""The one builder of a call's stored record, whatever became of the call.
 
 - ``ok`` / ``invalid``: the engine answered; the record holds its ids and logprobs, what it applied,
   and whether a trainer may use them;
@@ -6,9 +6,14 @@
   partial ids are kept for inspection, never trained, and the call is answered with a retryable error;
 - ``failed``: no usable answer; the record holds the error and no ids.
 
-Every record's metadata starts from ``base_metadata`` (its number is taken there) and ends with the
-session's ``limits`` once the call was counted against them. The builder changes nothing but the
-call's number and the ledger's count (``commit.py`` says what follows a durable record).
+Every record's metadata starts from ``base_metadata`` (its number is taken there, and its provenance
+built) and ends with the session's ``limits`` once the call was counted against them. The builder
+changes nothing but the call's number and the ledger's count (``record.py`` commits the record and
+runs what follows a durable one).
+
+Provenance is per call, not per session: the sampling fields differ call by call (an agent's title call
+is not its main loop's), and a trainer correcting for truncated sampling needs each call's effective
+values. The session's part is built once and reused (``LiveSession.provenance_cache``).
 """
 
 from __future__ import annotations
@@ -16,13 +21,18 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from openenv_harness.contract import SCHEMA_VERSION
 from openenv_harness.recorder.call.flow import Flow
-from openenv_harness.recorder.call.metadata import base_metadata
+from openenv_harness.recorder.call.services import CallServices
 from openenv_harness.recorder.dialects.sampled import sampled_arguments
+from openenv_harness.recorder.engine_knowledge.provenance import DEFAULTED_FIELDS, SAMPLING_FIELDS, decoding_constraint
 from openenv_harness.recorder.errors import AgentError
 from openenv_harness.recorder.prompt_modes.registry import mode_for
+from openenv_harness.recorder.sampling_policy import apply_policy, policy_differences, policy_values
+from openenv_harness.recorder.session.live import LiveSession
 from openenv_harness.recorder.store.base import PendingRecord
 from openenv_harness.recorder.validate import Evidence, agent_view
+from openenv_harness.version import __version__
 
 #: the error code of a call whose sample the engine aborted (``validate.py`` raises it)
 ENGINE_ABORTED = "engine_aborted"
@@ -45,9 +55,12 @@ def served_metadata(flow: Flow, ev: Evidence) -> dict[str, Any]:
         # sampled from another distribution than the session's training policy: kept, never trained
         md["trainable"] = False
         md["sampling_off_policy"] = off_policy
-    weight_versions = _weight_versions(flow.reply.json if flow.reply is not None else None)
-    if weight_versions is not None:
-        md["weight_versions"] = weight_versions
+    # per-token weight versions when the engine reports them (vLLM 0.33 ``return_weight_versions``:
+    # ``choices[0].weight_versions = [{version, start, end}]``)
+    choices = (flow.reply.json or {}).get("choices") if flow.reply is not None else None
+    if isinstance(choices, list) and choices and isinstance(choices[0], dict) \
+            and choices[0].get("weight_versions") is not None:
+        md["weight_versions"] = choices[0]["weight_versions"]
     if flow.tool_limit is not None:
         md["tool_limit"] = flow.tool_limit
     report = mode_for(flow.session.spec.prompt_mode).report(flow.mode_call)
@@ -136,10 +149,114 @@ def keep_sampled_arguments(flow: Flow, response: dict[str, Any], metadata: dict[
         metadata["sampled_arguments"] = found
 
 
-def _weight_versions(reply: dict[str, Any] | None) -> Any:
-    """Per-token weight versions when the engine reports them (vLLM 0.33 ``return_weight_versions``:
-    ``choices[0].weight_versions = [{version, start, end}]``); None when it does not."""
-    choices = (reply or {}).get("choices")
-    if isinstance(choices, list) and choices and isinstance(choices[0], dict):
-        return choices[0].get("weight_versions")
-    return None
+def base_metadata(flow: Flow, status: str, trainable: bool) -> dict[str, Any]:
+    """The metadata every record has. The call gets its number here, when its record is built: a call
+    that ends without a record (refused, or unstorable: ``store_record`` gives the number back)
+    uses none, so a session's call numbers are its records' positions, with no gap."""
+    session = flow.session
+    if flow.call_index < 0:
+        flow.call_index = session.numbers.take()
+    md = {
+        "schema_version": SCHEMA_VERSION,
+        "node_id": f"{session.id}/{flow.call_index}",
+        "session_id": session.id,
+        "call_index": flow.call_index,
+        "call_kind": flow.call_kind,
+        "aux_rule": flow.aux_rule,
+        "status": status,
+        "trainable": trainable,
+        "stream": flow.wants_stream,
+        "policy_version_start": flow.version_start,
+        "policy_version_end": flow.version_end,
+        "straddled_sync": flow.version_start != flow.version_end,
+        "request_digest": flow.digest,
+        "harness_session_id": flow.headers.get(flow.dialect.session_header),
+        "dialect": flow.dialect.name,
+        "received_at": flow.received_at,
+        "upstream_ms": flow.reply.elapsed_ms if flow.reply is not None else None,
+        "provenance": call_provenance(flow.ctx, session, flow.upstream_body or flow.body, flow.body,
+                                      flow.reply.headers if flow.reply is not None else None),
+    }
+    if flow.engine_paused is not None:
+        md["engine_paused"] = flow.engine_paused
+    return md
+
+
+def sampling_provenance(ctx: CallServices, session: LiveSession, agent_body: dict[str, Any],
+                        sent_body: dict[str, Any]) -> dict[str, Any]:
+    """What sampling the engine really applied: what the agent sent, what the session pinned, what
+    the engine defaults to -- and the effective values where all three are known. Never a silent
+    guess: with the engine's defaults unknown, the fields it filled in are listed as unknown."""
+    agent = {k: agent_body[k] for k in SAMPLING_FIELDS if k in agent_body}
+    pinned = dict(session.spec.sampling or {})
+    sent = {k: sent_body[k] for k in SAMPLING_FIELDS if k in sent_body}
+    # configured (the launcher knows the model folder), else what the engine itself said, else unknown
+    defaults = ctx.config.engine_sampling_defaults
+    source = "configured" if defaults is not None else "unknown"
+    if defaults is None and session.spec.upstream in (None, "default"):
+        defaults = ctx.engine_info.get("sampling_defaults")
+        source = "probed" if defaults is not None else source
+    effective = {k: sent[k] for k in DEFAULTED_FIELDS if k in sent}
+    unknown: list[str] = []
+    for name in DEFAULTED_FIELDS:
+        if name in effective:
+            continue
+        if defaults is None:
+            unknown.append(name)
+        elif name in defaults:
+            effective[name] = defaults[name]
+    # what the session's engine's logprobs are, and how that is known: ``measured`` when the session was
+    # created (the default engine, probed), else ``configured`` (declared), else ``unknown``
+    if session.logprobs_mode not in (None, "unknown"):
+        mode, mode_source = str(session.logprobs_mode), "measured"
+    elif ctx.config.engine_logprobs_mode:
+        mode, mode_source = ctx.config.engine_logprobs_mode, "configured"
+    else:
+        mode, mode_source = "unknown", "unknown"
+    out = {
+        "sampling": sent,
+        "sampling_from_agent": agent,
+        "sampling_pinned": pinned,
+        "engine_sampling_defaults": dict(defaults) if defaults is not None else "unknown",
+        "engine_sampling_defaults_source": source,
+        "sampling_effective": effective,
+        "sampling_unknown": unknown,
+        "logprobs_mode": mode,
+        "logprobs_mode_source": mode_source,
+        "decoding_constraint": decoding_constraint(sent_body),
+    }
+    policy = session.spec.training_sampling
+    if policy is not None:
+        out["sampling_policy"] = policy_values(policy.temperature)
+        out["sampling_neutralised"] = apply_policy({}, agent_body, policy.temperature)
+        out["sampling_policy_differs"] = policy_differences(effective, unknown, mode, policy.temperature)
+    return out
+
+
+def call_provenance(ctx: CallServices, session: LiveSession, sent_body: dict[str, Any],
+                    agent_body: dict[str, Any] | None = None, reply_headers: dict[str, str] | None = None
+                    ) -> dict[str, Any]:
+    # the session-constant part, built on the session's first record
+    cached = session.provenance_cache
+    if cached is None:
+        upstream = ctx.upstream_for(session.spec.upstream)
+        cached = {
+            "engine": upstream.name if upstream is not None else None,
+            "affinity_key": session.affinity_key,
+            "engine_version": session.engine_version or ctx.engine_info.get("version"),
+            "harness": session.spec.harness,
+            "harness_version": session.spec.harness_version,
+            "config_hashes": dict(session.spec.config_hashes),
+            "template_fingerprint": session.template_fingerprint,
+            "template_status": session.template_status,
+            "template_certification": session.template_certification,
+            "recorder_version": __version__,
+        }
+        session.provenance_cache = cached
+    out = {**cached, "model": sent_body.get("model"),
+           **sampling_provenance(ctx, session, agent_body if agent_body is not None else sent_body, sent_body)}
+    header = ctx.config.replica_header
+    if header and reply_headers:
+        # which replica served the call, where the path says (a gateway's header): None otherwise
+        out["replica"] = reply_headers.get(header.lower())
+    return out

@@ -3,8 +3,10 @@
     authenticate → enter → parse → classify → enforce_budget → dedupe → forward → validate
     → tool_caps → record → reply
 
-Each step is a function of the ``Flow`` in a module of its own; reading ``serve`` top to bottom
-follows one call from the agent's request to the stored record and the bytes sent back. A step
+Each step is a function of the ``Flow``, in the module of its phase: ``admit.py`` (up to the engine),
+``forward.py`` (the engine's sample), ``record.py`` (the durable record and what follows it) and
+``reply`` here; reading ``serve`` top to bottom follows one call from the agent's request to the
+stored record and the bytes sent back. A step
 fails by raising: an ``AgentError`` for the agent (a refusal, an engine's error, a store that
 cannot take the record), anything else a recorder bug; a step that finds a cap sets ``Flow.stop``
 and ``serve`` stops the session (no step sees the registry). ``_funnel`` turns each failure into the answer, in
@@ -22,20 +24,11 @@ from typing import Any
 
 from starlette.responses import Response
 
-from openenv_harness.recorder.call.authenticate import authenticate
-from openenv_harness.recorder.call.classify import classify
-from openenv_harness.recorder.call.dedupe import dedupe
-from openenv_harness.recorder.call.enforce_budget import enforce_budget
-from openenv_harness.recorder.call.enter import enter
-from openenv_harness.recorder.call.failure import record_failure
+from openenv_harness.recorder.call.admit import authenticate, classify, dedupe, enforce_budget, enter, parse
 from openenv_harness.recorder.call.flow import Flow
-from openenv_harness.recorder.call.forward import forward
-from openenv_harness.recorder.call.parse import parse
-from openenv_harness.recorder.call.record import record
-from openenv_harness.recorder.call.reply import reply
+from openenv_harness.recorder.call.forward import apply_tool_caps, forward, validate
+from openenv_harness.recorder.call.record import record, record_failure
 from openenv_harness.recorder.call.services import CallEntry
-from openenv_harness.recorder.call.tool_caps import apply_tool_caps
-from openenv_harness.recorder.call.validate import validate
 from openenv_harness.recorder.dialects.base import Dialect
 from openenv_harness.recorder.edge import keepalive
 from openenv_harness.recorder.errors import AgentError, session_closed
@@ -76,7 +69,7 @@ async def _serve_to_end(flow: Flow, sessions: SessionRegistry) -> Response:
 
 async def serve(flow: Flow, sessions: SessionRegistry) -> Response:
     """The steps after authentication. A retry of this call arriving meanwhile waits on its twin (a
-    future holding this call's reply) instead of sampling again (``dedupe.py``)."""
+    future holding this call's reply) instead of sampling again (``call/admit.py: dedupe``)."""
     ctx, session = flow.ctx, flow.session
     twin: asyncio.Future[Any] | None = None
     try:
@@ -122,6 +115,13 @@ async def serve(flow: Flow, sessions: SessionRegistry) -> Response:
     if flow.reply is not None:
         ctx.metrics.overhead.observe(max(0.0, elapsed - flow.reply.elapsed_ms / 1000.0))
     return response
+
+
+def reply(flow: Flow) -> Response:
+    """The recorded chat completion, in the agent's own API, built only after the record committed."""
+    assert flow.agent_reply is not None
+    return flow.dialect.render(flow.agent_reply, flow.dialect_call, flow.session.dialect_memory, stream=flow.wants_stream,
+                               include_usage=flow.include_usage)
 
 
 async def _apply_stop(sessions: SessionRegistry, flow: Flow) -> None:

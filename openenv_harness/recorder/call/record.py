@@ -1,18 +1,35 @@
-"""Step: one durable record of the call, before the agent gets its reply (D14).
+"""The record step: one durable record of the call, before the agent gets its reply (D14).
 
-Built (``pending.py``: what the call was, what the engine applied, which budget it spent, how its
-prompt relates to its chain's -- ``observe.py`` -- and how the prompt mode served it), committed
-(``durable.py``), and only then followed by what later calls see (``after_commit.py``). A call the
-engine failed or aborted is recorded by the pipeline's funnel, through the same builder and hooks.
+Built (``pending.py``: what the call was, what the engine applied, which budget it spent, how the
+prompt mode served it), with how an agent call's prompt relates to its chain's (``chain/fidelity.py``)
+and, where it departs, why (``chain/drift_cause.py``); committed (``store_record``); and only then
+followed by what later calls see (the after-commit hooks). A call the engine failed or aborted is
+recorded from the pipeline's funnel (``record_failure``), through the same builder, commit and hooks.
+
+Why hooks after the commit: each changes what later calls see -- the chain's tips, the retry window,
+the prompt mode's checkpoints, the session's counts -- so none may run for a record the store did not
+take (the call then gives back its number and budget: ``_unnumber``). A hook reads the stored record
+and the flow; which ones act depends on how the call ended.
 """
 
 from __future__ import annotations
 
-from openenv_harness.recorder.call.after_commit import after_commit
-from openenv_harness.recorder.call.durable import store_record
+import time
+from collections.abc import Callable
+from typing import Any
+
 from openenv_harness.recorder.call.flow import Flow
-from openenv_harness.recorder.call.observe import observe_chain
-from openenv_harness.recorder.call.pending import served_metadata, served_record
+from openenv_harness.recorder.call.pending import failed_record, served_metadata, served_record, was_served
+from openenv_harness.recorder.chain.drift_cause import break_cause, drift_cause, turn_view
+from openenv_harness.recorder.chain.fidelity import Transition
+from openenv_harness.recorder.errors import AgentError, session_closed
+from openenv_harness.recorder.prompt_modes.registry import mode_for
+from openenv_harness.recorder.session.restore import read_tip_prompts
+from openenv_harness.recorder.store.base import PendingRecord, SessionSealed
+from openenv_harness.recorder.validate import Evidence
+
+#: one hook: the flow, its stored record and the record's seq
+AfterCommit = Callable[[Flow, PendingRecord, int], None]
 
 
 async def record(flow: Flow) -> None:
@@ -24,3 +41,156 @@ async def record(flow: Flow) -> None:
     seq = await store_record(flow, pending)
     flow.agent_reply = pending.response
     after_commit(flow, pending, seq)
+
+
+async def record_failure(flow: Flow, error: AgentError, *, kind: str | None = None) -> None:
+    """A call that reached the engine but got no usable answer (an aborted one with its partial ids)."""
+    pending = failed_record(flow, error, kind)
+    seq = await store_record(flow, pending)
+    after_commit(flow, pending, seq)
+
+
+async def store_record(flow: Flow, pending: PendingRecord) -> int:
+    """Make the record durable. If storage fails, the agent gets a retryable error, never a reply
+    whose record might be lost (D14); the engine's sample is dropped with it. A closed session's
+    records are final: the store refuses the append (``RecordStore.seal``)."""
+    try:
+        seq = await flow.ctx.store.append(pending)
+    except SessionSealed:
+        flow.store_refused = True
+        raise session_closed(flow.session, in_flight=True) from None
+    except Exception as exc:
+        flow.store_refused = True
+        flow.ctx.metrics.errors.labels("store_unavailable").inc()
+        _unnumber(flow, pending)
+        raise AgentError(503, f"the recorder could not store this call ({type(exc).__name__}: {exc}); retry shortly",
+                         type="server_error", code="store_unavailable",
+                         headers={"retry-after": str(flow.ctx.config.retry_after_s)}) from None
+    flow.stored = True
+    return seq
+
+
+def _unnumber(flow: Flow, pending: PendingRecord) -> None:
+    """Nothing was stored for this call: it gives its number back and counts against no budget.
+
+    The number can go back only while no later call of the session has taken one; the one case
+    where that is not so is two calls of one session whose journal writes overlap (under
+    ``sqlite_synchronous=FULL`` the write waits for an fsync) and where the store fails the first
+    and takes the second. Everything else is synchronous from numbering to journalling."""
+    session = flow.session
+    session.numbers.give_back(flow.call_index)
+    flow.call_index = -1
+    served = was_served(pending)  # counted as ``pending.py`` counted it
+    session.ledger.refund(flow.call_kind, flow.evidence if served else None, served=served)
+
+
+async def observe_chain(flow: Flow, md: dict[str, Any], ev: Evidence) -> None:
+    """An agent call with its ids: its transition (``metadata.fidelity``) and, where it departs, why.
+
+    The session's chain (under the recorder's span budget) classifies the call; a break against tips
+    it sketched while the session was idle first reads those tips' prompts back (``chain/fidelity.py``)."""
+    if flow.call_kind != "agent" or ev.prompt_ids is None or ev.completion_ids is None:
+        return
+    chain = flow.session.chain
+    prompts: dict[str, bytes] = {}
+    for _ in range(3):  # a concurrent call of the session may sketch or replace tips meanwhile
+        need = {n: s for n, s in chain.prompts_needed(ev.prompt_ids).items() if n not in prompts}
+        if not need:
+            break
+        prompts.update(await read_tip_prompts(flow.ctx.store, flow.session.id, need))
+    transition = chain.observe(md["node_id"], ev.prompt_ids, ev.completion_ids, prompts)
+    md["fidelity"] = transition.as_dict()
+    if transition.fidelity != "root":
+        flow.ctx.metrics.transitions.labels(transition.fidelity).inc()
+    observe_cause(flow, md, transition, ev)
+
+
+def observe_cause(flow: Flow, md: dict[str, Any], transition: Transition, ev: Evidence) -> None:
+    """Name why a drifting or breaking call departs from its parent, and keep this call's view."""
+    chain = flow.session.chain
+    messages = flow.body.get("messages") or []
+    assert ev.prompt_ids is not None and ev.completion_ids is not None  # an agent call with its ids (``record``)
+    if transition.fidelity in ("replay_drift", "break"):
+        parent = chain.view(transition.parent)
+        prompt = ev.prompt_ids.tobytes()
+        certification = flow.ctx.engine_watch.certification
+        if parent is None:
+            cause = "unknown"
+        elif transition.fidelity == "replay_drift":
+            cause = "resample" if transition.drift_tokens == 0 else drift_cause(
+                parent, messages, prompt, certification, transition.divergence_at, chain.summaries)
+        else:
+            cause = break_cause(parent, messages, same_prompt=False, summaries=chain.summaries,
+                                certification=certification)
+        md["fidelity"]["cause"] = cause
+        flow.ctx.metrics.transition_causes.labels(transition.fidelity, cause).inc()
+    choices = flow.reply.json.get("choices") if flow.reply is not None and flow.reply.json else None
+    message = choices[0].get("message") if choices and isinstance(choices[0], dict) else None
+    chain.keep_view(md["node_id"], turn_view(messages, message if isinstance(message, dict) else None,
+                                             ev.completion_ids.tobytes()))
+
+
+def place_in_chain(flow: Flow, pending: PendingRecord, seq: int) -> None:
+    """An observed agent call's prompt can be read back from its record from now on; a compaction
+    call's summary is what a later break may carry (``chain/observer.py``)."""
+    chain = flow.session.chain
+    if "fidelity" in pending.metadata:
+        chain.placed(pending.metadata["node_id"], seq)
+    elif was_served(pending) and flow.call_kind == "aux" and flow.aux_rule and "compaction" in flow.aux_rule:
+        summary = _reply_text(flow.reply.json if flow.reply is not None else None)
+        if summary:
+            chain.note_compaction(summary)
+
+
+def count(flow: Flow, pending: PendingRecord, seq: int) -> None:
+    metrics = flow.ctx.metrics
+    if pending.status != "failed" and pending.metadata.get("straddled_sync"):
+        metrics.straddled.inc()
+    metrics.records.inc()
+    metrics.calls.labels(pending.call_kind, pending.status).inc()
+    error = pending.metadata.get("error")
+    if error is not None:
+        metrics.errors.labels(error["kind"]).inc()
+
+
+def settle_session(flow: Flow, pending: PendingRecord, seq: int) -> None:
+    """The session's failed and invalid counts, and its ``last_error`` (what failed a call; a close
+    cancelling one is no failure)."""
+    session = flow.session
+    if pending.status == "failed":
+        session.ledger.note_failed()
+    elif pending.status == "invalid":
+        session.ledger.note_invalid()
+    error = pending.metadata.get("error")
+    if error is not None and error["kind"] != "cancelled":
+        session.note_error({**error, "call_index": pending.call_index, "at": time.time()})
+
+
+def remember_for_retries(flow: Flow, pending: PendingRecord, seq: int) -> None:
+    """A retry of an answered call is answered from this record (``call/admit.py: dedupe``); one that raised is sampled again."""
+    if was_served(pending):
+        flow.session.replay.remember(flow.digest, pending.call_index, flow.ctx.config.dedupe_window)
+
+
+def commit_prompt_mode(flow: Flow, pending: PendingRecord, seq: int) -> None:
+    """The prompt mode keeps this call's exact ids as its chain's checkpoint (incremental sessions)."""
+    call, ev, reply = flow.mode_call, flow.evidence, flow.agent_reply
+    if was_served(pending) and call is not None and ev is not None and reply is not None:
+        mode_for(flow.session.spec.prompt_mode).committed(call, ev, reply)
+
+
+HOOKS: tuple[AfterCommit, ...] = (place_in_chain, count, settle_session, remember_for_retries, commit_prompt_mode)
+
+
+def after_commit(flow: Flow, pending: PendingRecord, seq: int) -> None:
+    for hook in HOOKS:
+        hook(flow, pending, seq)
+
+
+def _reply_text(reply: dict[str, Any] | None) -> str | None:
+    """The text of a chat reply's first choice (what a compaction call summarized the history to)."""
+    choices = (reply or {}).get("choices")
+    message = choices[0].get("message") if isinstance(choices, list) and choices and isinstance(choices[0], dict) \
+        else None
+    content = message.get("content") if isinstance(message, dict) else None
+    return content if isinstance(content, str) and content.strip() else None

@@ -22,7 +22,7 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
-from openenv_harness.recorder.call.authenticate import authenticate
+from openenv_harness.recorder.call.admit import authenticate
 from openenv_harness.recorder.context import RecorderContext
 from openenv_harness.recorder.dialects import anthropic_request, gemini_request
 from openenv_harness.recorder.dialects.anthropic import anthropic_error

@@ -1,5 +1,5 @@
 """What the recorder learns about the engine for provenance (D11), and the served-template
-fingerprint (D3's residual duty). The per-call provenance a record carries is ``call/provenance.py``.
+fingerprint (D3's residual duty). The per-call provenance a record carries is ``call/pending.py: call_provenance``.
 
 The recorder cannot read the engine's chat template -- it has no tokenizer and renders nothing --
 but it can *probe* it: fixed probe conversations sent through the engine's ``/tokenize`` come back

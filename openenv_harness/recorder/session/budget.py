@@ -1,6 +1,6 @@
 """Budgets: what a session may spend (D13), what it has spent, and tool-call caps on each reply.
 
-The steps that apply them are ``call/enforce_budget.py`` (before a call) and ``call/tool_caps.py``
+The steps that apply them are ``call/admit.py: enforce_budget`` (before a call) and ``call/forward.py: apply_tool_caps``
 (on its reply); this module's ``BudgetLedger`` is the session's ledger they share with the record
 step, and the one place its counters change.
 
@@ -12,7 +12,7 @@ no retry storm -- and nothing synthetic is ever recorded as a policy sample.
 
 Tool-call caps (RFC 005's ``max_tool_calls_per_turn`` and ``max_total_tool_calls``) cannot be
 checked before a call: they are about what the reply asks for. The recorder sees every reply
-before the agent does, so the tool-caps step (``call/tool_caps.py``) applies them there, the way OpenEnv's own
+before the agent does, so the tool-caps step (``call/forward.py: apply_tool_caps``) applies them there, the way OpenEnv's own
 ``MCPHarnessAdapter`` does for a white-box loop -- the calls beyond a cap are never executed:
 
 - ``max_tool_calls_per_turn``: the agent receives the reply with its first N tool calls; the
@@ -36,7 +36,7 @@ What each cap counts (``BudgetLedger.account``):
 * nothing: calls refused before the engine (bad input, authentication, a paused engine, a cap),
   replayed retries (no new sample), and calls whose record could not be stored (``BudgetLedger.refund``).
 
-``n`` must be the integer 1 (``call/parse.py``): a budget counts calls, and one call is one sample.
+``n`` must be the integer 1 (``call/admit.py: parse``): a budget counts calls, and one call is one sample.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """A session's retry memory: the calls in flight by request digest, and the digests of its latest records.
 
-Why one owner: a retried call is answered from its first attempt (``call/dedupe.py``), either from the
+Why one owner: a retried call is answered from its first attempt (``call/admit.py: dedupe``), either from the
 attempt still in flight (its twin) or from the stored record of a recent one. The pipeline opens and
 closes twins, the record step notes recent digests, a close forgets them; each does so through this
 object, so the window's bound and the twin's lifetime are kept in one place.

@@ -53,7 +53,7 @@ class Rebuilt(NamedTuple):
 
 def rebuild(records: Iterable[dict[str, Any]], window: int = 0) -> Rebuilt:
     """Feed every record, in order, to a fresh tracker and its dialect's memory; keep the last
-    ``window`` answered calls' digests (a retry of one is answered from its record: ``dedupe.py``)."""
+    ``window`` answered calls' digests (a retry of one is answered from its record: ``call/admit.py: dedupe``)."""
     tracker, memory = FidelityTracker(), ReplayMemory()
     answered: deque[tuple[str, int]] = deque(maxlen=window)
     for record in records:

@@ -7,13 +7,10 @@ from __future__ import annotations
 import pytest
 
 from openenv_harness.recorder.call import pipeline
-from openenv_harness.recorder.call.after_commit import HOOKS
-from openenv_harness.recorder.call.classify import classify
-from openenv_harness.recorder.call.enter import enter
+from openenv_harness.recorder.call.record import HOOKS, record
+from openenv_harness.recorder.call.admit import classify, enter, parse
 from openenv_harness.recorder.call.flow import Flow
-from openenv_harness.recorder.call.parse import parse
-from openenv_harness.recorder.call.record import record
-from openenv_harness.recorder.call.validate import validate
+from openenv_harness.recorder.call.forward import validate
 from openenv_harness.recorder.context import RecorderContext
 from openenv_harness.recorder.errors import AgentError
 from openenv_harness.recorder.session.spec import SessionSpec
@@ -41,8 +38,8 @@ async def _parsed(ctx: RecorderContext, spec: SessionSpec | None = None, body: d
 
 
 def test_the_hooks_run_in_this_order() -> None:
-    assert [h.__name__ for h in HOOKS] == ["place_in_chain", "count", "settle_ledger", "note_error",
-                                           "remember_for_retries", "commit_prompt_mode"]
+    assert [h.__name__ for h in HOOKS] == ["place_in_chain", "count", "settle_session", "remember_for_retries",
+                                           "commit_prompt_mode"]
 
 
 async def test_an_answered_call_is_stored_then_placed_counted_and_remembered(ctx: RecorderContext) -> None:
@@ -97,7 +94,7 @@ async def test_a_failed_call_is_recorded_without_ids_and_a_cancelled_one_is_no_e
     cancelled = tflow(ctx, flow.session)
     enter(cancelled)
     parse(cancelled)
-    from openenv_harness.recorder.call.failure import record_failure
+    from openenv_harness.recorder.call.record import record_failure
 
     await record_failure(cancelled, AgentError(409, "closed", code="session_closed"), kind="cancelled")
     assert flow.session.last_error is None and flow.session.counters.failed_calls == 2

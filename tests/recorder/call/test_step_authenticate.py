@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from openenv_harness.recorder.call.authenticate import authenticate
+from openenv_harness.recorder.call.admit import authenticate
 from openenv_harness.recorder.context import RecorderContext
 from openenv_harness.recorder.errors import AgentError
 from openenv_harness.recorder.session.live import LiveSession

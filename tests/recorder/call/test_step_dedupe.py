@@ -10,7 +10,7 @@ from array import array
 from pathlib import Path
 from typing import Any
 
-from openenv_harness.recorder.call.dedupe import dedupe
+from openenv_harness.recorder.call.admit import dedupe
 from openenv_harness.recorder.call.flow import Flow
 from openenv_harness.recorder.context import RecorderContext
 from openenv_harness.recorder.errors import AgentError

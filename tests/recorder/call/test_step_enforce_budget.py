@@ -8,7 +8,7 @@ import time
 import pytest
 
 from openenv_harness.recorder.call import pipeline
-from openenv_harness.recorder.call.enforce_budget import enforce_budget
+from openenv_harness.recorder.call.admit import enforce_budget
 from openenv_harness.recorder.call.flow import Flow
 from openenv_harness.recorder.context import RecorderContext
 from openenv_harness.recorder.errors import AgentError

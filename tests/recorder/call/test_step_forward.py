@@ -5,11 +5,9 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from openenv_harness.recorder.call.classify import classify
-from openenv_harness.recorder.call.enter import enter
+from openenv_harness.recorder.call.admit import classify, enter, parse
 from openenv_harness.recorder.call.flow import Flow
 from openenv_harness.recorder.call.forward import CAPTURE_FIELDS, forward, upstream_body
-from openenv_harness.recorder.call.parse import parse
 from openenv_harness.recorder.context import RecorderContext
 from openenv_harness.recorder.errors import AgentError
 from openenv_harness.recorder.session.spec import SessionSpec

@@ -7,9 +7,7 @@ import hashlib
 import orjson
 import pytest
 
-from openenv_harness.recorder.call.classify import classify
-from openenv_harness.recorder.call.enter import enter
-from openenv_harness.recorder.call.parse import parse
+from openenv_harness.recorder.call.admit import classify, enter, parse
 from openenv_harness.recorder.context import RecorderContext
 from openenv_harness.recorder.dialects.routes import ANTHROPIC, RESPONSES
 from openenv_harness.recorder.errors import AgentError

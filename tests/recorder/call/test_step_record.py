@@ -9,16 +9,11 @@ import orjson
 import pytest
 
 from openenv_harness.recorder.call import pipeline
-from openenv_harness.recorder.call.classify import classify
-from openenv_harness.recorder.call.dedupe import dedupe
-from openenv_harness.recorder.call.enter import enter
+from openenv_harness.recorder.call.admit import classify, dedupe, enter, parse
 from openenv_harness.recorder.call.flow import Flow
-from openenv_harness.recorder.call.forward import forward
-from openenv_harness.recorder.call.parse import parse
+from openenv_harness.recorder.call.forward import apply_tool_caps, forward, validate
 from openenv_harness.recorder.call.record import record
-from openenv_harness.recorder.call.reply import reply
-from openenv_harness.recorder.call.tool_caps import apply_tool_caps
-from openenv_harness.recorder.call.validate import validate
+from openenv_harness.recorder.call.pipeline import reply
 from openenv_harness.recorder.context import RecorderContext
 from openenv_harness.recorder.dialects.routes import ANTHROPIC
 from openenv_harness.recorder.errors import AgentError

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from openenv_harness.recorder.call.enter import enter
-from openenv_harness.recorder.call.parse import parse
-from openenv_harness.recorder.call.validate import validate
+from openenv_harness.recorder.call.admit import enter, parse
+from openenv_harness.recorder.call.forward import validate
 from openenv_harness.recorder.context import RecorderContext
 from openenv_harness.recorder.errors import AgentError
 from openenv_harness.recorder.upstream.base import UpstreamReply

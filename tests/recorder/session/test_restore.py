@@ -118,7 +118,7 @@ def test_a_rebuild_comes_under_the_memory_a_count_tokens_call_used_meanwhile() -
 
 
 def test_a_restart_gives_back_the_retry_window_of_answered_calls() -> None:
-    """A retry of a call answered before the restart is answered from its record (``dedupe.py``),
+    """A retry of a call answered before the restart is answered from its record (``call/admit.py: dedupe``),
     within the window; a failed call's digest is not one."""
     records = [_record(i) for i in range(4)] + [_record(4, status="failed")]
     for i, record in enumerate(records):
