@@ -7,13 +7,10 @@ the agent's stderr when a rollout fails.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
 from starlette.responses import Response
-
-if TYPE_CHECKING:
-    from openenv_harness.recorder.session.live import LiveSession
 
 
 class AgentError(Exception):
@@ -65,7 +62,7 @@ def body_too_large(limit: int) -> AgentError:
     return AgentError(413, f"request body exceeds {limit} bytes", code="body_too_large")
 
 
-def session_closed(session: LiveSession, *, in_flight: bool = False) -> AgentError:
-    message = (f"session {session.id} was closed while this call was in flight; it was not answered" if in_flight
-               else f"session {session.id} is closed")
+def session_closed(session_id: str, *, in_flight: bool = False) -> AgentError:
+    message = (f"session {session_id} was closed while this call was in flight; it was not answered" if in_flight
+               else f"session {session_id} is closed")
     return AgentError(409, message, type="invalid_request_error", code="session_closed")

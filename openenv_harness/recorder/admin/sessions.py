@@ -111,7 +111,7 @@ async def _create(ctx: RecorderContext, request: Request, spec: SessionSpec, ses
             "session_id": session.id,
             "secret": secret,
             "base_url": base_url_for(ctx, request, session.id),
-            "affinity_key": session.affinity_key,
+            "affinity_key": session.spec.affinity_key,
             "template_status": session.template_status,
             "template_fingerprint": session.template_fingerprint,
             "template_certification": session.template_certification,

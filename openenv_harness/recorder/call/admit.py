@@ -55,7 +55,7 @@ def authenticate(sessions: SessionRegistry, path_session: str | None, headers: M
         if session is None:
             raise AgentError(401, "invalid API key", type="authentication_error")
     if session.status == "closed" or session.closing:
-        raise session_closed(session)
+        raise session_closed(session.id)
     return session
 
 

@@ -26,7 +26,6 @@ from openenv_harness.recorder.call.pending import ENGINE_ABORTED
 from openenv_harness.recorder.engine_paused import send_through_pause
 from openenv_harness.recorder.errors import AgentError, session_closed
 from openenv_harness.recorder.prompt_modes.base import ModeCall
-from openenv_harness.recorder.prompt_modes.registry import mode_for
 from openenv_harness.recorder.relay_errors import relay_upstream_error, relay_upstream_failure
 from openenv_harness.recorder.sampling_policy import apply_policy
 from openenv_harness.recorder.upstream.base import UpstreamFailure
@@ -85,16 +84,16 @@ async def forward(flow: Flow) -> None:
     if ctx.fence.served_model:
         flow.upstream_body["model"] = ctx.fence.served_model
     if flow.session.closing:  # a retry whose twin was cancelled by the close, or a call held at the fence
-        raise session_closed(flow.session)
+        raise session_closed(flow.session.id)
     session = flow.session
-    mode = mode_for(session.spec.prompt_mode)
+    mode = session.prompt_mode
     # what the mode is given: the request, its state and -- only for a mode that uses them -- what is
     # known of the engine (its learned facts, the certified turn end)
     facts = ctx.engine_facts.of(upstream) if mode.uses_engine_facts else None
     cert = ctx.engine_watch.certification if facts is not None else None
     flow.mode_call = call = ModeCall(
         body=flow.body, upstream_body=flow.upstream_body, call_kind=flow.call_kind, session_id=session.id,
-        affinity=session.affinity_key, strict=session.spec.prompt_mode_strict, state=session.prompt_mode_state,
+        affinity=session.spec.affinity_key, strict=session.spec.prompt_mode_strict, state=session.prompt_mode_state,
         facts=facts, turn_end=cert.certified_turn_end if cert is not None else [])
     flow.version_start = ctx.fence.version
     flow.engine_asked = True

@@ -27,7 +27,6 @@ from openenv_harness.recorder.call.services import CallServices
 from openenv_harness.recorder.dialects.sampled import sampled_arguments
 from openenv_harness.recorder.engine_knowledge.provenance import DEFAULTED_FIELDS, SAMPLING_FIELDS, decoding_constraint
 from openenv_harness.recorder.errors import AgentError
-from openenv_harness.recorder.prompt_modes.registry import mode_for
 from openenv_harness.recorder.sampling_policy import apply_policy, policy_differences, policy_values
 from openenv_harness.recorder.session.live import LiveSession
 from openenv_harness.recorder.store.base import PendingRecord
@@ -63,7 +62,7 @@ def served_metadata(flow: Flow, ev: Evidence) -> dict[str, Any]:
         md["weight_versions"] = choices[0]["weight_versions"]
     if flow.tool_limit is not None:
         md["tool_limit"] = flow.tool_limit
-    report = mode_for(flow.session.spec.prompt_mode).report(flow.mode_call)
+    report = flow.session.prompt_mode.report(flow.mode_call)
     if report is not None:
         md["prompt_mode"] = report
     return md
@@ -194,7 +193,7 @@ def sampling_provenance(ctx: CallServices, session: LiveSession, agent_body: dic
     defaults = ctx.config.engine_sampling_defaults
     source = "configured" if defaults is not None else "unknown"
     if defaults is None and session.spec.upstream in (None, "default"):
-        defaults = ctx.engine_info.get("sampling_defaults")
+        defaults = ctx.engine_watch.info.get("sampling_defaults")
         source = "probed" if defaults is not None else source
     effective = {k: sent[k] for k in DEFAULTED_FIELDS if k in sent}
     unknown: list[str] = []
@@ -242,8 +241,8 @@ def call_provenance(ctx: CallServices, session: LiveSession, sent_body: dict[str
         upstream = ctx.upstream_for(session.spec.upstream)
         cached = {
             "engine": upstream.name if upstream is not None else None,
-            "affinity_key": session.affinity_key,
-            "engine_version": session.engine_version or ctx.engine_info.get("version"),
+            "affinity_key": session.spec.affinity_key,
+            "engine_version": session.engine_version or ctx.engine_watch.info.get("version"),
             "harness": session.spec.harness,
             "harness_version": session.spec.harness_version,
             "config_hashes": dict(session.spec.config_hashes),

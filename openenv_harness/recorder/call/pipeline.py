@@ -50,7 +50,7 @@ async def handle_call(ctx: CallEntry, path_session: str | None, headers: Mapping
     session.call_started(flow)
     if session.closing:  # a close began on the admin listener's thread between the check above and now
         session.call_ended(flow)
-        return dialect.error(session_closed(session))
+        return dialect.error(session_closed(session.id))
     grace = ctx.config.stream_keepalive_s
     if grace <= 0 or b'"stream"' not in raw:  # only a call that may stream can carry keepalives
         flow.task = asyncio.current_task()
@@ -87,12 +87,13 @@ async def serve(flow: Flow, sessions: SessionRegistry) -> Response:
         await forward(flow)
         validate(flow)
         apply_tool_caps(flow)
-        await _apply_stop(sessions, flow)  # before the record, so its ``limits.stop`` names the cap
+        if flow.stop is not None:  # a tool cap stopped the session: before the record, so its ``limits.stop`` names it
+            await sessions.stop(session, flow.stop)
         await record(flow)
     except BaseException as exc:
         if flow.stop is not None:  # a refusal whose cap stops the session: stopped before it is answered
             try:
-                await _apply_stop(sessions, flow)
+                await sessions.stop(session, flow.stop)
             except Exception:  # the session is stopped in memory; the refusal still goes out
                 log.error("recorder: could not persist session %s's stop (%s)", session.id, flow.stop, exc_info=True)
         try:
@@ -124,12 +125,6 @@ def reply(flow: Flow) -> Response:
                                include_usage=flow.include_usage)
 
 
-async def _apply_stop(sessions: SessionRegistry, flow: Flow) -> None:
-    """A step found a cap that stops the session (``Flow.stop``): further calls are refused."""
-    if flow.stop is not None:
-        await sessions.stop(flow.session, flow.stop)
-
-
 def _fail_twin(twin: asyncio.Future[Any] | None, error: Exception) -> None:
     if twin is not None and not twin.done():
         twin.set_exception(error)
@@ -152,7 +147,7 @@ async def _funnel(flow: Flow, exc: BaseException) -> AgentError:
         task = asyncio.current_task()
         assert task is not None
         task.uncancel()
-        error, asked, kind = session_closed(flow.session, in_flight=True), flow.engine_asked, "cancelled"
+        error, asked, kind = session_closed(flow.session.id, in_flight=True), flow.engine_asked, "cancelled"
     elif isinstance(exc, Exception):
         log.error("recorder: a chat call failed inside the recorder (session %s)", flow.session.id, exc_info=exc)
         error = AgentError(500, f"internal error in the recorder ({type(exc).__name__}); the call is recorded "

@@ -23,7 +23,6 @@ from openenv_harness.recorder.call.pending import failed_record, served_metadata
 from openenv_harness.recorder.chain.drift_cause import break_cause, drift_cause, turn_view
 from openenv_harness.recorder.chain.fidelity import Transition
 from openenv_harness.recorder.errors import AgentError, session_closed
-from openenv_harness.recorder.prompt_modes.registry import mode_for
 from openenv_harness.recorder.session.restore import read_tip_prompts
 from openenv_harness.recorder.store.base import PendingRecord, SessionSealed
 from openenv_harness.recorder.validate import Evidence
@@ -58,7 +57,7 @@ async def store_record(flow: Flow, pending: PendingRecord) -> int:
         seq = await flow.ctx.store.append(pending)
     except SessionSealed:
         flow.store_refused = True
-        raise session_closed(flow.session, in_flight=True) from None
+        raise session_closed(flow.session.id, in_flight=True) from None
     except Exception as exc:
         flow.store_refused = True
         flow.ctx.metrics.errors.labels("store_unavailable").inc()
@@ -176,7 +175,7 @@ def commit_prompt_mode(flow: Flow, pending: PendingRecord, seq: int) -> None:
     """The prompt mode keeps this call's exact ids as its chain's checkpoint (incremental sessions)."""
     call, ev, reply = flow.mode_call, flow.evidence, flow.agent_reply
     if was_served(pending) and call is not None and ev is not None and reply is not None:
-        mode_for(flow.session.spec.prompt_mode).committed(call, ev, reply)
+        flow.session.prompt_mode.committed(call, ev, reply)
 
 
 HOOKS: tuple[AfterCommit, ...] = (place_in_chain, count, settle_session, remember_for_retries, commit_prompt_mode)

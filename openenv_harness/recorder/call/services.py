@@ -10,7 +10,7 @@ context provides these structurally; a step test provides them from memory (``te
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from openenv_harness.recorder.config import RecorderConfig
@@ -40,10 +40,8 @@ class CallServices(Protocol):
 
     @property
     def engine_watch(self) -> EngineWatch:
-        """The default engine's template and its certification, as last probed."""
-
-    @property
-    def engine_info(self) -> dict[str, Any]: ...
+        """What the default engine said of itself (``info``: version, sampling defaults), its template
+        and the template's certification, as last probed."""
 
     @property
     def engine_facts(self) -> EngineFactsTable:

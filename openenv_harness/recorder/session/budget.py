@@ -94,15 +94,12 @@ class BudgetLedger:
             return "max_total_tokens"
         return None
 
-    def account(self, call_kind: str, evidence: Evidence | None, *, served: bool) -> None:
-        """A record of this call is being stored: it counts."""
-        self._add(call_kind, evidence, served, 1)
-
     def refund(self, call_kind: str, evidence: Evidence | None, *, served: bool) -> None:
         """Undo ``account`` for a call whose record could not be stored: a budget counts records."""
-        self._add(call_kind, evidence, served, -1)
+        self.account(call_kind, evidence, served=served, sign=-1)
 
-    def _add(self, call_kind: str, evidence: Evidence | None, served: bool, sign: int) -> None:
+    def account(self, call_kind: str, evidence: Evidence | None, *, served: bool, sign: int = 1) -> None:
+        """A record of this call is being stored: it counts (``sign=-1``: ``refund``)."""
         c = self.counters
         c.calls += sign
         if not served or evidence is None:

@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from openenv_harness.recorder.chain.observer import ChainObserver
 from openenv_harness.recorder.dialects.memory import ReplayMemory
+from openenv_harness.recorder.prompt_modes.base import PromptMode
+from openenv_harness.recorder.prompt_modes.registry import mode_for
 from openenv_harness.recorder.prompt_modes.state import IncrementalState
 from openenv_harness.recorder.session.budget import BudgetLedger, Counters
 from openenv_harness.recorder.session.call_numbers import CallNumbers
@@ -59,6 +61,8 @@ class LiveSession:
     outcome: dict[str, Any] | None = None
     #: retried calls' first attempts: twins in flight and recent records' digests (``session/replay_window.py``)
     replay: ReplayWindow = field(default_factory=ReplayWindow)
+    #: how the session's prompts reach the engine (``SessionSpec.prompt_mode``; the strategy is stateless)
+    prompt_mode: PromptMode = field(init=False)
     #: the prompt mode's per-session state (incremental: the chain tips' exact ids)
     prompt_mode_state: IncrementalState = field(default_factory=IncrementalState)
     #: the session-constant part of each record's provenance, built on first use
@@ -86,8 +90,9 @@ class LiveSession:
     _close_done: asyncio.Future[None] | None = None
 
     def __post_init__(self, span_budget: SpanBudget | None) -> None:
+        self.prompt_mode = mode_for(self.spec.prompt_mode)
         self.ledger = BudgetLedger(self.spec.budgets)
-        self.chain = ChainObserver(span_budget)
+        self.chain = ChainObserver(budget=span_budget)
         self.prompt_reader = PromptIdsReader(span_budget)
 
     def release_caches(self) -> None:
@@ -107,11 +112,6 @@ class LiveSession:
     def limits(self) -> dict[str, Any]:
         """What this call's record shows as ``limits``: spent, caps and the stop condition."""
         return self.ledger.limits(time.time() - self.created_at, self.stop_reason)
-
-    @property
-    def affinity_key(self) -> str | None:
-        """The opaque per-trajectory routing key (set at creation, persisted with the spec)."""
-        return self.spec.affinity_key
 
     @property
     def closing(self) -> bool:

@@ -40,7 +40,8 @@ async def _refused(flow: Flow) -> AgentError:
     with pytest.raises(AgentError) as refused:
         enforce_budget(flow)
     assert flow.stop is None or flow.session.status == "open"  # the step itself changes no session
-    await pipeline._apply_stop(flow.ctx.sessions, flow)
+    if flow.stop is not None:
+        await flow.ctx.sessions.stop(flow.session, flow.stop)
     return refused.value
 
 

@@ -69,7 +69,7 @@ async def test_a_total_cap_cut_to_nothing_ends_the_turn_and_stops_the_session(
     choice = flow.reply.json["choices"][0]
     assert "tool_calls" not in choice["message"] and choice["finish_reason"] == "stop"
     assert flow.stop == "max_total_tool_calls" and session.status == "open"  # the pipeline applies it
-    await pipeline._apply_stop(ctx.sessions, flow)
+    await ctx.sessions.stop(session, flow.stop)
     assert (session.status, session.stop_reason) == ("stopped", "max_total_tool_calls")
 
 

@@ -78,7 +78,7 @@ def test_the_parts_state_lives_only_in_their_owners() -> None:
                          "turn_views", "compaction_summaries"}, "part state back on the session"
     assert ReplayWindow.__slots__ == ("_recent", "_twins") and CallNumbers.__slots__ == ("_next",)
     assert BudgetLedger.__slots__ == ("_budgets", "_caps", "counters")
-    assert ChainObserver.__slots__ == ("_summaries", "_tracker", "_views")
+    assert [f.name for f in dataclasses.fields(ChainObserver)] == ["tips", "budget", "_views", "_summaries"]
     owners = {name for name, _ in _sources()}
     assert set(PARTS.values()) <= owners
 
