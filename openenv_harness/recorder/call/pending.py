@@ -71,13 +71,11 @@ def served_metadata(flow: Flow, ev: Evidence) -> dict[str, Any]:
 def served_record(flow: Flow, ev: Evidence, md: dict[str, Any]) -> PendingRecord:
     """An answered call's record, counted against the session's budget; ``flow.agent_reply`` is what
     the agent will be sent (logprobs included when it asked), and what a replayed retry gets."""
-    flow.session.ledger.account(flow.call_kind, ev, served=True)
-    md["limits"] = flow.session.limits()
     assert flow.reply is not None and flow.reply.json is not None
     response = agent_view(flow.reply.json, keep_logprobs=flow.keep_logprobs)
     if flow.dialect.records_sampled_arguments:
         keep_sampled_arguments(flow, response, md)
-    return _pending(flow, md, response, ev)
+    return _pending(flow, md, response, ev, served=True)
 
 
 def failed_record(flow: Flow, error: AgentError, kind: str | None = None) -> PendingRecord:
@@ -99,12 +97,10 @@ def failed_record(flow: Flow, error: AgentError, kind: str | None = None) -> Pen
         "message": error.message,
         "upstream_body": error.upstream_body,
     }
-    flow.session.ledger.account(flow.call_kind, None, served=False)
-    md["limits"] = flow.session.limits()
     if not aborted:
-        return _pending(flow, md, {}, None)
+        return _pending(flow, md, {}, None, served=False)
     reply = flow.reply.json if flow.reply is not None else None
-    return _pending(flow, md, agent_view(reply, keep_logprobs=False) if reply else {}, ev)
+    return _pending(flow, md, agent_view(reply, keep_logprobs=False) if reply else {}, ev, served=False)
 
 
 def was_served(pending: PendingRecord) -> bool:
@@ -112,8 +108,14 @@ def was_served(pending: PendingRecord) -> bool:
     return pending.status != "failed" and not pending.metadata.get("partial")
 
 
-def _pending(flow: Flow, md: dict[str, Any], response: dict[str, Any], ev: Evidence | None) -> PendingRecord:
-    """The one place a record is assembled: its status and trainability are the metadata's."""
+def _pending(flow: Flow, md: dict[str, Any], response: dict[str, Any], ev: Evidence | None, *,
+             served: bool) -> PendingRecord:
+    """The one place a record is assembled: its status and trainability are the metadata's. The call
+    counts against the session's budget here (its ids only when the agent is ``served`` them), and
+    the record's ``limits`` show the counts with it."""
+    session = flow.session
+    session.ledger.account(flow.call_kind, ev if served else None, served=served)
+    md["limits"] = session.ledger.limits(time.time() - session.created_at, session.stop_reason)
     return PendingRecord(
         session_id=flow.session.id,
         call_index=flow.call_index,
@@ -150,7 +152,7 @@ def keep_sampled_arguments(flow: Flow, response: dict[str, Any], metadata: dict[
 
 def base_metadata(flow: Flow, status: str, trainable: bool) -> dict[str, Any]:
     """The metadata every record has. The call gets its number here, when its record is built: a call
-    that ends without a record (refused, or unstorable: ``store_record`` gives the number back)
+    that ends without a record (refused, or unstorable: ``commit`` gives the number back)
     uses none, so a session's call numbers are its records' positions, with no gap."""
     session = flow.session
     if flow.call_index < 0:

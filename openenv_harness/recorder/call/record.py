@@ -2,7 +2,7 @@
 
 Built (``pending.py``: what the call was, what the engine applied, which budget it spent, how the
 prompt mode served it), with how an agent call's prompt relates to its chain's (``chain/fidelity.py``)
-and, where it departs, why (``chain/drift_cause.py``); committed (``store_record``); and only then
+and, where it departs, why (``chain/drift_cause.py``); committed (``commit``); and only then
 followed by what later calls see (the after-commit hooks). A call the engine failed or aborted is
 recorded from the pipeline's funnel (``record_failure``), through the same builder, commit and hooks.
 
@@ -21,7 +21,6 @@ from typing import Any
 from openenv_harness.recorder.call.flow import Flow
 from openenv_harness.recorder.call.pending import failed_record, served_metadata, served_record, was_served
 from openenv_harness.recorder.chain.drift_cause import break_cause, drift_cause, turn_view
-from openenv_harness.recorder.chain.fidelity import Transition
 from openenv_harness.recorder.errors import AgentError, session_closed
 from openenv_harness.recorder.session.restore import read_tip_prompts
 from openenv_harness.recorder.store.base import PendingRecord, SessionSealed
@@ -37,22 +36,20 @@ async def record(flow: Flow) -> None:
     md = served_metadata(flow, ev)
     await observe_chain(flow, md, ev)
     pending = served_record(flow, ev, md)
-    seq = await store_record(flow, pending)
+    await commit(flow, pending)
     flow.agent_reply = pending.response
-    after_commit(flow, pending, seq)
 
 
 async def record_failure(flow: Flow, error: AgentError, *, kind: str | None = None) -> None:
     """A call that reached the engine but got no usable answer (an aborted one with its partial ids)."""
-    pending = failed_record(flow, error, kind)
-    seq = await store_record(flow, pending)
-    after_commit(flow, pending, seq)
+    await commit(flow, failed_record(flow, error, kind))
 
 
-async def store_record(flow: Flow, pending: PendingRecord) -> int:
-    """Make the record durable. If storage fails, the agent gets a retryable error, never a reply
-    whose record might be lost (D14); the engine's sample is dropped with it. A closed session's
-    records are final: the store refuses the append (``RecordStore.seal``)."""
+async def commit(flow: Flow, pending: PendingRecord) -> None:
+    """Make the record durable, then run the after-commit hooks (``HOOKS``, in order). If storage
+    fails, the agent gets a retryable error, never a reply whose record might be lost (D14); the
+    engine's sample is dropped with it, and no hook runs. A closed session's records are final: the
+    store refuses the append (``RecordStore.seal``)."""
     try:
         seq = await flow.ctx.store.append(pending)
     except SessionSealed:
@@ -66,7 +63,8 @@ async def store_record(flow: Flow, pending: PendingRecord) -> int:
                          type="server_error", code="store_unavailable",
                          headers={"retry-after": str(flow.ctx.config.retry_after_s)}) from None
     flow.stored = True
-    return seq
+    for hook in HOOKS:
+        hook(flow, pending, seq)
 
 
 def _unnumber(flow: Flow, pending: PendingRecord) -> None:
@@ -84,7 +82,8 @@ def _unnumber(flow: Flow, pending: PendingRecord) -> None:
 
 
 async def observe_chain(flow: Flow, md: dict[str, Any], ev: Evidence) -> None:
-    """An agent call with its ids: its transition (``metadata.fidelity``) and, where it departs, why.
+    """An agent call with its ids: its transition (``metadata.fidelity``), where it departs from its
+    parent why (``drift_cause.py``), and its turn view, kept while it is a tip.
 
     The session's chain (under the recorder's span budget) classifies the call; a break against tips
     it sketched while the session was idle first reads those tips' prompts back (``chain/fidelity.py``)."""
@@ -101,23 +100,15 @@ async def observe_chain(flow: Flow, md: dict[str, Any], ev: Evidence) -> None:
     md["fidelity"] = transition.as_dict()
     if transition.fidelity != "root":
         flow.ctx.metrics.transitions.labels(transition.fidelity).inc()
-    observe_cause(flow, md, transition, ev)
-
-
-def observe_cause(flow: Flow, md: dict[str, Any], transition: Transition, ev: Evidence) -> None:
-    """Name why a drifting or breaking call departs from its parent, and keep this call's view."""
-    chain = flow.session.chain
     messages = flow.body.get("messages") or []
-    assert ev.prompt_ids is not None and ev.completion_ids is not None  # an agent call with its ids (``record``)
     if transition.fidelity in ("replay_drift", "break"):
         parent = chain.view(transition.parent)
-        prompt = ev.prompt_ids.tobytes()
         certification = flow.ctx.engine_watch.certification
         if parent is None:
             cause = "unknown"
         elif transition.fidelity == "replay_drift":
             cause = "resample" if transition.drift_tokens == 0 else drift_cause(
-                parent, messages, prompt, certification, transition.divergence_at, chain.summaries)
+                parent, messages, ev.prompt_ids.tobytes(), certification, transition.divergence_at, chain.summaries)
         else:
             cause = break_cause(parent, messages, same_prompt=False, summaries=chain.summaries,
                                 certification=certification)
@@ -173,17 +164,12 @@ def remember_for_retries(flow: Flow, pending: PendingRecord, seq: int) -> None:
 
 def commit_prompt_mode(flow: Flow, pending: PendingRecord, seq: int) -> None:
     """The prompt mode keeps this call's exact ids as its chain's checkpoint (incremental sessions)."""
-    call, ev, reply = flow.mode_call, flow.evidence, flow.agent_reply
-    if was_served(pending) and call is not None and ev is not None and reply is not None:
-        flow.session.prompt_mode.committed(call, ev, reply)
+    call, ev = flow.mode_call, flow.evidence
+    if was_served(pending) and call is not None and ev is not None:  # the agent is sent ``pending.response``
+        flow.session.prompt_mode.committed(call, ev, pending.response)
 
 
 HOOKS: tuple[AfterCommit, ...] = (place_in_chain, count, settle_session, remember_for_retries, commit_prompt_mode)
-
-
-def after_commit(flow: Flow, pending: PendingRecord, seq: int) -> None:
-    for hook in HOOKS:
-        hook(flow, pending, seq)
 
 
 def _reply_text(reply: dict[str, Any] | None) -> str | None:

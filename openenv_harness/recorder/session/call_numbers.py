@@ -1,7 +1,7 @@
 """A session's call numbers: each stored record takes the next one, with no gap.
 
 Why one owner: a number is taken when a call's record is built (``call/pending.py: base_metadata``) and given back
-when the store refuses that record (``call/record.py: store_record``); a restart starts from the stored records'
+when the store refuses that record (``call/record.py: commit``); a restart starts from the stored records'
 count (``session/registry.py``). Kept here, the rule for giving one back -- only while no later call took
 one -- lives beside the counter it protects.
 """

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from dataclasses import InitVar, dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -108,10 +107,6 @@ class LiveSession:
     def counters(self) -> Counters:
         """The ledger's counts, for reading (they change only through ``ledger``'s methods)."""
         return self.ledger.counters
-
-    def limits(self) -> dict[str, Any]:
-        """What this call's record shows as ``limits``: spent, caps and the stop condition."""
-        return self.ledger.limits(time.time() - self.created_at, self.stop_reason)
 
     @property
     def closing(self) -> bool:
