@@ -34,7 +34,8 @@ async def send_through_pause(send: Callable[[], Awaitable[Sampled]], wait_s: flo
     """``send()``, sent again while the engine refuses it as paused, with a growing delay, until
     ``wait_s`` has passed; ``note`` gets what the wait was, when there was one."""
     sampled = await send()
-    if not refused_while_paused(sampled.reply):
+    reply = sampled.reply
+    if reply.status != 503:  # the usual answer: no pause to look for
         return sampled
     started = time.monotonic()
     delay, retries = FIRST_DELAY_S, 0

@@ -5,7 +5,7 @@ failure into the agent's answer in one place. The steps live in one module per p
 (authenticate to dedupe), ``forward.py`` (forward, validate, tool caps), ``record.py`` (the record, its
 commit and after-commit hooks; its builder in ``pending.py``):
 
-    authenticate → enter → parse → classify → enforce_budget → dedupe → forward → validate
+    authenticate → enter → parse → enforce_budget → dedupe → forward → validate
     → tool_caps → record → reply
 
 Steps see the recorder through ``services.py`` (never its session registry: a step that stops the

@@ -1,6 +1,6 @@
 """The steps before the engine: who calls, what they sent, and whether the session may serve it.
 
-    authenticate → enter → parse → classify → enforce_budget → dedupe
+    authenticate → enter → parse → enforce_budget → dedupe
 
 Each step is a function of the ``Flow``. A refusal is an ``AgentError`` raised for the pipeline's funnel;
 nothing here asks the engine, so nothing here is recorded.
@@ -11,9 +11,9 @@ nothing here asks the engine, so nothing here is recorded.
 - ``parse``: what a chat body must be for the recorder to forward and store it unchanged -- bounded
   nesting and exact integers (``edge/request_body.check_body``), a non-empty message list of
   role-bearing objects, one sample per call, a tools array, a boolean ``stream``. The call's digest
-  names it for retry de-duplication.
-- ``classify``: an agent call (a policy sample of the main loop) or an auxiliary one (a title, a
-  summary), by the session's rules (``recorder/classify.py``).
+  names it for retry de-duplication, and its kind is read from the body: an agent call (a policy
+  sample of the main loop) or an auxiliary one (a title, a summary), by the session's rules
+  (``recorder/classify.py``).
 - ``enforce_budget``: the session's caps (``session/budget.py`` says what each counts). The agent is
   answered with a 400 -- the supported CLIs end promptly on one, with no retry storm -- and nothing
   synthetic is recorded as a policy sample.
@@ -91,10 +91,7 @@ def parse(flow: Flow) -> None:
     # An Idempotency-Key names the logical call even if a client re-encodes its body on retry.
     idem = flow.headers.get("idempotency-key")
     flow.digest = ("idem:" + hashlib.sha256(idem.encode()).hexdigest()) if idem else hashlib.sha256(flow.raw).hexdigest()
-
-
-def classify(flow: Flow) -> None:
-    flow.call_kind, flow.aux_rule = classify_call(flow.body, flow.session.spec.aux_rules)
+    flow.call_kind, flow.aux_rule = classify_call(body, flow.session.spec.aux_rules)
 
 
 def enforce_budget(flow: Flow) -> None:
@@ -114,15 +111,15 @@ def enforce_budget(flow: Flow) -> None:
 async def dedupe(flow: Flow) -> bool:
     """Whether the call was answered from its twin or its record (``flow.agent_reply``)."""
     session = flow.session
-    twin = session.replay.twin(flow.digest)
-    if twin is not None:
+    first = session.replay.first_attempt(flow.digest)
+    if isinstance(first, asyncio.Future):  # still in flight: its reply is this retry's too
         try:
-            flow.agent_reply = await asyncio.shield(twin)
+            flow.agent_reply = await asyncio.shield(first)
         except Exception:
             return False  # the twin failed: this retry gets a fresh attempt
         flow.replayed = flow.agent_reply is not None
         return flow.replayed
-    if flow.ctx.config.dedupe_window and session.replay.is_recent(flow.digest):
+    if first is not None and flow.ctx.config.dedupe_window:  # a recent record of it
         entry = await flow.ctx.store.find_by_digest(session.id, flow.digest)
         if entry is not None:
             flow.agent_reply = entry["response"]

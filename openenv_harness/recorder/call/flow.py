@@ -38,7 +38,7 @@ class Flow:
     received_at: float = field(default_factory=time.time)
     started: float = field(default_factory=time.perf_counter)
 
-    # -- enter, parse, classify
+    # -- enter, parse
     #: what the dialect's reply end needs from its request end (``enter``)
     dialect_call: DialectCall = field(default_factory=DialectCall)
     body: dict[str, Any] = field(default_factory=dict)

@@ -1,6 +1,6 @@
 """One agent call through its named steps, and the one place its failures become answers.
 
-    authenticate → enter → parse → classify → enforce_budget → dedupe → forward → validate
+    authenticate → enter → parse → enforce_budget → dedupe → forward → validate
     → tool_caps → record → reply
 
 Each step is a function of the ``Flow``, in the module of its phase: ``admit.py`` (up to the engine),
@@ -24,7 +24,7 @@ from typing import Any
 
 from starlette.responses import Response
 
-from openenv_harness.recorder.call.admit import authenticate, classify, dedupe, enforce_budget, enter, parse
+from openenv_harness.recorder.call.admit import authenticate, dedupe, enforce_budget, enter, parse
 from openenv_harness.recorder.call.flow import Flow
 from openenv_harness.recorder.call.forward import apply_tool_caps, forward, validate
 from openenv_harness.recorder.call.record import record, record_failure
@@ -77,7 +77,6 @@ async def serve(flow: Flow, sessions: SessionRegistry) -> Response:
             await restore(ctx.store, session, ctx.config.dedupe_window)
         enter(flow)
         parse(flow)
-        classify(flow)
         enforce_budget(flow)  # a cap it finds is ``flow.stop``: applied below, before the refusal is answered
         if await dedupe(flow):
             ctx.metrics.replays.inc()

@@ -20,7 +20,7 @@ from typing import Any
 
 from openenv_harness.recorder.call.flow import Flow
 from openenv_harness.recorder.call.pending import failed_record, served_metadata, served_record, was_served
-from openenv_harness.recorder.chain.drift_cause import break_cause, drift_cause, turn_view
+from openenv_harness.recorder.chain.drift_cause import turn_view
 from openenv_harness.recorder.errors import AgentError, session_closed
 from openenv_harness.recorder.session.restore import read_tip_prompts
 from openenv_harness.recorder.store.base import PendingRecord, SessionSealed
@@ -102,16 +102,7 @@ async def observe_chain(flow: Flow, md: dict[str, Any], ev: Evidence) -> None:
         flow.ctx.metrics.transitions.labels(transition.fidelity).inc()
     messages = flow.body.get("messages") or []
     if transition.fidelity in ("replay_drift", "break"):
-        parent = chain.view(transition.parent)
-        certification = flow.ctx.engine_watch.certification
-        if parent is None:
-            cause = "unknown"
-        elif transition.fidelity == "replay_drift":
-            cause = "resample" if transition.drift_tokens == 0 else drift_cause(
-                parent, messages, ev.prompt_ids.tobytes(), certification, transition.divergence_at, chain.summaries)
-        else:
-            cause = break_cause(parent, messages, same_prompt=False, summaries=chain.summaries,
-                                certification=certification)
+        cause = chain.departure_cause(transition, messages, ev.prompt_ids, flow.ctx.engine_watch.certification)
         md["fidelity"]["cause"] = cause
         flow.ctx.metrics.transition_causes.labels(transition.fidelity, cause).inc()
     choices = flow.reply.json.get("choices") if flow.reply is not None and flow.reply.json else None
@@ -133,27 +124,22 @@ def place_in_chain(flow: Flow, pending: PendingRecord, seq: int) -> None:
 
 
 def count(flow: Flow, pending: PendingRecord, seq: int) -> None:
-    metrics = flow.ctx.metrics
+    """The call's outcome, counted in the recorder's metrics and the session's counters; a failure is
+    also the session's ``last_error`` (a close cancelling a call is no failure)."""
+    metrics, session = flow.ctx.metrics, flow.session
     if pending.status != "failed" and pending.metadata.get("straddled_sync"):
         metrics.straddled.inc()
     metrics.records.inc()
     metrics.calls.labels(pending.call_kind, pending.status).inc()
-    error = pending.metadata.get("error")
-    if error is not None:
-        metrics.errors.labels(error["kind"]).inc()
-
-
-def settle_session(flow: Flow, pending: PendingRecord, seq: int) -> None:
-    """The session's failed and invalid counts, and its ``last_error`` (what failed a call; a close
-    cancelling one is no failure)."""
-    session = flow.session
     if pending.status == "failed":
         session.ledger.note_failed()
     elif pending.status == "invalid":
         session.ledger.note_invalid()
     error = pending.metadata.get("error")
-    if error is not None and error["kind"] != "cancelled":
-        session.note_error({**error, "call_index": pending.call_index, "at": time.time()})
+    if error is not None:
+        metrics.errors.labels(error["kind"]).inc()
+        if error["kind"] != "cancelled":
+            session.note_error({**error, "call_index": pending.call_index, "at": time.time()})
 
 
 def remember_for_retries(flow: Flow, pending: PendingRecord, seq: int) -> None:
@@ -169,7 +155,7 @@ def commit_prompt_mode(flow: Flow, pending: PendingRecord, seq: int) -> None:
         flow.session.prompt_mode.committed(call, ev, pending.response)
 
 
-HOOKS: tuple[AfterCommit, ...] = (place_in_chain, count, settle_session, remember_for_retries, commit_prompt_mode)
+HOOKS: tuple[AfterCommit, ...] = (place_in_chain, count, remember_for_retries, commit_prompt_mode)
 
 
 def _reply_text(reply: dict[str, Any] | None) -> str | None:

@@ -70,14 +70,12 @@ class Transition:
         }
 
 
+@dataclass(slots=True, eq=False)
 class _Prompt:
     """This call's prompt bytes, with its block digests computed only if a sketched tip asks."""
 
-    __slots__ = ("_digests", "data")
-
-    def __init__(self, data: bytes) -> None:
-        self.data = data
-        self._digests: bytes | None = None
+    data: bytes
+    _digests: bytes | None = None
 
     @property
     def digests(self) -> bytes:

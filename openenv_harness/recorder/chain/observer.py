@@ -10,11 +10,13 @@ all three; nothing else changes them.
 
 from __future__ import annotations
 
+from array import array
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
-from openenv_harness.recorder.chain.drift_cause import TurnView
-from openenv_harness.recorder.chain.fidelity import FidelityTracker
+from openenv_harness.recorder.chain.drift_cause import TurnView, break_cause, drift_cause
+from openenv_harness.recorder.chain.fidelity import FidelityTracker, Transition
 
 #: compaction replies remembered: a break whose history carries one of them was a compaction
 SUMMARIES_KEPT = 4
@@ -29,6 +31,22 @@ class ChainObserver(FidelityTracker):
     _summaries: deque[str] = field(default_factory=lambda: deque(maxlen=SUMMARIES_KEPT))
 
     # -- naming a departure
+    def departure_cause(self, transition: Transition, messages: list[Any], prompt: array[int],
+                        certification: Any) -> str:
+        """Why a ``replay_drift`` or ``break`` call (``transition``; ``messages`` and ``prompt``: its
+        request and prompt ids) departs from its parent: named from the parent's kept turn view and the
+        session's compaction summaries (``drift_cause.py``); ``unknown`` when the parent's view is gone."""
+        parent = self._views.get(transition.parent) if transition.parent is not None else None
+        if parent is None:
+            return "unknown"
+        if transition.fidelity == "replay_drift":
+            if transition.drift_tokens == 0:
+                return "resample"
+            return drift_cause(parent, messages, prompt.tobytes(), certification, transition.divergence_at,
+                               tuple(self._summaries))
+        return break_cause(parent, messages, same_prompt=False, summaries=tuple(self._summaries),
+                           certification=certification)
+
     def view(self, node_id: str | None) -> TurnView | None:
         """The turn view kept for a tip (None: not a tip, or never seen)."""
         return self._views.get(node_id) if node_id is not None else None

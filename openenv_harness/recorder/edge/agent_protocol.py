@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import dataclass, field
 from typing import Any
 
 from openenv_harness.http1 import STATUS_LINES, chunk, fast_path, response_head, status_line
@@ -74,36 +75,32 @@ class _NoEvent:
 _NO_EVENT = _NoEvent()
 
 
+@dataclass(slots=True, eq=False)
 class _Answering:
     """Stands in for uvicorn's request cycle while a chat call is answered: uvicorn's own code reads
     these when the connection is lost (``disconnected``), on shutdown (``keep_alive``) and when a
     pipelined request arrives behind this one (``response_complete``: it is queued until then)."""
 
-    __slots__ = ("disconnected", "keep_alive", "message_event", "response_complete")
-
-    def __init__(self, keep_alive: bool) -> None:
-        self.response_complete = False
-        self.disconnected = False
-        self.keep_alive = keep_alive
-        self.message_event = _NO_EVENT
+    keep_alive: bool
+    response_complete: bool = False
+    disconnected: bool = False
+    message_event: _NoEvent = _NO_EVENT
 
 
+@dataclass(slots=True, eq=False)
 class _ChatRequest:
     """A chat request being read: its route, headers and body so far."""
 
-    __slots__ = ("answered", "chunks", "dialect", "headers", "keep_alive", "limit", "session_id", "size", "too_large")
-
-    def __init__(self, session_id: str | None, dialect: Dialect, headers: list[tuple[bytes, bytes]],
-                 keep_alive: bool, limit: int) -> None:
-        self.session_id = session_id
-        self.dialect = dialect
-        self.headers = headers
-        self.keep_alive = keep_alive
-        self.chunks: list[bytes] = []
-        self.size = 0
-        self.limit = limit
-        self.too_large = False
-        self.answered = False  #: refused from its head (a declared body over the limit) before its body came
+    session_id: str | None
+    dialect: Dialect
+    headers: list[tuple[bytes, bytes]]
+    keep_alive: bool
+    limit: int
+    chunks: list[bytes] = field(default_factory=list)
+    size: int = 0
+    too_large: bool = False
+    #: refused from its head (a declared body over the limit) before its body came
+    answered: bool = False
 
     def add(self, chunk: bytes) -> None:
         if self.too_large:

@@ -22,9 +22,11 @@ class ReplayWindow:
         self._twins: dict[str, asyncio.Future[Any]] = {}
         self._recent: OrderedDict[str, int] = OrderedDict()
 
-    def twin(self, digest: str) -> asyncio.Future[Any] | None:
-        """The first attempt of this body still in flight, if one is."""
-        return self._twins.get(digest)
+    def first_attempt(self, digest: str) -> asyncio.Future[Any] | int | None:
+        """What a retry of this body is answered from: the first attempt still in flight (its twin), else
+        the number of a recent record of it, else None."""
+        twin = self._twins.get(digest)
+        return twin if twin is not None else self._recent.get(digest)
 
     def open_twin(self, digest: str) -> asyncio.Future[Any]:
         """This call is now the attempt a retry of its body waits for (it resolves to the agent's reply)."""
@@ -35,9 +37,6 @@ class ReplayWindow:
         """The call behind ``twin`` ended; a later attempt that took its place keeps its own."""
         if self._twins.get(digest) is twin:
             del self._twins[digest]
-
-    def is_recent(self, digest: str) -> bool:
-        return digest in self._recent
 
     def remember(self, digest: str, call_index: int, window: int) -> None:
         """A record of this body was stored; the ``window`` latest digests are kept."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import sys
+import threading
 import zlib
 from array import array
 from collections.abc import Iterable
@@ -18,8 +19,6 @@ from typing import Any, Literal, overload
 
 import orjson
 import zstandard
-
-from openenv_harness.recorder.per_thread import per_thread
 
 HASH_BYTES = 16
 #: Blobs at least this large are compressed (text compresses ~3-5x).
@@ -45,7 +44,7 @@ def digest(data: bytes) -> bytes:
 
 def pack_blob(data: bytes) -> bytes:
     if len(data) >= COMPRESS_MIN:
-        packed = _codec().compress(data)
+        packed = _codec.compressor.compress(data)
         if len(packed) < len(data):
             return _ZSTD + packed
     return _RAW + data
@@ -59,7 +58,7 @@ def raw_blob(data: bytes) -> bytes:
 def unpack_blob(stored: bytes) -> bytes:
     tag, body = stored[:1], stored[1:]
     if tag == _ZSTD:
-        return _codec().decompress(body)
+        return _codec.decompressor.decompress(body)
     if tag == _RAW:
         return body
     if tag == _ZLIB:
@@ -67,22 +66,16 @@ def unpack_blob(stored: bytes) -> bytes:
     raise ValueError(f"unknown blob tag {tag!r}")
 
 
-class _Codec:
-    """zstd contexts, one pair per thread (``_codec``): reused across blobs, their set-up being most
-    of a small blob's cost."""
+class _ThreadCodec(threading.local):
+    """zstd contexts, one pair per thread, made on the thread's first use: reused across blobs, their
+    set-up being most of a small blob's cost, and not safe to share between threads."""
 
     def __init__(self) -> None:
-        self._compressor = zstandard.ZstdCompressor(level=ZSTD_LEVEL)  # frames carry their size
-        self._decompressor = zstandard.ZstdDecompressor()
-
-    def compress(self, data: bytes) -> bytes:
-        return self._compressor.compress(data)
-
-    def decompress(self, data: bytes) -> bytes:
-        return self._decompressor.decompress(data)
+        self.compressor = zstandard.ZstdCompressor(level=ZSTD_LEVEL)  # frames carry their size
+        self.decompressor = zstandard.ZstdDecompressor()
 
 
-_codec = per_thread(_Codec)
+_codec = _ThreadCodec()
 
 
 def ids_to_bytes(ids: array[int] | array[float]) -> bytes:

@@ -27,14 +27,13 @@ share: an agent's prompt repeats its whole history, so only the new turn's ids a
 from __future__ import annotations
 
 import json
+import threading
 from array import array
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import orjson
 import simdjson
-
-from openenv_harness.recorder.per_thread import per_thread
 
 if TYPE_CHECKING:
     from openenv_harness.recorder.upstream.base import UpstreamReply
@@ -161,7 +160,7 @@ def read_ids(span: bytes) -> array[int] | None:
         return None  # simdjson flattens nested arrays in a buffer; a prompt's ids never nest
     try:
         # a document that opens with "[" parses to an Array or raises
-        document = cast(simdjson.Array, _parser().parse(b"[" + span + b"]"))
+        document = cast(simdjson.Array, _thread.parser.parse(b"[" + span + b"]"))
         buffer = document.as_buffer(of_type="u")
     except (ValueError, TypeError, RuntimeError):  # not JSON, not integers, negative, beyond uint64
         return None
@@ -175,8 +174,15 @@ def read_ids(span: bytes) -> array[int] | None:
     return out
 
 
-#: This thread's simdjson parser (it reuses its buffers between documents).
-_parser = per_thread(simdjson.Parser)
+class _ThreadParser(threading.local):
+    """One simdjson parser per thread, made on the thread's first use: it reuses its buffers between
+    documents (most of its speed) and is not safe to share between threads."""
+
+    def __init__(self) -> None:
+        self.parser = simdjson.Parser()
+
+
+_thread = _ThreadParser()
 
 
 class PromptIdsReader:

@@ -8,7 +8,7 @@ import pytest
 
 from openenv_harness.recorder.call import pipeline
 from openenv_harness.recorder.call.record import HOOKS, record
-from openenv_harness.recorder.call.admit import classify, enter, parse
+from openenv_harness.recorder.call.admit import enter, parse
 from openenv_harness.recorder.call.flow import Flow
 from openenv_harness.recorder.call.forward import validate
 from openenv_harness.recorder.context import RecorderContext
@@ -33,13 +33,11 @@ async def _parsed(ctx: RecorderContext, spec: SessionSpec | None = None, body: d
     flow = tflow(ctx, await open_session(ctx, spec), body or AGENT_BODY)
     enter(flow)
     parse(flow)
-    classify(flow)
     return flow
 
 
 def test_the_hooks_run_in_this_order() -> None:
-    assert [h.__name__ for h in HOOKS] == ["place_in_chain", "count", "settle_session", "remember_for_retries",
-                                           "commit_prompt_mode"]
+    assert [h.__name__ for h in HOOKS] == ["place_in_chain", "count", "remember_for_retries", "commit_prompt_mode"]
 
 
 async def test_an_answered_call_is_stored_then_placed_counted_and_remembered(ctx: RecorderContext) -> None:
@@ -52,7 +50,7 @@ async def test_an_answered_call_is_stored_then_placed_counted_and_remembered(ctx
     assert (md["status"], md["trainable"], md["partial"], md["fidelity"]["class"]) == ("ok", True, False, "root")
     assert md["limits"]["calls"] == 1 and stored["response"] == flow.agent_reply
     assert stored["prompt_token_ids"] == [1, 2, 3] and stored["per_token_logps"] == [-0.25, -0.5]
-    assert session.chain.tip_ids == [md["node_id"]] and session.replay.is_recent(flow.digest)
+    assert session.chain.tip_ids == [md["node_id"]] and session.replay.first_attempt(flow.digest) is not None
     assert (session.counters.calls, session.counters.agent_calls, session.counters.prompt_tokens) == (1, 1, 3)
     assert _metric(ctx, "oeh_records_stored_total") == 1
     assert _metric(ctx, "oeh_calls_total", call_kind="agent", status="ok") == 1
@@ -75,7 +73,7 @@ async def test_an_aborted_call_is_recorded_by_the_funnel_with_its_partial_ids(ct
     assert (session.counters.calls, session.counters.agent_calls, session.counters.prompt_tokens) == (1, 0, 0)
     assert session.counters.invalid_calls == 1 and session.counters.failed_calls == 0
     assert session.last_error is not None and session.last_error["kind"] == "engine_aborted"
-    assert not session.replay.is_recent(flow.digest) and session.chain.tip_ids == []
+    assert session.replay.first_attempt(flow.digest) is None and session.chain.tip_ids == []
     assert _metric(ctx, "oeh_errors_total", kind="engine_aborted") == 1
 
 
@@ -117,7 +115,7 @@ async def test_a_refused_commit_gives_back_the_number_and_the_budget_and_runs_no
     assert session.numbers.next == 0 and flow.call_index == -1
     assert (session.counters.calls, session.counters.agent_calls, session.counters.prompt_tokens,
             session.counters.completion_tokens) == (0, 0, 0, 0)
-    assert not session.replay.is_recent(flow.digest) and session.last_error is None
+    assert session.replay.first_attempt(flow.digest) is None and session.last_error is None
     assert _metric(ctx, "oeh_records_stored_total") == 0
 
 

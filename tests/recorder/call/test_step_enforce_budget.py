@@ -107,7 +107,7 @@ async def test_max_agent_calls_refuses_an_agent_call_but_lets_an_aux_call_throug
     session = await open_session(ctx, SessionSpec(budgets=Budgets(max_agent_calls=1, max_calls=5)))
     session.ledger.counters = Counters(calls=1, agent_calls=1)
     aux = make_flow(ctx, session, BODY)
-    aux.call_kind = "aux"  # what ``classify`` sets for a call an aux rule matches
+    aux.call_kind = "aux"  # what ``parse`` sets for a call an aux rule matches
     enforce_budget(aux)
     assert session.status == "open"
     agent = make_flow(ctx, session, BODY)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from openenv_harness.recorder.call.admit import classify, enter, parse
+from openenv_harness.recorder.call.admit import enter, parse
 from openenv_harness.recorder.call.flow import Flow
 from openenv_harness.recorder.call.forward import CAPTURE_FIELDS, forward, upstream_body
 from openenv_harness.recorder.context import RecorderContext
@@ -26,7 +26,6 @@ async def _entered(ctx: RecorderContext, make_flow: MakeFlow) -> Flow:
     flow = make_flow(ctx, await open_session(ctx), BODY)
     enter(flow)
     parse(flow)
-    classify(flow)
     return flow
 
 
@@ -86,7 +85,6 @@ async def test_the_prompt_mode_is_given_the_call_not_the_flow() -> None:
     flow = tflow(ctx, plain)
     enter(flow)
     parse(flow)
-    classify(flow)
     await forward(flow)
     call = flow.mode_call
     assert call is not None and call.facts is None and call.turn_end == [] and call.report is None
@@ -99,7 +97,6 @@ async def test_the_prompt_mode_is_given_the_call_not_the_flow() -> None:
     flow = tflow(ctx, incremental, agent)
     enter(flow)
     parse(flow)
-    classify(flow)
     await forward(flow)
     call = flow.mode_call
     upstream = ctx.upstream_for(None)

@@ -1,4 +1,4 @@
-"""The enter, parse and classify steps on a flow built by hand."""
+"""The enter and parse steps (parse classifies the call too) on a flow built by hand."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import hashlib
 import orjson
 import pytest
 
-from openenv_harness.recorder.call.admit import classify, enter, parse
+from openenv_harness.recorder.call.admit import enter, parse
 from openenv_harness.recorder.context import RecorderContext
 from openenv_harness.recorder.dialects.routes import ANTHROPIC, RESPONSES
 from openenv_harness.recorder.errors import AgentError
@@ -97,6 +97,5 @@ async def test_the_sessions_rules_classify_an_auxiliary_call(ctx: RecorderContex
         flow = make_flow(ctx, session, body)
         enter(flow)
         parse(flow)
-        classify(flow)
         assert flow.call_kind == kind
     assert flow.aux_rule is None

@@ -9,7 +9,7 @@ import orjson
 import pytest
 
 from openenv_harness.recorder.call import pipeline
-from openenv_harness.recorder.call.admit import classify, dedupe, enter, parse
+from openenv_harness.recorder.call.admit import dedupe, enter, parse
 from openenv_harness.recorder.call.flow import Flow
 from openenv_harness.recorder.call.forward import apply_tool_caps, forward, validate
 from openenv_harness.recorder.call.record import record
@@ -81,7 +81,6 @@ async def test_record_makes_the_call_durable_and_fixes_the_agents_reply(
     flow = make_flow(ctx, session, body)
     enter(flow)
     parse(flow)
-    classify(flow)
     assert flow.call_kind == "agent"
     await forward(flow)
     validate(flow)

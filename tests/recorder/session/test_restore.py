@@ -126,5 +126,5 @@ def test_a_restart_gives_back_the_retry_window_of_answered_calls() -> None:
     records[4]["metadata"]["error"] = {"kind": "upstream"}
     store, session = _ListStore(records), _session()
     asyncio.run(restore(store, session, window=2))
-    assert [d for d in ("d0", "d1", "d2", "d3", "d4") if session.replay.is_recent(d)] == ["d2", "d3"]
+    assert [d for d in ("d0", "d1", "d2", "d3", "d4") if session.replay.first_attempt(d) is not None] == ["d2", "d3"]
     assert rebuild(records).answered == []  # no window: nothing kept

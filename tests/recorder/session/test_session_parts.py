@@ -129,14 +129,14 @@ def test_call_numbers_are_taken_in_order_and_only_the_latest_goes_back() -> None
 
 async def test_a_twin_is_closed_only_by_the_call_that_opened_it() -> None:
     window = ReplayWindow()
-    assert window.twin("d") is None
+    assert window.first_attempt("d") is None
     first = window.open_twin("d")
-    assert window.twin("d") is first and not first.done()
+    assert window.first_attempt("d") is first and not first.done()
     second = window.open_twin("d")  # a later attempt of the same body took its place
     window.close_twin("d", first)
-    assert window.twin("d") is second
+    assert window.first_attempt("d") is second
     window.close_twin("d", second)
-    assert window.twin("d") is None
+    assert window.first_attempt("d") is None
     assert asyncio.get_running_loop() is first.get_loop()
 
 
@@ -145,10 +145,19 @@ def test_recent_digests_keep_the_window_latest(window_size: int) -> None:
     window = ReplayWindow()
     for i in range(5):
         window.remember(f"d{i}", i, window_size)
-    kept = [f"d{i}" for i in range(5) if window.is_recent(f"d{i}")]
-    assert kept == [f"d{i}" for i in range(5 - window_size, 5)] and len(window) == window_size
+    kept = {f"d{i}": window.first_attempt(f"d{i}") for i in range(5) if window.first_attempt(f"d{i}") is not None}
+    assert kept == {f"d{i}": i for i in range(5 - window_size, 5)} and len(window) == window_size
     window.forget_recent()
-    assert len(window) == 0 and not window.is_recent("d4")
+    assert len(window) == 0 and window.first_attempt("d4") is None
+
+
+async def test_a_twin_in_flight_is_the_first_attempt_before_a_recent_record() -> None:
+    window = ReplayWindow()
+    window.remember("d", 7, 4)
+    twin = window.open_twin("d")  # a retry of a recorded body that is being sampled again
+    assert window.first_attempt("d") is twin
+    window.close_twin("d", twin)
+    assert window.first_attempt("d") == 7
 
 
 def test_every_part_is_built_with_the_session_and_a_close_empties_it() -> None:
