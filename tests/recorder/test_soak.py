@@ -13,6 +13,8 @@ the first, with room for noise.
 
 from __future__ import annotations
 
+import contextlib
+
 import sqlite3
 import threading
 from pathlib import Path
@@ -53,8 +55,13 @@ def _tree_rss(pid: int) -> int:
 
 
 def _disk(db: Path) -> int:
-    paths = [db, db.with_name(db.name + "-wal"), *db.with_name(db.name + ".records-log").glob("records-*.log")]
-    return sum(p.stat().st_size for p in paths if p.exists())
+    """Bytes on disk: the database, its WAL and the journal's segments. The recorder deletes a segment once
+    it is indexed, which may fall between the listing and a file's stat: a file gone by then holds nothing."""
+    total = 0
+    for path in [db, db.with_name(db.name + "-wal"), *db.with_name(db.name + ".records-log").glob("records-*.log")]:
+        with contextlib.suppress(FileNotFoundError):
+            total += path.stat().st_size
+    return total
 
 
 def _logical(db: Path) -> tuple[int, int]:
