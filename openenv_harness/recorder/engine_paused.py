@@ -35,7 +35,7 @@ async def send_through_pause(send: Callable[[], Awaitable[Sampled]], wait_s: flo
     ``wait_s`` has passed; ``note`` gets what the wait was, when there was one."""
     sampled = await send()
     reply = sampled.reply
-    if reply.status != 503:  # the usual answer: no pause to look for
+    if reply.status != 503 or not refused_while_paused(reply):  # the usual answer, or the engine's own failure
         return sampled
     started = time.monotonic()
     delay, retries = FIRST_DELAY_S, 0

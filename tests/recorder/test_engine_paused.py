@@ -90,3 +90,38 @@ def test_a_call_that_was_not_refused_says_nothing_of_pauses(stack) -> None:
     session = admin.create_session()
     assert _chat(session).status_code == 200
     assert "engine_paused" not in admin.records(session["session_id"])[0]["metadata"]
+
+
+@pytest.mark.parametrize("status, body", [(200, b"{}"), (503, b'{"error": "out of memory"}')])
+async def test_a_reply_that_is_no_pause_refusal_is_sent_once_and_noted_nowhere(status: int, body: bytes) -> None:
+    """The engine's own 503 is its failure, relayed as it is: no retry, no ``metadata.engine_paused``."""
+    from openenv_harness.recorder.engine_paused import send_through_pause
+    from openenv_harness.recorder.prompt_modes.base import Sampled
+    from openenv_harness.recorder.upstream.base import UpstreamReply
+
+    sent: list[int] = []
+    notes: list[dict] = []
+
+    async def send() -> Sampled:
+        sent.append(1)
+        return Sampled(UpstreamReply(status=status, json=None, body=body))
+
+    sampled = await send_through_pause(send, 5.0, notes.append)
+    assert sampled.reply.status == status and sent == [1] and notes == []
+
+
+async def test_a_pause_refusal_is_sent_again_and_noted() -> None:
+    """The check above can fail: a paused engine's refusal is retried and the wait is noted."""
+    from openenv_harness.recorder.engine_paused import send_through_pause
+    from openenv_harness.recorder.prompt_modes.base import Sampled
+    from openenv_harness.recorder.upstream.base import UpstreamReply
+
+    replies = [UpstreamReply(status=503, json=None, body=b'{"error": "Generation is paused."}'),
+               UpstreamReply(status=200, json=None, body=b"{}")]
+    notes: list[dict] = []
+
+    async def send() -> Sampled:
+        return Sampled(replies.pop(0))
+
+    sampled = await send_through_pause(send, 5.0, notes.append)
+    assert sampled.reply.status == 200 and notes[0]["retries"] == 1 and notes[0]["resumed"] is True

@@ -47,10 +47,6 @@ class ChainObserver(FidelityTracker):
         return break_cause(parent, messages, same_prompt=False, summaries=tuple(self._summaries),
                            certification=certification)
 
-    def view(self, node_id: str | None) -> TurnView | None:
-        """The turn view kept for a tip (None: not a tip, or never seen)."""
-        return self._views.get(node_id) if node_id is not None else None
-
     @property
     def summaries(self) -> tuple[str, ...]:
         """The replies of the session's last few compaction calls, oldest first."""
