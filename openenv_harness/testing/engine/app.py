@@ -213,7 +213,8 @@ def create_engine_app(config: EngineConfig | None = None) -> FastAPI:
 
     _add_schema_route(app)
     if config.family == "sglang":  # SGLang's routes only: vLLM's answer 404 there
-        add_sglang_routes(app, state)
+        # the runtime is where a test sees which requests are decoding, without a timing guess
+        app.state.sglang = add_sglang_routes(app, state)
         _add_control_routes(app, state)
         return app
 

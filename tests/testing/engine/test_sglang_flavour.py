@@ -43,12 +43,23 @@ class Driver:
         return payload
 
 
-def _pause_straddle(driver: Driver, mode: str, body: dict[str, Any], path: str = "/generate") -> dict[str, Any]:
+def _until_decoding(engine: EngineServer, timeout_s: float = 30.0) -> None:
+    """Until a request in flight has emitted a token: the pause then straddles it on a loaded machine too."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if any(gen.emitted >= 1 for gen, _slot in list(engine.app.state.sglang.running.values())):
+            return
+        time.sleep(0.005)
+    raise AssertionError(f"no request was decoding within {timeout_s} s")
+
+
+def _pause_straddle(driver: Driver, engine: EngineServer, mode: str, body: dict[str, Any],
+                    path: str = "/generate") -> dict[str, Any]:
     """A request in flight across ``/pause_generation {mode}``; for the freezing modes the weight version
     changes while paused, then generation continues. The request's reply."""
     with ThreadPoolExecutor(1) as pool:
         future = pool.submit(driver.post, path, body)
-        time.sleep(0.15)
+        _until_decoding(engine)
         driver.post("/pause_generation", {"mode": mode})
         if mode != "abort":
             time.sleep(0.2)
@@ -84,10 +95,10 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
                                                        "tools": TOOLS, "tool_call_parser": "qwen25"})
         out["reasoning"] = d.post("/separate_reasoning", {"text": out["generate"]["text"], "reasoning_parser": "qwen3"})
         plain = {"input_ids": prompt_ids[:-3], "sampling_params": {"max_new_tokens": 64}}
-        out["abort"] = _pause_straddle(d, "abort", {"messages": MESSAGES, "max_tokens": 64, "return_meta_info": True},
+        out["abort"] = _pause_straddle(d, engine, "abort", {"messages": MESSAGES, "max_tokens": 64, "return_meta_info": True},
                                        "/v1/chat/completions")
-        out["in_place"] = _pause_straddle(d, "in_place", plain)
-        out["retract"] = _pause_straddle(d, "retract", plain)
+        out["in_place"] = _pause_straddle(d, engine, "in_place", plain)
+        out["retract"] = _pause_straddle(d, engine, "retract", plain)
         out["failed"] = d.post("/update_weights_from_disk", {"model_path": str(weights / "missing")}, 400)
         out["loaded"] = d.post("/update_weights_from_disk", {"model_path": str(weights), "weight_version": "step-1",
                                                              "flush_cache": True, "abort_all_requests": False})
