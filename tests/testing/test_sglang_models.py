@@ -75,6 +75,7 @@ def verdicts() -> list[dict[str, Any]]:
         pytest.fail(str(exc), pytrace=False)
 
 
+@pytest.mark.slow  # SGLang's own classes are imported from its sources in the engine venv (~20 s of CPU)
 @pytest.mark.parametrize("index", range(len(CASES)), ids=[c[0] for c in CASES])
 def test_verdict(verdicts: list[dict[str, Any]], index: int) -> None:
     _name, kind, _payload, expected = CASES[index]

@@ -83,6 +83,18 @@ def test_a_sync_loads_flushes_labels_reads_back_and_bumps(stack: Any, folders: d
     paths = [e["path"] for e in stack.engine.requests()]
     assert paths.index("/pause_generation") < paths.index("/update_weights_from_disk") < paths.index(
         "/flush_cache") < paths.index("/update_weight_version") < paths.index("/continue_generation")
+    bodies = {e["path"]: e["body"] for e in stack.engine.requests()}
+    assert bodies["/pause_generation"] == {"mode": "retract"}  # wait: drained at the recorder, then retracted
+    assert bodies["/update_weight_version"]["abort_all_requests"] is False
+    record = _served_at(stack, 1)
+    sampled = len(record["completion_token_ids"])
+    assert record["metadata"]["weight_versions"] == [{"version": "1", "start": 0, "end": sampled}]
+
+
+@pytest.mark.slow  # SGLang's own classes are imported from its sources in the engine venv (~20 s of CPU)
+def test_the_syncs_requests_are_sglangs_own(stack: Any, folders: dict[str, Path]) -> None:
+    stack.engine.set_script(MODEL, Script(turns=[Turn(content="short")]))
+    assert _sync(stack, folders).sync(folders["v1"], version_before=0).outcome == "ok"
     control = [e for e in stack.engine.requests() if e["path"] in SGLANG_ROUTE_KINDS and e["path"] != "/v1/chat/completions"]
     verdicts = check_sglang_payloads([{"kind": SGLANG_ROUTE_KINDS[e["path"]][0], "payload": e["body"]} for e in control])
     assert {"/pause_generation", "/update_weights_from_disk", "/update_weight_version",
@@ -91,12 +103,6 @@ def test_a_sync_loads_flushes_labels_reads_back_and_bumps(stack: Any, folders: d
     # field name the engine renders: SGLang's message model names ``reasoning_content``, not ``reasoning``)
     ours = [[k for k in v["unknown"] if not k.startswith("messages[")] for v in verdicts]
     assert [(v["ok"], u) for v, u in zip(verdicts, ours)] == [(True, [])] * len(control), verdicts
-    bodies = {e["path"]: e["body"] for e in stack.engine.requests()}
-    assert bodies["/pause_generation"] == {"mode": "retract"}  # wait: drained at the recorder, then retracted
-    assert bodies["/update_weight_version"]["abort_all_requests"] is False
-    record = _served_at(stack, 1)
-    sampled = len(record["completion_token_ids"])
-    assert record["metadata"]["weight_versions"] == [{"version": "1", "start": 0, "end": sampled}]
 
 
 def test_a_call_kept_across_the_sync_is_recorded_as_straddling_with_sglangs_spans(stack: Any,

@@ -123,6 +123,7 @@ def _check(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
         pytest.fail(str(exc), pytrace=False)
 
 
+@pytest.mark.slow  # SGLang's own classes are imported from its sources in the engine venv (~20 s of CPU)
 def test_every_request_and_reply_conforms_to_sglangs_classes(run: dict[str, Any]) -> None:
     items, where = [], []
     for exchange in run["exchanges"]:
