@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -99,6 +100,10 @@ def loop_run(vllm: VLLMServer, tmp_path_factory: pytest.TempPathFactory) -> Iter
         DiskWeightSync(stack.admin, vllm.url).reload(vllm.settings.model_dir)  # the base weights, whatever happened
         loop.close()
         stack.close()
+        # each iteration's served weights are a gigabyte; a module-scoped folder lives until the session
+        # ends, beside every later real-engine test's (the records stay, for a failure's post-mortem)
+        for folder in work.glob("policy-*"):
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def test_two_iterations_close_the_loop(loop_run: dict[str, Any], record_property) -> None:
