@@ -32,11 +32,13 @@ from pathlib import Path
 
 from openenv_harness.engine.launcher import ManagedServer, free_port, serving_dtype
 from openenv_harness.engine.model import QWEN25_CODER_05B, ModelSpec, prepared_model_dir
+from openenv_harness.engine.shared_files import share_identical_files
 from openenv_harness.engine.setup import (
     PIP_INSTALL,
     EngineSetupError,
     Progress,
     engine_home,
+    engine_python,
     ensure_engine,
     require_free_space,
 )
@@ -49,7 +51,8 @@ SGLANG_VERSION = "0.5.23"
 TORCH_VERSION = "2.13.0+cpu"
 TORCH = f"torch=={TORCH_VERSION}"
 #: what the SGLang venv takes on disk, with room for pip's unpacking (the venv itself is ~3.5 GB,
-#: a third of it triton, which SGLang imports at start-up even on a CPU)
+#: a third of it triton, which SGLang imports at start-up even on a CPU; ~2 GB of it are the vLLM
+#: venv's own files, shared once both are installed, so this is what a venv made alone needs)
 SGLANG_DISK_GB = 4.5
 REQUIREMENTS = Path(__file__).with_name("sglang_cpu_requirements.txt")
 KERNEL_STANDIN = Path(__file__).with_name("sglang_cpu_kernel.py")
@@ -143,12 +146,16 @@ def install_sglang(home: Path | None = None, progress: Progress = lambda _m: Non
         _run([python3_11, "-m", "venv", str(venv)], "creating the SGLang venv")
         _run([str(python), *PIP_INSTALL, "--upgrade", "pip"], "upgrading pip in the SGLang venv")
     pip = [str(python), *PIP_INSTALL]
-    progress(f"installing {TORCH}, SGLang's requirements and sglang=={SGLANG_VERSION} (about 2 minutes, 3.5 GB)")
+    vllm_venv = engine_python(home or engine_home()).parent.parent
+    progress(f"installing {TORCH}, SGLang's requirements and sglang=={SGLANG_VERSION} (about 2 minutes, 3.5 GB "
+             "less what it shares with the vLLM venv)")
     _run([*pip, TORCH], f"pip install {TORCH}")
+    _share(venv, vllm_venv, progress)  # after each step, so the disk never holds both copies of all of it
     # torch stays at that build: a requirement that wants another torch fails here, it is not swapped
     pin = venv / "torch-constraint.txt"
     pin.write_text(TORCH + "\n")
     _run([*pip, "-r", str(REQUIREMENTS), "-c", str(pin)], "pip install SGLang's CPU requirements")
+    _share(venv, vllm_venv, progress)
     _run([*pip, "--no-deps", f"sglang=={SGLANG_VERSION}"], f"pip install sglang=={SGLANG_VERSION}")
     _install_standins(python)
     done = subprocess.run([str(python), "-c", _PROBE], capture_output=True, text=True, env=_probe_env())
@@ -156,6 +163,15 @@ def install_sglang(home: Path | None = None, progress: Progress = lambda _m: Non
         raise _fail(done, "importing SGLang")
     marker.write_text(json.dumps({"sglang": SGLANG_VERSION, "torch": done.stdout.split()[-1]}))
     return python
+
+
+def _share(venv: Path, vllm_venv: Path, progress: Progress) -> None:
+    """The files this venv installed that the vLLM venv holds too (the same wheels), stored once."""
+    if not (vllm_venv / "lib").is_dir():
+        return
+    shared = share_identical_files(venv / "lib", vllm_venv / "lib")
+    if shared.files:
+        progress(f"{shared.files} files ({shared.bytes / 1e9:.1f} GB) shared with the vLLM venv")
 
 
 def prepare_overlay(model_dir: Path, out: Path, architectures: list[str]) -> Path:

@@ -14,6 +14,7 @@ import pytest
 from openenv_harness.engine import setup as engine_setup
 from openenv_harness.engine import sglang_cpu
 from openenv_harness.engine.model import QWEN25_CODER_05B
+from openenv_harness.engine.shared_files import Shared
 from openenv_harness.engine.sglang_cpu import SGLangSettings, prepare_overlay
 
 
@@ -199,9 +200,17 @@ def test_the_venv_installs_the_cpu_torch_build_and_no_torchvision_from_the_regis
     python = sglang_cpu.sglang_python(tmp_path)
     python.parent.mkdir(parents=True)
     python.write_text("")  # an interrupted install: the venv exists, no marker
+    (tmp_path / "vllm-venv" / "lib").mkdir(parents=True)  # the vLLM venv, installed before
     commands: list[list[str]] = []
     monkeypatch.setattr(sglang_cpu, "_run", lambda cmd, what: commands.append(cmd))
     monkeypatch.setattr(sglang_cpu, "_install_standins", lambda _p: None)
+    shares: list[tuple[Path, Path, int]] = []
+
+    def share(target: Path, source: Path) -> Shared:
+        shares.append((target, source, len(commands)))
+        return Shared(0, 0)
+
+    monkeypatch.setattr(sglang_cpu, "share_identical_files", share)
 
     class Done:
         returncode = 0
@@ -214,3 +223,6 @@ def test_the_venv_installs_the_cpu_torch_build_and_no_torchvision_from_the_regis
     assert "torchvision" not in installed and "torch==2.14" not in installed
     marker = json.loads((python.parent.parent / "openenv-sglang.json").read_text())
     assert marker == {"sglang": "0.5.23", "torch": "2.13.0+cpu"}
+    # what it holds the same as the vLLM venv is shared after torch, and after the requirements
+    venv = python.parent.parent
+    assert shares == [(venv / "lib", tmp_path / "vllm-venv" / "lib", 1), (venv / "lib", tmp_path / "vllm-venv" / "lib", 2)]
