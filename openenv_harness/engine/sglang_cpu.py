@@ -32,7 +32,7 @@ from pathlib import Path
 
 from openenv_harness.engine.launcher import ManagedServer, free_port, serving_dtype
 from openenv_harness.engine.model import QWEN25_CODER_05B, ModelSpec, prepared_model_dir
-from openenv_harness.engine.shared_files import share_identical_files
+from openenv_harness.engine.shared_files import share_venv_files
 from openenv_harness.engine.setup import (
     PIP_INSTALL,
     EngineSetupError,
@@ -150,12 +150,13 @@ def install_sglang(home: Path | None = None, progress: Progress = lambda _m: Non
     progress(f"installing {TORCH}, SGLang's requirements and sglang=={SGLANG_VERSION} (about 2 minutes, 3.5 GB "
              "less what it shares with the vLLM venv)")
     _run([*pip, TORCH], f"pip install {TORCH}")
-    _share(venv, vllm_venv, progress)  # after each step, so the disk never holds both copies of all of it
+    # after each step, so the disk never holds both copies of all of it
+    share_venv_files(venv, vllm_venv, "the vLLM venv", progress)
     # torch stays at that build: a requirement that wants another torch fails here, it is not swapped
     pin = venv / "torch-constraint.txt"
     pin.write_text(TORCH + "\n")
     _run([*pip, "-r", str(REQUIREMENTS), "-c", str(pin)], "pip install SGLang's CPU requirements")
-    _share(venv, vllm_venv, progress)
+    share_venv_files(venv, vllm_venv, "the vLLM venv", progress)
     _run([*pip, "--no-deps", f"sglang=={SGLANG_VERSION}"], f"pip install sglang=={SGLANG_VERSION}")
     _install_standins(python)
     done = subprocess.run([str(python), "-c", _PROBE], capture_output=True, text=True, env=_probe_env())
@@ -164,14 +165,6 @@ def install_sglang(home: Path | None = None, progress: Progress = lambda _m: Non
     marker.write_text(json.dumps({"sglang": SGLANG_VERSION, "torch": done.stdout.split()[-1]}))
     return python
 
-
-def _share(venv: Path, vllm_venv: Path, progress: Progress) -> None:
-    """The files this venv installed that the vLLM venv holds too (the same wheels), stored once."""
-    if not (vllm_venv / "lib").is_dir():
-        return
-    shared = share_identical_files(venv / "lib", vllm_venv / "lib")
-    if shared.files:
-        progress(f"{shared.files} files ({shared.bytes / 1e9:.1f} GB) shared with the vLLM venv")
 
 
 def prepare_overlay(model_dir: Path, out: Path, architectures: list[str]) -> Path:

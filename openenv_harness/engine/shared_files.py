@@ -14,6 +14,7 @@ import errno
 import filecmp
 import os
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -61,3 +62,14 @@ def share_identical_files(target: Path, source: Path, min_bytes: int = MIN_BYTES
         saved += mine.st_size
     return Shared(files, saved)
 
+
+
+def share_venv_files(venv: Path, other: Path, name: str, progress: Callable[[str], None]) -> Shared:
+    """What ``venv`` installed that the venv ``other`` holds too, stored once; nothing where ``other`` is
+    not there."""
+    if not (other / "lib").is_dir():
+        return Shared(0, 0)
+    shared = share_identical_files(venv / "lib", other / "lib")
+    if shared.files:
+        progress(f"{shared.files} files ({shared.bytes / 1e9:.1f} GB) shared with {name}")
+    return shared

@@ -14,6 +14,7 @@ import pytest
 from openenv_harness.engine import setup as engine_setup
 from openenv_harness.engine import sglang_cpu
 from openenv_harness.engine.model import QWEN25_CODER_05B
+from openenv_harness.engine import shared_files
 from openenv_harness.engine.shared_files import Shared
 from openenv_harness.engine.sglang_cpu import SGLangSettings, prepare_overlay
 
@@ -210,7 +211,7 @@ def test_the_venv_installs_the_cpu_torch_build_and_no_torchvision_from_the_regis
         shares.append((target, source, len(commands)))
         return Shared(0, 0)
 
-    monkeypatch.setattr(sglang_cpu, "share_identical_files", share)
+    monkeypatch.setattr(shared_files, "share_identical_files", share)
 
     class Done:
         returncode = 0

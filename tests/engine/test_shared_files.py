@@ -90,3 +90,31 @@ def test_another_link_error_is_raised_not_swallowed(venvs: tuple[Path, Path], mo
     monkeypatch.setattr(shared_files.os, "link", no_space)
     with pytest.raises(OSError, match="No space"):
         share_identical_files(mine, theirs)
+
+
+def test_the_vllm_venv_shares_what_the_project_venv_holds_once_it_imports(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """Set up from the project's venv (``./dev setup``), the engine venv's copy of the same wheels is linked
+    to the project venv's."""
+    from openenv_harness.engine import setup
+
+    project = tmp_path / "project-venv"
+    same = os.urandom(BIG)
+    _write(project, "lib/python3.11/site-packages/torch/lib/libtorch_cpu.so", same)
+    venv = setup.engine_python(tmp_path / "engine").parent.parent
+    monkeypatch.setattr(setup.sys, "prefix", str(project))
+    monkeypatch.setattr(setup, "check_platform", lambda: None)
+    monkeypatch.setattr(setup, "require_free_space", lambda *_a: None)
+
+    def pip(cmd: list[str], what: str) -> str:  # what the venv and pip would leave: the same wheel's file
+        _write(venv, "lib/python3.11/site-packages/torch/lib/libtorch_cpu.so", same)
+        return ""
+
+    monkeypatch.setattr(setup, "_run", pip)
+    imports = iter([False, True])
+    monkeypatch.setattr(setup, "_venv_ok", lambda _p: next(imports))
+    messages: list[str] = []
+    setup.install_vllm(tmp_path / "engine", messages.append)
+    rel = "lib/python3.11/site-packages/torch/lib/libtorch_cpu.so"
+    assert _inode(venv / rel) == _inode(project / rel)
+    assert messages[-1] == f"1 files ({BIG / 1e9:.1f} GB) shared with the project's venv"
